@@ -1,0 +1,29 @@
+# Two entry points for a fresh machine: `make run` (the app on the bundled demo model) and
+# `make test` (the whole suite). Both create .venv and install what they need.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH := torch==2.13.0
+
+.PHONY: run test venv bench install-desktop clean
+
+$(BIN)/.installed: pyproject.toml Makefile
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(BIN)/.installed
+
+run: venv
+	$(BIN)/stowage
+
+test: venv
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
+
+bench: venv
+	$(BIN)/python bench/engine_bench.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,1 @@
+"""Stowage engine: loading, planning, the paged KV cache and generation. Never imports Qt."""

@@ -1,0 +1,29 @@
+"""Typed errors a user can meet; each message says what, how much, and what to do."""
+
+
+class StowageError(Exception):
+    """Base of every error the engine raises on purpose."""
+
+
+class ModelFormatError(StowageError):
+    """A model folder or weight file is malformed, incomplete or of a format we refuse."""
+
+
+class UnsupportedModelError(StowageError):
+    """The architecture in config.json is not one Stowage implements."""
+
+
+class InsufficientMemoryError(StowageError):
+    """A plan, an allocation or a load does not fit the memory available."""
+
+
+class OutOfBlocksError(InsufficientMemoryError):
+    """The paged KV cache has no free block left for a sequence."""
+
+
+class GenerationCancelled(StowageError):
+    """Generation or loading was cancelled by the caller."""
+
+
+class StowageWarning(UserWarning):
+    """A problem worth telling the user that does not stop the work."""

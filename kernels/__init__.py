@@ -1,0 +1,1 @@
+"""Paged attention: a torch reference (runs anywhere) and Triton kernels (CUDA)."""

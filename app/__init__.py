@@ -1,0 +1,1 @@
+"""Stowage desktop app: PySide6 widgets on top of the engine, which never imports Qt."""

@@ -1,0 +1,86 @@
+"""What to send when a conversation outgrows the context: stop, drop the oldest turns, or cut the middle."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+STOP = "stop"
+DROP_OLDEST = "drop_oldest"
+TRUNCATE_MIDDLE = "truncate_middle"
+POLICIES = {
+    STOP: "Stop and say so",
+    DROP_OLDEST: "Drop the oldest turns",
+    TRUNCATE_MIDDLE: "Truncate the middle",
+}
+
+
+class ContextFullError(Exception):
+    """The conversation does not fit the context and the policy says stop (or nothing more can go)."""
+
+
+@dataclass(frozen=True)
+class Fitted:
+    messages: list[dict]  # what to send, system prompt first
+    kept: list[int]  # indices into the conversation's messages that are sent
+    prompt_tokens: int
+
+    @property
+    def first_kept(self) -> int:
+        """Index of the first conversation message in the model's memory after a gap (0: no gap)."""
+        for expected, index in enumerate(self.kept):
+            if index != expected:
+                return index
+        return 0
+
+
+def fit(
+    system: list[dict],
+    messages: list[dict],
+    count_tokens: Callable[[list[dict]], int],
+    budget_tokens: int,
+    policy: str,
+) -> Fitted:
+    """Choose the messages to send so the prompt is at most `budget_tokens`.
+
+    `system` is kept always; whole user/assistant turns are dropped, never half a turn, and the last
+    turn (the message being answered) is never dropped. `count_tokens` renders through the chat
+    template, so the count includes the template's own tokens.
+    """
+    kept = list(range(len(messages)))
+
+    def render(indices):
+        return system + [messages[i] for i in indices]
+
+    tokens = count_tokens(render(kept))
+    if tokens <= budget_tokens:
+        return Fitted(render(kept), kept, tokens)
+    if policy == STOP:
+        raise ContextFullError(
+            f"The conversation needs {tokens:,} tokens but the context holds {budget_tokens:,} "
+            f"(with room for the reply). Start a new conversation, load with a larger context, or choose "
+            f"'{POLICIES[DROP_OLDEST]}' in the settings."
+        )
+    turns = _turns(len(messages), messages)
+    # For 'truncate middle' the first turn stays: it usually sets up the task.
+    droppable = turns[:-1] if policy == DROP_OLDEST else turns[1:-1]
+    for turn in droppable:
+        kept = [i for i in kept if i not in turn]
+        tokens = count_tokens(render(kept))
+        if tokens <= budget_tokens:
+            return Fitted(render(kept), kept, tokens)
+    raise ContextFullError(
+        f"Even the last message alone needs {tokens:,} tokens and the context holds {budget_tokens:,}. "
+        f"Shorten the message or load with a larger context."
+    )
+
+
+def _turns(count: int, messages: list[dict]) -> list[list[int]]:
+    """Group message indices into turns, each starting at a user message."""
+    turns: list[list[int]] = []
+    for i in range(count):
+        if messages[i]["role"] == "user" or not turns:
+            turns.append([i])
+        else:
+            turns[-1].append(i)
+    return turns

@@ -1,0 +1,100 @@
+"""Measured memory, read a few times per second: system RAM and this process (psutil), VRAM per GPU (NVML).
+
+A plain object, no Qt: the memory graph's QTimer calls `sample()` and appends to the ring buffers.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import psutil
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class Sample:
+    time_s: float
+    ram_used_bytes: int  # system-wide: total - available, so caches the kernel can drop do not count
+    process_bytes: int  # resident set of this process (mmapped weights count once they are touched)
+    gpu_used_bytes: tuple[int, ...]  # one per GPU, in `gpus` order
+
+
+class RingBuffer:
+    """The last `capacity` values of a series, oldest first, without reallocating."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._data = np.zeros(capacity)
+        self._next = 0
+        self.num_values = 0
+
+    def append(self, value: float) -> None:
+        self._data[self._next] = value
+        self._next = (self._next + 1) % self.capacity
+        self.num_values = min(self.num_values + 1, self.capacity)
+
+    def values(self) -> np.ndarray:
+        if self.num_values < self.capacity:
+            return self._data[: self.num_values].copy()
+        return np.concatenate((self._data[self._next :], self._data[: self._next]))
+
+
+class MemoryStats:
+    """Reads RAM and VRAM; `gpus` is empty and `gpu_note` says why when there is no NVIDIA GPU."""
+
+    def __init__(self):
+        self._process = psutil.Process(os.getpid())
+        self.ram_total_bytes = psutil.virtual_memory().total
+        self.gpus: list[GpuInfo] = []
+        self.gpu_note = ""
+        self._handles = []
+        self._nvml = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            for index in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                name = pynvml.nvmlDeviceGetName(handle)
+                name = name.decode() if isinstance(name, bytes) else name
+                total = pynvml.nvmlDeviceGetMemoryInfo(handle).total
+                self.gpus.append(GpuInfo(index, name, int(total)))
+                self._handles.append(handle)
+            self._nvml = pynvml
+            if not self.gpus:
+                self.gpu_note = "No NVIDIA GPU found"
+        except ImportError:
+            self.gpu_note = "No NVIDIA GPU: nvidia-ml-py is not installed"
+        except Exception as e:  # pynvml.NVMLError and its subclasses: no driver, no library, ...
+            self.gpu_note = f"No NVIDIA GPU: {_nvml_reason(e)}"
+
+    def sample(self) -> Sample:
+        vm = psutil.virtual_memory()
+        gpu_used = []
+        for handle in self._handles:
+            try:
+                gpu_used.append(int(self._nvml.nvmlDeviceGetMemoryInfo(handle).used))
+            except Exception:  # a GPU that fell off the bus reads as empty rather than killing the graph
+                gpu_used.append(0)
+        return Sample(
+            time_s=time.monotonic(),
+            ram_used_bytes=int(vm.total - vm.available),
+            process_bytes=int(self._process.memory_info().rss),
+            gpu_used_bytes=tuple(gpu_used),
+        )
+
+
+def _nvml_reason(error: Exception) -> str:
+    name = type(error).__name__
+    if "LibraryNotFound" in name or "DriverNotLoaded" in name:
+        return "no NVIDIA driver found"
+    return str(error) or name

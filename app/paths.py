@@ -1,0 +1,41 @@
+"""Where the app keeps its files: the user data folder, its models folder, the bundled demo model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+APP_NAME = "Stowage"
+# Tests and portable installs point the app at another folder; nothing then touches the user's files.
+DATA_DIR_ENV = "STOWAGE_DATA_DIR"
+
+
+def data_dir() -> Path:
+    """The user data folder (created on first use); STOWAGE_DATA_DIR overrides it."""
+    override = os.environ.get(DATA_DIR_ENV)
+    path = Path(override) if override else Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def models_dir() -> Path:
+    """The Stowage models folder: any model folder dropped here shows up in the picker."""
+    path = data_dir() / "models"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def demo_model_dir() -> Path:
+    """The small model shipped with the app, so a first run can chat without a download."""
+    return Path(__file__).resolve().parents[1] / "assets" / "demo-model"
+
+
+def hf_cache_dir() -> Path:
+    """The Hugging Face hub cache, honouring the variables huggingface_hub itself reads."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]) / "hub"
+    return Path.home() / ".cache" / "huggingface" / "hub"

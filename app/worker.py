@@ -1,0 +1,262 @@
+"""The engine on its own thread: a worker object in a QThread, driven by queued signals.
+
+Only this module calls the engine's load/chat; every result comes back to the GUI thread as a signal,
+so no widget is ever touched from the worker thread. Cancelling uses threading.Event, which the GUI
+thread may set at any time.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+from . import context_policy
+
+
+@dataclass
+class ChatRequest:
+    conversation_id: int
+    system: list[dict]  # [] or [{"role": "system", "content": ...}]
+    messages: list[dict]  # the conversation, oldest first
+    sampling: object  # engine.sampler.SamplingParams
+    policy: str = context_policy.STOP
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True)
+class ReplyStarted:
+    conversation_id: int
+    prompt_tokens: int
+    first_kept: int  # index of the first conversation message still in the model's memory after a gap
+
+
+@dataclass(frozen=True)
+class Reply:
+    conversation_id: int
+    text: str
+    finish_reason: str  # "stop" | "length" | "cancelled" | ...
+    prompt_tokens: int
+    completion_tokens: int
+    reused_tokens: int
+    decode_tokens_per_s: float
+    prefill_tokens_per_s: float
+
+    @property
+    def context_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def describe_error(error: BaseException) -> str:
+    """A sentence for the user; our own errors already say what to do, others get their type named."""
+    from engine.errors import StowageError
+
+    if isinstance(error, StowageError):
+        return str(error)
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        return f"Out of memory: {error or 'the system refused an allocation'}. Choose a smaller context or fewer GPU layers."
+    return f"{type(error).__name__}: {error}"
+
+
+def release_freed_memory() -> None:
+    """Hand freed memory back to the system so the graphs show it drop after an unload."""
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:
+        pass
+    try:  # glibc keeps freed heap pages otherwise; the process RSS would not move
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class EngineWorker(QObject):
+    """Lives in the engine thread. Slots run there; signals are delivered queued to the GUI thread."""
+
+    inspected = Signal(str, object, object)  # model_dir, ModelInfo, Budgets
+    inspect_failed = Signal(str, str)  # model_dir, message
+    load_progress = Signal(float, str)  # fraction, message
+    loaded = Signal(str, float)  # model_dir, seconds
+    load_failed = Signal(str)
+    load_cancelled = Signal()
+    unloaded = Signal()
+    reply_started = Signal(object)  # ReplyStarted
+    token = Signal(int, str)  # conversation_id, decoded text delta
+    reply_finished = Signal(object)  # Reply
+    reply_failed = Signal(int, str)  # conversation_id, message
+
+    def __init__(self):
+        super().__init__()
+        self.engine = None
+        self.conversation = None
+        self.context_tokens = 0
+
+    @Slot(str, object)
+    def inspect(self, model_dir: str, budget_args: dict) -> None:
+        try:
+            from engine.budgets import detect_budgets
+            from engine.inspect import inspect
+
+            info = inspect(Path(model_dir))
+            budgets = detect_budgets(**budget_args)
+        except Exception as e:
+            traceback.print_exc()
+            self.inspect_failed.emit(model_dir, describe_error(e))
+            return
+        self.inspected.emit(model_dir, info, budgets)
+
+    @Slot(str, object, object)
+    def load(self, model_dir: str, options, cancel: threading.Event) -> None:
+        self._unload()  # one model at a time: loading another frees the first
+        start = time.perf_counter()
+        try:
+            from engine.engine import Engine
+
+            self.engine = Engine.load(
+                Path(model_dir), options, progress=lambda f, m: self.load_progress.emit(float(f), str(m)), cancel=cancel
+            )
+            self.conversation = self.engine.new_conversation()
+            self.context_tokens = options.context_tokens
+        except Exception as e:
+            self.engine = self.conversation = None
+            release_freed_memory()
+            if type(e).__name__ == "GenerationCancelled" or cancel.is_set():
+                self.load_cancelled.emit()
+            else:
+                traceback.print_exc()
+                self.load_failed.emit(describe_error(e))
+            return
+        self.loaded.emit(model_dir, time.perf_counter() - start)
+
+    @Slot()
+    def unload(self) -> None:
+        self._unload()
+
+    def _unload(self) -> None:
+        if self.engine is None:
+            return
+        try:
+            self.engine.close()
+        finally:
+            self.engine = self.conversation = None
+            release_freed_memory()
+            self.unloaded.emit()
+
+    @Slot(object)
+    def chat(self, request: ChatRequest) -> None:
+        cid = request.conversation_id
+        if self.engine is None:
+            self.reply_failed.emit(cid, "No model is loaded. Pick a model and press Load.")
+            return
+        try:
+            sampling = request.sampling
+            # Leave room for a reply: the whole max_tokens when the context allows, else a quarter of it.
+            reserve = min(sampling.max_tokens, self.context_tokens // 4)
+            fitted = context_policy.fit(
+                request.system, request.messages, self._count_tokens, self.context_tokens - reserve, request.policy
+            )
+            self.reply_started.emit(ReplyStarted(cid, fitted.prompt_tokens, fitted.first_kept))
+            gen = self.engine.chat(self.conversation, fitted.messages, sampling, cancel=request.cancel)
+            for event in gen:
+                if event.text:
+                    self.token.emit(cid, event.text)
+            r = gen.result
+        except context_policy.ContextFullError as e:
+            self.reply_failed.emit(cid, str(e))
+            return
+        except Exception as e:
+            traceback.print_exc()
+            self.reply_failed.emit(cid, describe_error(e))
+            return
+        self.reply_finished.emit(
+            Reply(
+                conversation_id=cid,
+                text=r.text,
+                finish_reason=r.finish_reason,
+                prompt_tokens=r.prompt_tokens,
+                completion_tokens=len(r.token_ids),
+                reused_tokens=getattr(r, "reused_tokens", 0),
+                decode_tokens_per_s=getattr(r, "decode_tokens_per_s", 0.0) or 0.0,
+                prefill_tokens_per_s=getattr(r, "prefill_tokens_per_s", 0.0) or 0.0,
+            )
+        )
+
+    def _count_tokens(self, messages: list[dict]) -> int:
+        ids = self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        if isinstance(ids, str):
+            ids = self.engine.tokenizer.encode(ids)
+        return len(ids)
+
+
+class EngineClient(QObject):
+    """GUI-thread handle on the worker: methods here queue calls into the engine thread."""
+
+    _inspect = Signal(str, object)
+    _load = Signal(str, object, object)
+    _unload = Signal()
+    _chat = Signal(object)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.thread = QThread()
+        self.thread.setObjectName("stowage-engine")
+        self.worker = EngineWorker()
+        self.worker.moveToThread(self.thread)
+        self._inspect.connect(self.worker.inspect)
+        self._load.connect(self.worker.load)
+        self._unload.connect(self.worker.unload)
+        self._chat.connect(self.worker.chat)
+        self.thread.start()
+        self._load_cancel: threading.Event | None = None
+        self._chat_request: ChatRequest | None = None
+        self.worker.reply_finished.connect(self._reply_done)
+        self.worker.reply_failed.connect(self._reply_done)
+
+    def inspect(self, model_dir: str, **budget_args) -> None:
+        self._inspect.emit(model_dir, budget_args)
+
+    def load(self, model_dir: str, options) -> None:
+        self._load_cancel = threading.Event()
+        self._load.emit(model_dir, options, self._load_cancel)
+
+    def cancel_load(self) -> None:
+        if self._load_cancel is not None:
+            self._load_cancel.set()
+
+    def unload(self) -> None:
+        self._unload.emit()
+
+    def chat(self, request: ChatRequest) -> None:
+        self._chat_request = request
+        self._chat.emit(request)
+
+    def stop(self) -> None:
+        """Stop the reply being generated; the worker finishes it with finish_reason 'cancelled'."""
+        if self._chat_request is not None:
+            self._chat_request.cancel.set()
+
+    @property
+    def is_generating(self) -> bool:
+        return self._chat_request is not None
+
+    def _reply_done(self, *args) -> None:
+        self._chat_request = None
+
+    def shutdown(self) -> None:
+        """Cancel what runs, free the model and stop the thread (called when the window closes)."""
+        self.cancel_load()
+        self.stop()
+        self._unload.emit()
+        self.thread.quit()
+        self.thread.wait()

@@ -1,0 +1,173 @@
+"""One reply: prefill what is not cached yet, then sample token by token, streaming text."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from .sampler import Sampler, SamplingParams
+
+if TYPE_CHECKING:
+    from .engine import Conversation, Engine
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token_id: int
+    text: str  # the text this token adds (may be "" while a character is incomplete)
+
+
+@dataclass
+class GenerationResult:
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" (EOS or stop string), "length", "context_full", "cancelled"
+    prompt_tokens: int = 0
+    reused_tokens: int = 0  # prompt tokens already in the cache from earlier turns
+    prefilled_tokens: int = 0  # prompt tokens computed now
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    first_token_seconds: float = 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prefilled_tokens / self.prefill_seconds if self.prefill_seconds else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        # the first token comes from prefill's logits; the rest each cost one decode step
+        steps = max(len(self.token_ids) - 1, 0)
+        return steps / self.decode_seconds if self.decode_seconds else 0.0
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class Generation:
+    """Iterate for TokenEvents; `result` fills in as it goes and is final when iteration ends."""
+
+    def __init__(self, engine: "Engine", conv: "Conversation", prompt_ids: list[int],
+                 sampling: SamplingParams, cancel: threading.Event | None):
+        self.engine, self.conv, self.prompt_ids = engine, conv, prompt_ids
+        self.sampling, self.cancel = sampling, cancel
+        self.result = GenerationResult(prompt_tokens=len(prompt_ids))
+        self._started = False
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        if self._started:
+            raise RuntimeError("a Generation can be iterated once")
+        self._started = True
+        return self._run()
+
+    def run(self) -> GenerationResult:
+        for _ in self:
+            pass
+        return self.result
+
+    def _cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
+
+    def _prefill(self) -> torch.Tensor | None:
+        engine, seq, prompt = self.engine, self.conv.seq, self.prompt_ids
+        # Reuse the cached prefix; keep at least one token to compute, since we need its logits.
+        reuse = min(common_prefix(seq.token_ids, prompt), len(prompt) - 1)
+        engine.cache.truncate(seq, reuse)
+        engine.make_room(self.conv, len(prompt) + 1)
+        r = self.result
+        r.reused_tokens = reuse
+        start = time.perf_counter()
+        chunk = engine.options.prefill_chunk
+        logits = None
+        for i in range(reuse, len(prompt), chunk):
+            if self._cancelled():
+                return None
+            logits = engine.model.forward(prompt[i : i + chunk], seq, engine.cache)
+            r.prefilled_tokens += len(prompt[i : i + chunk])
+        r.prefill_seconds = time.perf_counter() - start
+        engine.stats.prefilled_tokens += r.prefilled_tokens
+        engine.stats.reused_tokens += reuse
+        return logits[-1]
+
+    def _run(self) -> Iterator[TokenEvent]:
+        engine, r, p = self.engine, self.result, self.sampling
+        self.conv.last_used = time.monotonic()
+        t0 = time.perf_counter()
+        logits = self._prefill()
+        if logits is None:
+            r.finish_reason = "cancelled"
+            return
+        sampler = Sampler(p)
+        seen = torch.tensor(self.prompt_ids, dtype=torch.int64)
+        decoder = engine.tokenizer.stream_decoder()
+        stops = StopMatcher(p.stop)
+        decode_start = time.perf_counter()
+        while True:
+            token = sampler(logits, seen if p.repetition_penalty != 1.0 else None)
+            if not r.token_ids:
+                r.first_token_seconds = time.perf_counter() - t0
+            if token in engine.eos_ids:
+                r.finish_reason = "stop"
+                break
+            r.token_ids.append(token)
+            engine.stats.generated_tokens += 1
+            text, stopped = stops.feed(decoder.push(token))
+            r.text += text
+            if text:
+                yield TokenEvent(token, text)
+            if stopped:
+                r.finish_reason = "stop"
+                break
+            if len(r.token_ids) >= p.max_tokens:
+                r.finish_reason = "length"
+                break
+            if self._cancelled():
+                r.finish_reason = "cancelled"
+                break
+            if self.conv.seq.num_tokens >= engine.cache.max_tokens:
+                r.finish_reason = "context_full"
+                break
+            if p.repetition_penalty != 1.0:
+                seen = torch.cat([seen, torch.tensor([token])])
+            logits = engine.model.forward([token], self.conv.seq, engine.cache)[-1]
+        r.decode_seconds = time.perf_counter() - decode_start
+        tail = stops.flush()  # empty after a stop string: the match dropped what followed it
+        if tail:
+            r.text += tail
+            yield TokenEvent(-1, tail)
+
+
+class StopMatcher:
+    """Finds stop strings in streamed text, holding back a tail that could start one."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = tuple(s for s in stops if s)
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """Text safe to show now, and whether a stop string was met."""
+        self.pending += text
+        if not self.stops:
+            out, self.pending = self.pending, ""
+            return out, False
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.pending = self.pending[: min(hits)], ""
+            return out, True
+        hold = max((k for s in self.stops for k in range(1, len(s)) if self.pending.endswith(s[:k])), default=0)
+        cut = len(self.pending) - hold
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out

@@ -1,0 +1,80 @@
+"""The Llama-family transformer (Llama, Mistral, Qwen2, Qwen3) over the paged KV cache."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels import attention_ops
+
+from .config import ModelConfig
+from .kv_cache import KVCache, Sequence
+from .rope import RotaryTable, apply_rotary
+from .weights import TensorSet
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # As Hugging Face: normalise in fp32, cast back, then scale.
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+class Transformer:
+    """Runs one sequence's new tokens through every layer, each on its own device."""
+
+    def __init__(self, config: ModelConfig, head: TensorSet, layers: list[TensorSet], head_device: torch.device):
+        self.config = config
+        self.head = head  # embed, norm, lm_head: embed on head.device, norm/lm_head on head_device
+        self.layers = layers
+        self.head_device = head_device
+        self.rotary = RotaryTable(config)
+        self.scale = config.head_dim**-0.5
+        self.dtype = layers[0]["q"].dtype if layers else head["embed"].dtype
+
+    @torch.inference_mode()
+    def forward(self, token_ids: list[int], seq: Sequence, cache: KVCache, all_logits: bool = False) -> torch.Tensor:
+        """Append token_ids to seq (writing their K/V) and return fp32 logits: [n or 1, vocab]."""
+        n, start = len(token_ids), seq.num_tokens
+        slots = cache.reserve(seq, n)
+        positions = torch.arange(start, start + n)
+        block_table = cache.block_table_tensor(seq)
+        per_device = {}  # what each device needs once per call
+        h = F.embedding(torch.tensor(token_ids, device=self.head.device), self.head["embed"])
+        for i, layer in enumerate(self.layers):
+            dev = layer.device
+            if dev not in per_device:
+                cos, sin = self.rotary.get(positions, dev, self.dtype)
+                per_device[dev] = (cos, sin, slots.to(dev), block_table.to(dev))
+            h = self._layer(i, layer, h.to(dev), start, per_device[dev], cache)
+        seq.token_ids.extend(token_ids)
+        if not all_logits:
+            h = h[-1:]
+        h = rms_norm(h.to(self.head_device), self.head["norm"], self.config.rms_norm_eps)
+        return F.linear(h, self.head["lm_head"]).float()
+
+    def _layer(self, i: int, w: TensorSet, h: torch.Tensor, start: int, shared, cache: KVCache) -> torch.Tensor:
+        cfg = self.config
+        cos, sin, slots, block_table = shared
+        n = h.shape[0]
+        x = rms_norm(h, w["input_norm"], cfg.rms_norm_eps)
+        q = F.linear(x, w["q"], w.get("q_bias")).view(n, cfg.num_heads, cfg.head_dim)
+        k = F.linear(x, w["k"], w.get("k_bias")).view(n, cfg.num_kv_heads, cfg.head_dim)
+        v = F.linear(x, w["v"], w.get("v_bias")).view(n, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q = rms_norm(q, w["q_norm"], cfg.rms_norm_eps)
+            k = rms_norm(k, w["k_norm"], cfg.rms_norm_eps)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        ops = attention_ops(h.device)
+        k_cache, v_cache = cache.k_cache[i], cache.v_cache[i]
+        k_scale, v_scale = cache.k_scale[i], cache.v_scale[i]
+        ops.write_kv(k, v, k_cache, v_cache, slots, k_scale, v_scale)
+        if n == 1:
+            context_lens = torch.tensor([start + 1], dtype=torch.int32, device=h.device)
+            attn = ops.decode_attention(q, k_cache, v_cache, block_table[None], context_lens, self.scale, k_scale, v_scale)
+        else:
+            attn = ops.prefill_attention(q, k_cache, v_cache, block_table, start, self.scale, k_scale, v_scale)
+        h = h + F.linear(attn.reshape(n, -1), w["o"], w.get("o_bias"))
+        x = rms_norm(h, w["post_norm"], cfg.rms_norm_eps)
+        gate = F.silu(F.linear(x, w["gate"], w.get("gate_bias")))
+        return h + F.linear(gate * F.linear(x, w["up"], w.get("up_bias")), w["down"], w.get("down_bias"))

@@ -1,0 +1,53 @@
+"""Rotary position embeddings, default and llama3-scaled, as Hugging Face computes them."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .config import ModelConfig, RopeConfig
+
+
+def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:  # [head_dim // 2], fp32
+    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if rope.kind != "llama3":
+        return inv_freq
+    # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, the band between blended.
+    low_wavelen = rope.original_max_position / rope.low_freq_factor
+    high_wavelen = rope.original_max_position / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+    smooth = (rope.original_max_position / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+    blended = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(is_medium, blended, scaled)
+
+
+class RotaryTable:
+    """cos/sin per position, grown on demand, one copy per device and dtype."""
+
+    def __init__(self, config: ModelConfig):
+        self.inv_freq = inverse_frequencies(config.rope, config.head_dim)
+        self._cache: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, positions: torch.Tensor, device: torch.device, dtype: torch.dtype):
+        """cos, sin: [n, head_dim] for the given positions."""
+        needed = int(positions.max()) + 1
+        key = (device, dtype)
+        cos, sin = self._cache.get(key, (None, None))
+        if cos is None or cos.shape[0] < needed:
+            size = max(needed, 2 * (cos.shape[0] if cos is not None else 1024))
+            freqs = torch.outer(torch.arange(size, dtype=torch.float32), self.inv_freq)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = emb.cos().to(device, dtype), emb.sin().to(device, dtype)
+            self._cache[key] = (cos, sin)
+        positions = positions.to(device)
+        return cos[positions], sin[positions]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [n, heads, head_dim]; cos, sin: [n, head_dim]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]

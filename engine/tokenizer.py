@@ -1,0 +1,97 @@
+"""tokenizer.json through the `tokenizers` library, special tokens and chat template from the folder."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+from tokenizers import Tokenizer as _HFTokenizer
+
+from . import chat_template
+from .errors import ModelFormatError, StowageWarning
+
+
+def _token_text(value) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+class Tokenizer:
+    def __init__(self, model_dir: str | Path):
+        model_dir = Path(model_dir)
+        path = model_dir / "tokenizer.json"
+        if not path.exists():
+            raise ModelFormatError(f"{model_dir.name}: no tokenizer.json (Stowage needs the fast-tokenizer file)")
+        try:
+            self._tok = _HFTokenizer.from_file(str(path))
+        except Exception as e:  # the Rust side raises a bare Exception
+            raise ModelFormatError(f"{path.name}: cannot be read ({e})") from e
+        config_path = model_dir / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        self.bos_token = _token_text(config.get("bos_token"))
+        self.eos_token = _token_text(config.get("eos_token"))
+        self.chat_template = self._find_template(model_dir, config)
+
+    @staticmethod
+    def _find_template(model_dir: Path, config: dict) -> str | None:
+        # transformers 5 writes chat_template.jinja beside the config; older files embed it.
+        jinja_file = model_dir / "chat_template.jinja"
+        if jinja_file.exists():
+            return jinja_file.read_text()
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: use "default"
+            named = {t.get("name"): t.get("template") for t in template}
+            template = named.get("default") or next(iter(named.values()), None)
+        return template
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def token_id(self, text: str | None) -> int | None:
+        return None if text is None else self._tok.token_to_id(text)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        template = self.chat_template
+        if template is None:
+            warnings.warn("model has no chat template; using a plain 'Role: text' format", StowageWarning, stacklevel=2)
+            template = chat_template.FALLBACK_TEMPLATE
+        return chat_template.render(
+            template, messages, add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "", eos_token=self.eos_token or "",
+        )
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        # The template writes its own special tokens (BOS included), as transformers does.
+        return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+
+    def stream_decoder(self) -> "StreamDecoder":
+        return StreamDecoder(self)
+
+
+class StreamDecoder:
+    """Turns tokens into text deltas, holding back bytes of a character that is not complete yet."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self._tokenizer = tokenizer
+        self._ids: list[int] = []
+        self._prefix_offset = 0  # decode from here so merges/spaces at the boundary come out right
+        self._read_offset = 0  # tokens up to here are already emitted
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        decode = self._tokenizer.decode
+        prefix_text = decode(self._ids[self._prefix_offset : self._read_offset])
+        new_text = decode(self._ids[self._prefix_offset :])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+            return new_text[len(prefix_text) :]
+        return ""

@@ -1,0 +1,77 @@
+"""Tiny random models of each supported architecture, written as Hugging Face would (offline)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+SPECIAL = ["<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>"]
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Stowage plans memory: weights, KV cache, workspace and headroom.",
+    "Pick a context size with the slider; the bar shows what it costs.",
+    "Überraschung! Café, naïve, 東京, emoji 🚀 and more bytes.",
+] * 20
+
+
+@lru_cache(maxsize=1)
+def _tokenizer_object():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
+    return tok
+
+
+def save_tokenizer(model_dir: Path, chat_template: str | None = TEMPLATE) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(tokenizer_object=_tokenizer_object(), bos_token="<s>", eos_token="<|end|>")
+    if chat_template is not None:
+        fast.chat_template = chat_template
+    fast.save_pretrained(model_dir)
+
+
+ARCHS = {
+    "llama": "LlamaConfig",
+    "mistral": "MistralConfig",
+    "qwen2": "Qwen2Config",
+    "qwen3": "Qwen3Config",
+}
+
+
+def make_model(model_dir: Path, arch: str = "llama", *, dtype=torch.float32, seed: int = 0, **overrides) -> Path:
+    """Save a tiny random model of `arch` (and a tokenizer) into model_dir; return model_dir."""
+    import transformers
+
+    torch.manual_seed(seed)
+    kwargs = dict(
+        vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        eos_token_id=_tokenizer_object().token_to_id("<|end|>"), bos_token_id=_tokenizer_object().token_to_id("<s>"),
+    )
+    if arch == "qwen3":
+        kwargs["head_dim"] = 32
+    kwargs.update(overrides)
+    config = getattr(transformers, ARCHS[arch])(**kwargs)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    # Random init leaves norms at 1 and biases at 0; perturb them so those paths are really tested.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(model_dir)
+    save_tokenizer(model_dir)
+    return model_dir

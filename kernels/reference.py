@@ -28,8 +28,15 @@ def write_kv(
     flat_k = k_cache.view(num_blocks * block_size, *k_cache.shape[2:])
     flat_v = v_cache.view(num_blocks * block_size, *v_cache.shape[2:])
     slots = slot_mapping.long()
-    flat_k.index_copy_(0, slots, _to_cache(key, k_cache.dtype, k_scale))
-    flat_v.index_copy_(0, slots, _to_cache(value, v_cache.dtype, v_scale))
+    _copy_rows(flat_k, slots, _to_cache(key, k_cache.dtype, k_scale))
+    _copy_rows(flat_v, slots, _to_cache(value, v_cache.dtype, v_scale))
+
+
+def _copy_rows(dst: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    # index_copy_ has no float8 kernel on the CPU; the bytes are the same viewed as uint8.
+    if dst.dtype.itemsize == 1:
+        dst, rows = dst.view(torch.uint8), rows.view(torch.uint8)
+    dst.index_copy_(0, slots, rows)
 
 
 def gather_kv(

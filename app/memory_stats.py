@@ -77,6 +77,12 @@ class MemoryStats:
         except Exception as e:  # pynvml.NVMLError and its subclasses: no driver, no library, ...
             self.gpu_note = f"No NVIDIA GPU: {_nvml_reason(e)}"
 
+    def device_summary(self) -> str:
+        """For the status bar: "GPU 0: NVIDIA GeForce RTX 4090, 24 GiB" or "CPU only: no NVIDIA driver found"."""
+        if not self.gpus:
+            return "CPU only: " + self.gpu_note.removeprefix("No NVIDIA GPU: ")
+        return "; ".join(f"GPU {g.index}: {g.name}, {g.total_bytes / 1024**3:.0f} GiB" for g in self.gpus)
+
     def sample(self) -> Sample:
         vm = psutil.virtual_memory()
         gpu_used = []

@@ -1,0 +1,222 @@
+"""The left side's conversation: messages, the input box, Send / Stop / Regenerate, speed and context use."""
+
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+
+from .chat_input import ChatInput
+from .chat_view import ChatView
+from .model_settings import ModelSettings
+from .store import ConversationStore, Message
+from .worker import ChatRequest, EngineClient, Reply, ReplyStarted
+
+TITLE_CHARS = 40
+
+
+class ChatPanel(QWidget):
+    """Sends the current conversation to the engine and stores every message as it completes."""
+
+    conversation_created = Signal(int)
+    conversation_renamed = Signal(int)
+    reply_done = Signal(object)  # Reply, after it is stored and shown
+
+    def __init__(self, store: ConversationStore, client: EngineClient, parent=None):
+        super().__init__(parent)
+        self.store = store
+        self.client = client
+        self.settings = ModelSettings()
+        self.conversation_id: int | None = None
+        self.context_tokens = 0  # of the loaded model; 0 while none is loaded
+        self._reply_started_at = 0.0
+        self._reply_tokens = 0
+        self._prompt_tokens = 0
+        self._generating_for: int | None = None
+        self._message_ids: list[int] = []
+
+        self.view = ChatView()
+        self.input = ChatInput()
+        self.send_button = QPushButton("Send")
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setEnabled(False)
+        self.stop_button.setToolTip("Stop the reply (Esc)")
+        self.stop_button.setShortcut("Esc")
+        self.regenerate_button = QPushButton("Regenerate")
+        self.regenerate_button.setToolTip("Write the last reply again")
+        self.counter = QLabel()
+        self.counter.setStyleSheet("color: #555;")
+        self.counter.setAccessibleName("Speed and context used")
+        self.error = QLabel()
+        self.error.setWordWrap(True)
+        self.error.setStyleSheet("color: #b00020;")
+        self.error.hide()
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.counter, 1)
+        buttons.addWidget(self.regenerate_button)
+        buttons.addWidget(self.stop_button)
+        buttons.addWidget(self.send_button)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.view, 1)
+        layout.addWidget(self.error)
+        layout.addWidget(self.input)
+        layout.addLayout(buttons)
+
+        self.input.submitted.connect(self.send)
+        self.send_button.clicked.connect(self.send)
+        self.stop_button.clicked.connect(self.client.stop)
+        self.regenerate_button.clicked.connect(self.regenerate)
+        self.view.edit_submitted.connect(self.edit_and_resend)
+        worker = self.client.worker
+        worker.reply_started.connect(self._reply_started)
+        worker.token.connect(self._token)
+        worker.reply_finished.connect(self._reply_finished)
+        worker.reply_failed.connect(self._reply_failed)
+        self._update_buttons()
+
+    # -- which conversation ---------------------------------------------------------------------
+    def show_conversation(self, conversation_id: int | None) -> None:
+        self.conversation_id = conversation_id if conversation_id is not None and conversation_id >= 0 else None
+        self.error.hide()
+        if self.conversation_id is None:
+            self.view.set_messages([])
+        else:
+            row = self.store.conversation(self.conversation_id)
+            self.view.set_messages(self.store.messages(self.conversation_id), row.memory_start_id)
+            if self.client.is_generating and self._generating_for == self.conversation_id:
+                self.view.begin_reply()  # the reply so far arrives from here on
+        self.counter.setText(self._context_text(None))
+        self._update_buttons()
+
+    def set_model_loaded(self, context_tokens: int) -> None:
+        self.context_tokens = context_tokens
+        self.counter.setText(self._context_text(None))
+        self._update_buttons()
+
+    # -- sending --------------------------------------------------------------------------------
+    def send(self) -> None:
+        text = self.input.toPlainText().strip()
+        if not text or self.client.is_generating:
+            return
+        if not self.context_tokens:
+            self.show_error("No model is loaded yet: choose one on the right and press Load. Your message is kept.")
+            return
+        if self.conversation_id is None:
+            self.conversation_id = self.store.create()
+            self.conversation_created.emit(self.conversation_id)
+        row = self.store.conversation(self.conversation_id)
+        if row.title == "New chat":
+            title = " ".join(text.split())
+            self.store.rename(self.conversation_id, title[:TITLE_CHARS] + ("…" if len(title) > TITLE_CHARS else ""))
+            self.conversation_renamed.emit(self.conversation_id)
+        message_id = self.store.add_message(self.conversation_id, "user", text)
+        # Cleared only once the message is safely stored: nothing typed is ever lost.
+        self.input.clear()
+        self.view.add_message(Message(message_id, "user", text))
+        self._start_reply()
+
+    def regenerate(self) -> None:
+        """Drop the last reply and write it again (after a Stop, an error, or a reply you did not like)."""
+        if self.conversation_id is None or self.client.is_generating or not self.context_tokens:
+            return
+        messages = self.store.messages(self.conversation_id)
+        users = [m for m in messages if m.role == "user"]
+        if not users:
+            return
+        self.store.delete_after(self.conversation_id, users[-1].id)
+        self.show_conversation(self.conversation_id)
+        self._start_reply()
+
+    def edit_and_resend(self, message_id: int, text: str) -> None:
+        if self.conversation_id is None or self.client.is_generating:
+            return
+        if not self.context_tokens:
+            self.show_error("No model is loaded yet: load one, then edit the message again.")
+            return
+        self.store.update_message(message_id, text)
+        self.store.delete_after(self.conversation_id, message_id)
+        self.show_conversation(self.conversation_id)
+        self._start_reply()
+
+    def _start_reply(self) -> None:
+        self.error.hide()
+        messages = self.store.messages(self.conversation_id)
+        self._message_ids = [m.id for m in messages]
+        request = ChatRequest(
+            conversation_id=self.conversation_id,
+            system=self.settings.system_messages(),
+            messages=[{"role": m.role, "content": m.content} for m in messages],
+            sampling=self.settings.sampling_params(),
+            policy=self.settings.overflow_policy,
+        )
+        self._generating_for = self.conversation_id
+        self._reply_started_at = time.perf_counter()
+        self._reply_tokens = 0
+        self._prompt_tokens = 0
+        self.view.begin_reply()
+        self.client.chat(request)
+        self._update_buttons()
+
+    # -- worker signals -------------------------------------------------------------------------
+    def _reply_started(self, started: ReplyStarted) -> None:
+        memory_start = self._message_ids[started.first_kept] if started.first_kept else None
+        self.store.set_memory_start(started.conversation_id, memory_start)
+        self._prompt_tokens = started.prompt_tokens
+        self._reply_started_at = time.perf_counter()
+        if started.conversation_id == self.conversation_id:
+            self.view.mark_memory_start(memory_start)
+
+    def _token(self, conversation_id: int, text: str) -> None:
+        self._reply_tokens += 1
+        if conversation_id != self.conversation_id:
+            return
+        self.view.append_reply(text)
+        seconds = time.perf_counter() - self._reply_started_at
+        speed = self._reply_tokens / seconds if seconds > 0 else 0.0
+        self.counter.setText(f"{speed:.1f} tokens/s · " + self._context_text(self._prompt_tokens + self._reply_tokens))
+
+    def _reply_finished(self, reply: Reply) -> None:
+        meta = {"finish_reason": reply.finish_reason, "tokens_per_s": round(reply.decode_tokens_per_s, 2),
+                "prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens}
+        message = None
+        if reply.text:  # a reply stopped before its first token leaves nothing worth keeping
+            message_id = self.store.add_message(reply.conversation_id, "assistant", reply.text, meta)
+            message = Message(message_id, "assistant", reply.text, meta)
+        if reply.conversation_id == self.conversation_id:
+            if message is None:
+                self.view.drop_reply()
+            else:
+                self.view.end_reply(message)
+            self.counter.setText(f"{reply.decode_tokens_per_s:.1f} tokens/s · " + self._context_text(reply.context_tokens))
+            if reply.finish_reason == "context_full":
+                self.show_error("The context is full. Start a new conversation, load with a larger context, "
+                                "or choose another 'When full' policy in the settings.")
+        self._update_buttons()
+        self.reply_done.emit(reply)
+
+    def _reply_failed(self, conversation_id: int, message: str) -> None:
+        if conversation_id == self.conversation_id:
+            self.view.drop_reply()
+            self.show_error(message)
+        self._update_buttons()
+
+    def show_error(self, message: str) -> None:
+        self.error.setText(message)
+        self.error.show()
+
+    def _context_text(self, used: int | None) -> str:
+        if not self.context_tokens:
+            return "No model loaded"
+        if used is None:
+            messages = self.store.messages(self.conversation_id) if self.conversation_id is not None else []
+            metas = [m.meta for m in messages if m.meta.get("prompt_tokens")]
+            used = metas[-1]["prompt_tokens"] + metas[-1].get("completion_tokens", 0) if metas else 0
+        return f"{used:,} / {self.context_tokens:,} tokens"
+
+    def _update_buttons(self) -> None:
+        generating = self.client.is_generating
+        self.send_button.setEnabled(not generating)
+        self.stop_button.setEnabled(generating)
+        self.regenerate_button.setEnabled(not generating and bool(self.context_tokens) and self.conversation_id is not None)

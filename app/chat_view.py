@@ -1,0 +1,149 @@
+"""The messages of one conversation, top to bottom, with the reply streaming into the last one."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QVBoxLayout, QWidget
+
+from .message_widget import MessageWidget
+from .store import Message
+
+# Re-rendering Markdown costs time proportional to the reply; at most this often keeps long replies cheap.
+RENDER_INTERVAL_MS = 50
+
+
+class ChatView(QScrollArea):
+    """Shows messages; `edit_submitted(message_id, text)` comes from a user message's Edit."""
+
+    edit_submitted = Signal(int, str)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setWidgetResizable(True)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self._inner = QWidget()
+        self._inner.setObjectName("chatInner")
+        self._inner.setStyleSheet("#chatInner { background: #f7f7f7; }")
+        self._column = QVBoxLayout(self._inner)
+        self._column.setContentsMargins(10, 10, 10, 10)
+        self._column.setSpacing(8)
+        self._column.addStretch(1)
+        self.setWidget(self._inner)
+        self.widgets: list[MessageWidget] = []
+        self.memory_marker: QLabel | None = None
+        self.placeholder = QLabel()
+        self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.placeholder.setWordWrap(True)
+        self.placeholder.setStyleSheet("color: #888; font-size: 14px; padding: 40px;")
+        self._column.insertWidget(0, self.placeholder)
+        self.reply: MessageWidget | None = None
+        self._reply_text = ""
+        self._render_timer = QTimer(self)
+        self._render_timer.setSingleShot(True)
+        self._render_timer.setInterval(RENDER_INTERVAL_MS)
+        self._render_timer.timeout.connect(self._render_reply)
+        self.verticalScrollBar().rangeChanged.connect(self._follow)
+        self._at_bottom = True
+        self.verticalScrollBar().valueChanged.connect(self._track_bottom)
+
+    def set_placeholder(self, text: str) -> None:
+        self.placeholder.setText(text)
+        self.placeholder.setVisible(bool(text) and not self.widgets)
+
+    def set_messages(self, messages: list[Message], memory_start_id: int | None = None) -> None:
+        self.clear()
+        for message in messages:
+            if memory_start_id is not None and message.id == memory_start_id:
+                self._add_memory_marker()
+            self._add(message)
+        self.placeholder.setVisible(not self.widgets and bool(self.placeholder.text()))
+        self._at_bottom = True
+
+    def clear(self) -> None:
+        self._render_timer.stop()
+        self.reply = None
+        for widget in self.widgets:
+            widget.deleteLater()
+        self.widgets.clear()
+        if self.memory_marker is not None:
+            self.memory_marker.deleteLater()
+            self.memory_marker = None
+
+    def add_message(self, message: Message) -> MessageWidget:
+        self.placeholder.hide()
+        self._at_bottom = True
+        return self._add(message)
+
+    def _add(self, message: Message) -> MessageWidget:
+        widget = MessageWidget(message)
+        widget.edit_submitted.connect(self.edit_submitted)
+        self._column.insertWidget(self._column.count() - 1, widget)
+        self.widgets.append(widget)
+        return widget
+
+    def _add_memory_marker(self) -> None:
+        self.memory_marker = QLabel("— The model no longer remembers the messages above this line —")
+        self.memory_marker.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.memory_marker.setStyleSheet("color: #a0522d; font-style: italic;")
+        self._column.insertWidget(self._column.count() - 1, self.memory_marker)
+
+    def mark_memory_start(self, message_id: int | None) -> None:
+        """Draw the line where the model's memory of the conversation now starts (None: remove it)."""
+        if self.memory_marker is not None:
+            self.memory_marker.deleteLater()
+            self.memory_marker = None
+        for widget in self.widgets:
+            if message_id is not None and widget.message.id == message_id:
+                self._add_memory_marker()
+                self._column.removeWidget(self.memory_marker)
+                self._column.insertWidget(self._column.indexOf(widget), self.memory_marker)
+                return
+
+    # -- the streaming reply --------------------------------------------------------------------
+    def begin_reply(self) -> MessageWidget:
+        self._reply_text = ""
+        self.reply = self.add_message(Message(-1, "assistant", ""))
+        self.reply.note.setText("thinking…")
+        return self.reply
+
+    def append_reply(self, text: str) -> None:
+        self._reply_text += text
+        if not self._render_timer.isActive():
+            self._render_timer.start()
+
+    def end_reply(self, message: Message) -> None:
+        """The reply is done and stored: show its final text and meta under its stored id."""
+        self._render_timer.stop()
+        if self.reply is None:
+            return
+        self.reply.message = message
+        self.reply.set_text(message.content)
+        self.reply.set_meta(message.meta)
+        self.reply = None
+
+    def drop_reply(self) -> None:
+        """Remove a reply that never produced a stored message (an error before any token)."""
+        self._render_timer.stop()
+        if self.reply is not None:
+            self.widgets.remove(self.reply)
+            self.reply.deleteLater()
+            self.reply = None
+
+    @property
+    def reply_text(self) -> str:
+        return self._reply_text
+
+    def _render_reply(self) -> None:
+        if self.reply is not None:
+            self.reply.set_text(self._reply_text)
+            self.reply.note.setText("writing…")
+
+    # -- keep the newest text in view unless the user scrolled up to read ----------------------
+    def _track_bottom(self, value: int) -> None:
+        bar = self.verticalScrollBar()
+        self._at_bottom = value >= bar.maximum() - 4
+
+    def _follow(self, _minimum: int, maximum: int) -> None:
+        if self._at_bottom:
+            self.verticalScrollBar().setValue(maximum)

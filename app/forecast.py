@@ -1,0 +1,63 @@
+"""The memory forecast for the user's settings: a plan recomputed on every change, nothing allocated."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from engine.budgets import Budgets
+from engine.inspect import ModelInfo
+from engine.planner import PlanRequest, max_context, plan
+
+from .model_settings import ModelSettings
+from .plan_bar import DeviceBar
+
+GIB = 1024**3
+
+
+class Forecast:
+    """Plans for one inspected model on the budgets detected when it was inspected.
+
+    Budgets are detected once per model, not on every slider move: after a load the model's own
+    memory would otherwise count as used and the forecast would shrink under the user.
+    """
+
+    def __init__(self, info: ModelInfo, budgets: Budgets, block_size: int = 16):
+        self.info = info
+        self.detected = budgets
+        self.block_size = block_size
+
+    def budgets(self, settings: ModelSettings) -> Budgets:
+        limit = None if settings.ram_limit_gib is None else int(settings.ram_limit_gib * GIB)
+        return replace(self.detected, ram=replace(self.detected.ram, limit_bytes=limit))
+
+    def request(self, settings: ModelSettings, context_tokens: int | None = None) -> PlanRequest:
+        return PlanRequest(
+            context_tokens=context_tokens or settings.context_tokens,
+            kv_dtype=settings.kv_dtype,
+            dtype=None,
+            gpu_layers=settings.gpu_layers,
+            block_size=self.block_size,
+        )
+
+    def plan(self, settings: ModelSettings):
+        return plan(self.info, self.request(settings), self.budgets(settings))
+
+    def max_context(self, settings: ModelSettings) -> int:
+        """The largest context that fits with these settings (the slider's top)."""
+        return max_context(self.info, self.request(settings), self.budgets(settings))
+
+    @property
+    def model_max_tokens(self) -> int:
+        return self.info.max_position_embeddings
+
+    def bars(self, the_plan, settings: ModelSettings) -> list[DeviceBar]:
+        names = {b.device: b for b in self.budgets(settings).devices}
+        bars = []
+        for device in the_plan.devices:
+            budget = names.get(device.device)
+            if device.device == "cpu":
+                label = "RAM"
+            else:
+                label = f"GPU {device.device.removeprefix('cuda:')}" + (f" ({budget.name})" if budget else "")
+            bars.append(DeviceBar(label, device.weights_bytes, device.kv_bytes, device.workspace_bytes, device.budget_bytes))
+        return bars

@@ -1,0 +1,220 @@
+"""The main window: chat on the left, settings on the right, memory graphs below, a status bar."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, Qt, QTimer
+from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QSplitter
+
+from engine.units import format_bytes
+
+from .chat_panel import ChatPanel
+from .conversation_list import ConversationList
+from .forecast import Forecast
+from .memory_graph import MemoryGraph
+from .memory_stats import MemoryStats
+from .model_catalog import find_models
+from .model_settings import load_model_settings, open_settings, save_model_settings
+from .settings_panel import SettingsPanel
+from .store import ConversationStore
+from .worker import EngineClient
+
+TITLE = "Stowage"
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, store: ConversationStore | None = None, stats: MemoryStats | None = None, models=None):
+        super().__init__()
+        self.setWindowTitle(TITLE)
+        self.qsettings = open_settings()
+        self.store = store or ConversationStore()
+        self.stats = stats or MemoryStats()
+        self.client = EngineClient(self)
+        self.model_dir: str | None = None  # the chosen (inspected) model
+        self.loaded_dir: str | None = None
+        self.loaded_plan = None
+        self.forecast: Forecast | None = None
+        self.error_box: QMessageBox | None = None
+
+        self.conversations = ConversationList(self.store)
+        self.chat = ChatPanel(self.store, self.client)
+        self.settings_panel = SettingsPanel(find_models() if models is None else models)
+        self.graph = MemoryGraph(self.stats)
+
+        self.left = QSplitter(Qt.Orientation.Horizontal)
+        self.left.addWidget(self.conversations)
+        self.left.addWidget(self.chat)
+        self.left.setStretchFactor(1, 1)
+        self.left.setSizes([200, 600])
+        self.main = QSplitter(Qt.Orientation.Horizontal)
+        self.main.addWidget(self.left)
+        self.main.addWidget(self.settings_panel)
+        self.main.setStretchFactor(0, 1)
+        self.main.setSizes([860, 420])
+        self.vertical = QSplitter(Qt.Orientation.Vertical)
+        self.vertical.addWidget(self.main)
+        self.vertical.addWidget(self.graph)
+        self.vertical.setStretchFactor(0, 1)
+        self.vertical.setSizes([600, 170])
+        self.setCentralWidget(self.vertical)
+
+        self.device_label = QLabel(self.stats.device_summary())
+        self.model_label = QLabel("No model loaded")
+        self.plan_label = QLabel()
+        status = self.statusBar()
+        status.addWidget(self.device_label)
+        status.addWidget(_separator())
+        status.addWidget(self.model_label)
+        status.addWidget(_separator())
+        status.addWidget(self.plan_label, 1)
+
+        self.conversations.selected.connect(self.chat.show_conversation)
+        self.chat.conversation_created.connect(self.conversations.refresh)
+        self.chat.conversation_renamed.connect(self.conversations.refresh)
+        panel = self.settings_panel
+        panel.model_chosen.connect(self.choose_model)
+        panel.settings_changed.connect(self._settings_changed)
+        panel.plan_changed.connect(self._plan_changed)
+        panel.load_requested.connect(self.load)
+        panel.unload_requested.connect(self.client.unload)
+        panel.cancel_requested.connect(self.client.cancel_load)
+        worker = self.client.worker
+        worker.inspected.connect(self._inspected)
+        worker.inspect_failed.connect(self._inspect_failed)
+        worker.load_progress.connect(panel.show_loading)
+        worker.loaded.connect(self._loaded)
+        worker.load_failed.connect(self._load_failed)
+        worker.load_cancelled.connect(lambda: panel.show_unloaded("Loading cancelled; nothing is held."))
+        worker.unloaded.connect(self._unloaded)
+
+        self.resize(1280, 800)
+        self._restore_layout()
+        rows = self.store.conversations()
+        if rows:
+            self.conversations.select(rows[0].id)
+        else:
+            self.chat.show_conversation(None)
+        self.chat.view.set_placeholder("Pick a model on the right, press Load, then type a message below.")
+        # First run: the demo model (first in the list); later runs: the model used last.
+        last = self.qsettings.value("last_model", "")
+        first = panel.model_combo.itemData(1) if panel.model_combo.count() > 1 else None
+        start_model = last if last and Path(last).is_dir() else first
+        if start_model:
+            panel.select_model_dir(start_model)
+            QTimer.singleShot(0, lambda: self.choose_model(start_model))
+
+    # -- choosing and inspecting a model ----------------------------------------------------------
+    def choose_model(self, model_dir: str) -> None:
+        self.model_dir = model_dir
+        self.settings_panel.model_info.setStyleSheet("color: #555;")
+        self.settings_panel.model_info.setText(f"Reading {Path(model_dir).name}…")
+        self.client.inspect(model_dir)
+
+    def _inspected(self, model_dir: str, info, budgets) -> None:
+        if model_dir != self.model_dir:
+            return  # the user already chose another
+        self.forecast = Forecast(info, budgets)
+        settings = load_model_settings(self.qsettings, Path(model_dir))
+        self.chat.settings = settings
+        self.settings_panel.set_model(self.forecast, settings)
+        self.qsettings.setValue("last_model", model_dir)
+
+    def _inspect_failed(self, model_dir: str, message: str) -> None:
+        if model_dir != self.model_dir:
+            return
+        self.forecast = None
+        self.settings_panel.show_model_error(message)
+        self.show_error("This folder cannot be used", message)
+
+    def _settings_changed(self, settings) -> None:
+        self.chat.settings = settings
+        if self.model_dir:
+            save_model_settings(self.qsettings, Path(self.model_dir), settings)
+
+    def _plan_changed(self, plan) -> None:
+        self.plan_label.setText("" if plan is None else (plan.summary() if plan.fits else "Does not fit"))
+        if self.loaded_dir is None:
+            self._predict(plan, baseline=True)
+
+    # -- loading ---------------------------------------------------------------------------------
+    def load(self) -> None:
+        plan = self.settings_panel.plan
+        if plan is None or not plan.fits or self.model_dir is None:
+            return
+        self.loaded_plan = plan
+        self._predict(plan, baseline=True)
+        self._loading_dir = self.model_dir
+        self._loading_context = plan.load_options().context_tokens
+        self.settings_panel.show_loading(0.0, "Starting")
+        self.client.load(self.model_dir, plan.load_options())
+
+    def _loaded(self, model_dir: str, seconds: float) -> None:
+        self.loaded_dir = model_dir
+        name = Path(model_dir).name
+        self.setWindowTitle(f"{TITLE} — {name}")
+        self.model_label.setText(f"{name} loaded")
+        self.settings_panel.show_loaded(f"{name} loaded in {seconds:.1f} s")
+        self.chat.set_model_loaded(self._loading_context)
+        self.chat.input.setFocus()
+
+    def _load_failed(self, message: str) -> None:
+        self.settings_panel.show_unloaded(message, error=True)
+        self.show_error("Loading failed", message)
+
+    def _unloaded(self) -> None:
+        self.loaded_dir = None
+        self.setWindowTitle(TITLE)
+        self.model_label.setText("No model loaded")
+        self.chat.set_model_loaded(0)
+        self.settings_panel.show_unloaded("Unloaded; the memory is free again.")
+        self._predict(self.settings_panel.plan, baseline=True)
+
+    def _predict(self, plan, baseline: bool) -> None:
+        """Dashed lines: where this process's RAM and each GPU's VRAM should sit with `plan` loaded."""
+        if plan is None or not plan.fits:
+            self.graph.set_prediction(None)
+            return
+        sample = self.stats.sample()
+        cpu = sum(d.total_bytes for d in plan.devices if d.device == "cpu")
+        gpus = {int(d.device.removeprefix("cuda:")): used + d.total_bytes
+                for d in plan.devices if d.device.startswith("cuda:")
+                for used in [sample.gpu_used_bytes[int(d.device.removeprefix("cuda:"))]
+                             if int(d.device.removeprefix("cuda:")) < len(sample.gpu_used_bytes) else 0]}
+        self.graph.set_prediction(sample.process_bytes + cpu, gpus)
+
+    # -- errors ----------------------------------------------------------------------------------
+    def show_error(self, title: str, message: str) -> None:
+        """A dialog that does not block the event loop: the engine thread keeps reporting behind it."""
+        if self.error_box is not None:
+            self.error_box.close()
+        self.error_box = QMessageBox(QMessageBox.Icon.Warning, title, message, QMessageBox.StandardButton.Ok, self)
+        self.error_box.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.error_box.open()
+
+    # -- layout memory ---------------------------------------------------------------------------
+    def _restore_layout(self) -> None:
+        s = self.qsettings
+        for key, restore in (("window/geometry", self.restoreGeometry), ("window/main", self.main.restoreState),
+                             ("window/left", self.left.restoreState), ("window/vertical", self.vertical.restoreState)):
+            value = s.value(key)
+            if isinstance(value, QByteArray) and not value.isEmpty():
+                restore(value)
+
+    def closeEvent(self, event) -> None:
+        s = self.qsettings
+        s.setValue("window/geometry", self.saveGeometry())
+        s.setValue("window/main", self.main.saveState())
+        s.setValue("window/left", self.left.saveState())
+        s.setValue("window/vertical", self.vertical.saveState())
+        s.sync()
+        self.graph.timer.stop()
+        self.client.shutdown()
+        self.store.close()
+        super().closeEvent(event)
+
+
+def _separator() -> QLabel:
+    label = QLabel("|")
+    label.setStyleSheet("color: #bbb;")
+    return label

@@ -1,0 +1,160 @@
+"""One message of a conversation: rendered Markdown, with copy (and edit-and-resend for the user's)."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtGui import QGuiApplication, QTextOption
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QSizePolicy,
+    QTextBrowser,
+    QVBoxLayout,
+)
+
+from .store import Message
+
+STYLES = {
+    "user": "MessageWidget { background: #eef3fb; border: 1px solid #d5e0f0; border-radius: 6px; }",
+    "assistant": "MessageWidget { background: #ffffff; border: 1px solid #e2e2e2; border-radius: 6px; }",
+}
+TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
+
+
+class MarkdownView(QTextBrowser):
+    """A read-only Markdown view as tall as its text, so the chat scrolls as one column."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setOpenExternalLinks(True)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setStyleSheet("background: transparent;")
+        self.document().setDocumentMargin(2)
+        self.setWordWrapMode(QTextOption.WrapMode.WrapAtWordBoundaryOrAnywhere)
+        self.markdown = ""
+
+    def set_markdown(self, text: str) -> None:
+        self.markdown = text
+        # Models emit control bytes at times; Qt renders them as boxes, so they are dropped.
+        self.document().setMarkdown(_printable(text))
+        self._fit_height()
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._fit_height()
+
+    def _fit_height(self) -> None:
+        self.document().setTextWidth(self.viewport().width())
+        height = int(self.document().size().height()) + 4
+        if height != self.height():
+            self.setFixedHeight(height)
+
+    def sizeHint(self) -> QSize:
+        return QSize(200, int(self.document().size().height()) + 4)
+
+
+class MessageWidget(QFrame):
+    """A message; `edit_submitted(message_id, text)` when the user edits theirs and presses Send."""
+
+    edit_submitted = Signal(int, str)
+
+    def __init__(self, message: Message, parent=None):
+        super().__init__(parent)
+        self.message = message
+        self.setStyleSheet(STYLES.get(message.role, STYLES["assistant"]))
+        self.title = QLabel(f"<b>{TITLES.get(message.role, message.role)}</b>")
+        self.note = QLabel()
+        self.note.setStyleSheet("color: #777; border: none;")
+        self.copy_button = _small_button("Copy", "Copy this message")
+        self.edit_button = _small_button("Edit", "Edit this message and resend it")
+        self.edit_button.setVisible(message.role == "user")
+        header = QHBoxLayout()
+        header.addWidget(self.title)
+        header.addWidget(self.note, 1)
+        header.addWidget(self.copy_button)
+        header.addWidget(self.edit_button)
+        self.body = MarkdownView()
+        self.editor = QPlainTextEdit()
+        self.editor.hide()
+        self.save_button = QPushButton("Send")
+        self.cancel_button = QPushButton("Cancel")
+        edit_row = QHBoxLayout()
+        edit_row.addStretch(1)
+        edit_row.addWidget(self.cancel_button)
+        edit_row.addWidget(self.save_button)
+        self.edit_buttons = [self.save_button, self.cancel_button]
+        for b in self.edit_buttons:
+            b.hide()
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 6, 8, 6)
+        layout.setSpacing(2)
+        layout.addLayout(header)
+        layout.addWidget(self.body)
+        layout.addWidget(self.editor)
+        layout.addLayout(edit_row)
+        self.copy_button.clicked.connect(self.copy)
+        self.edit_button.clicked.connect(self.start_edit)
+        self.cancel_button.clicked.connect(self.stop_edit)
+        self.save_button.clicked.connect(self._submit_edit)
+        self.set_text(message.content)
+        self.set_meta(message.meta)
+
+    @property
+    def text(self) -> str:
+        return self.body.markdown
+
+    def set_text(self, text: str) -> None:
+        self.body.set_markdown(text)
+
+    def set_meta(self, meta: dict) -> None:
+        """Under a reply: its speed, and why it ended when that was not the model's own choice."""
+        parts = []
+        if meta.get("tokens_per_s"):
+            parts.append(f"{meta['tokens_per_s']:.1f} tokens/s")
+        reason = meta.get("finish_reason")
+        if reason and reason != "stop":
+            parts.append({"cancelled": "stopped", "length": "hit max new tokens",
+                          "context_full": "context full"}.get(reason, reason))
+        self.note.setText(" · ".join(parts))
+
+    def copy(self) -> None:
+        QGuiApplication.clipboard().setText(self.text)
+
+    def start_edit(self) -> None:
+        self.editor.setPlainText(self.text)
+        self.body.hide()
+        self.editor.show()
+        for b in self.edit_buttons:
+            b.show()
+        self.editor.setFocus()
+
+    def stop_edit(self) -> None:
+        self.editor.hide()
+        self.body.show()
+        for b in self.edit_buttons:
+            b.hide()
+
+    def _submit_edit(self) -> None:
+        text = self.editor.toPlainText().strip()
+        if text:
+            self.stop_edit()
+            self.edit_submitted.emit(self.message.id, text)
+
+
+def _small_button(text: str, tip: str) -> QPushButton:
+    button = QPushButton(text)
+    button.setToolTip(tip)
+    button.setFlat(True)
+    button.setStyleSheet("QPushButton { color: #3465a4; border: none; padding: 0 4px; }")
+    button.setCursor(Qt.CursorShape.PointingHandCursor)
+    return button
+
+
+def _printable(text: str) -> str:
+    return "".join(ch for ch in text if ch in "\n\t" or ch.isprintable())

@@ -1,0 +1,112 @@
+"""The user's choices for one model (context, placement, sampling, system prompt), kept in QSettings."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+from PySide6.QtCore import QSettings
+
+from . import context_policy, paths
+
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    context_tokens: int = 4096
+    gpu_layers: int | None = None  # None: as many as fit (the planner decides)
+    kv_dtype: str | None = None  # None: the model's compute dtype
+    ram_limit_gib: float | None = None  # None: what is available, minus a reserve; swap never counts
+    overflow_policy: str = context_policy.STOP
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repetition_penalty: float = 1.1
+    max_tokens: int = 512
+    seed: int | None = None
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+
+    def sampling_params(self):
+        from engine.sampler import SamplingParams
+
+        return SamplingParams(
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            max_tokens=self.max_tokens,
+            seed=self.seed,
+        )
+
+    def system_messages(self) -> list[dict]:
+        return [{"role": "system", "content": self.system_prompt}] if self.system_prompt.strip() else []
+
+
+def open_settings() -> QSettings:
+    """The app's QSettings; under STOWAGE_DATA_DIR an INI file there, so tests and portable runs stay apart."""
+    if os.environ.get(paths.DATA_DIR_ENV):
+        return QSettings(str(paths.data_dir() / "settings.ini"), QSettings.Format.IniFormat)
+    return QSettings(paths.APP_NAME, paths.APP_NAME)
+
+
+def _group(model_dir: Path) -> str:
+    # QSettings keys cannot hold '/' safely; a short hash of the path keeps two same-named models apart.
+    digest = hashlib.sha1(str(Path(model_dir).resolve()).encode()).hexdigest()[:10]
+    return f"models/{Path(model_dir).name.replace('/', '_')}-{digest}"
+
+
+def load_model_settings(settings: QSettings, model_dir: Path) -> ModelSettings:
+    settings.beginGroup(_group(model_dir))
+    try:
+        values = {}
+        defaults = ModelSettings()
+        for f in fields(ModelSettings):
+            if not settings.contains(f.name):
+                continue
+            raw = settings.value(f.name)
+            default = getattr(defaults, f.name)
+            values[f.name] = _coerce(raw, default, f.name)
+        return replace(defaults, **values)
+    finally:
+        settings.endGroup()
+
+
+def save_model_settings(settings: QSettings, model_dir: Path, model_settings: ModelSettings) -> None:
+    settings.beginGroup(_group(model_dir))
+    for name, value in asdict(model_settings).items():
+        # INI files lose None; an empty string stands for "not set".
+        settings.setValue(name, "" if value is None else value)
+    settings.endGroup()
+    settings.sync()
+
+
+_INT_OR_NONE = {"gpu_layers", "seed"}
+_FLOAT_OR_NONE = {"ram_limit_gib"}
+_STR_OR_NONE = {"kv_dtype"}
+
+
+def _coerce(raw, default, name):
+    """QSettings INI values come back as strings; turn them into the field's type."""
+    if name in _INT_OR_NONE | _FLOAT_OR_NONE | _STR_OR_NONE and raw in ("", None):
+        return None
+    try:
+        if name in _INT_OR_NONE:
+            return int(raw)
+        if name in _FLOAT_OR_NONE:
+            return float(raw)
+        if name in _STR_OR_NONE:
+            return str(raw)
+        if isinstance(default, bool):
+            return str(raw).lower() in ("1", "true")
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+        return str(raw)
+    except (TypeError, ValueError):
+        return default

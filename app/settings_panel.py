@@ -1,0 +1,394 @@
+"""The right-hand panel: model picker, context and placement with the live forecast, sampling, system prompt."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.units import format_bytes, format_tokens
+
+from . import context_policy
+from .context_control import ContextControl
+from .forecast import Forecast
+from .model_catalog import ModelEntry
+from .model_settings import ModelSettings
+from .plan_bar import PlanBar
+
+KV_DTYPE_CHOICES = (("Same as the model", None), ("float16", "float16"), ("bfloat16", "bfloat16"),
+                    ("float32", "float32"), ("fp8 (half the memory)", "fp8"))
+ERROR_STYLE = "color: #b00020;"
+
+
+class SettingsPanel(QWidget):
+    """Edits a ModelSettings for the chosen model and shows its plan; the main window does the loading."""
+
+    model_chosen = Signal(str)  # a model folder to inspect
+    load_requested = Signal()
+    unload_requested = Signal()
+    cancel_requested = Signal()
+    settings_changed = Signal(object)  # ModelSettings
+    plan_changed = Signal(object)  # Plan (or None)
+
+    def __init__(self, models: list[ModelEntry], parent=None):
+        super().__init__(parent)
+        self.forecast: Forecast | None = None
+        self.plan = None
+        self.settings = ModelSettings()
+        self.last_plan_seconds = 0.0
+        self.max_fit_tokens = 0
+        self._updating = False
+
+        # -- model ----------------------------------------------------------------------------
+        self.model_combo = QComboBox()
+        self.model_combo.setAccessibleName("Model")
+        self.browse_button = QPushButton("Folder…")
+        self.browse_button.setToolTip("Choose a model folder (config.json and *.safetensors)")
+        self.model_info = QLabel("No model chosen")
+        self.model_info.setWordWrap(True)
+        self.model_info.setStyleSheet("color: #555;")
+        model_row = QHBoxLayout()
+        model_row.addWidget(self.model_combo, 1)
+        model_row.addWidget(self.browse_button)
+        model_box = QGroupBox("Model")
+        model_layout = QVBoxLayout(model_box)
+        model_layout.addLayout(model_row)
+        model_layout.addWidget(self.model_info)
+        self.set_models(models)
+
+        # -- memory ---------------------------------------------------------------------------
+        self.context = ContextControl()
+        self.max_label = QLabel()
+        self.max_label.setStyleSheet("color: #555;")
+        self.plan_bar = PlanBar()
+        self.plan_message = QLabel()
+        self.plan_message.setWordWrap(True)
+        self.plan_message.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.gpu_auto = QCheckBox("Auto")
+        self.gpu_auto.setChecked(True)
+        self.gpu_layers = QSpinBox()
+        self.gpu_layers.setEnabled(False)
+        self.gpu_layers.setAccessibleName("GPU layers")
+        gpu_row = QHBoxLayout()
+        gpu_row.addWidget(self.gpu_auto)
+        gpu_row.addWidget(self.gpu_layers, 1)
+        self.kv_dtype = QComboBox()
+        for label, value in KV_DTYPE_CHOICES:
+            self.kv_dtype.addItem(label, value)
+        self.ram_limit = QDoubleSpinBox()
+        self.ram_limit.setDecimals(1)
+        self.ram_limit.setSingleStep(0.5)
+        self.ram_limit.setRange(0.0, 4096.0)
+        self.ram_limit.setSuffix(" GiB")
+        self.ram_limit.setSpecialValueText("Available RAM (never swap)")
+        self.ram_limit.setToolTip("The most RAM the model may use. Swap is never counted as memory.")
+        self.policy = QComboBox()
+        for key, label in context_policy.POLICIES.items():
+            self.policy.addItem(label, key)
+        self.policy.setToolTip("What happens when a conversation outgrows the context")
+        memory_box = QGroupBox("Memory")
+        form = QFormLayout(memory_box)
+        form.addRow("Context", self.context)
+        form.addRow("", self.max_label)
+        form.addRow(self.plan_bar)
+        form.addRow(self.plan_message)
+        form.addRow("GPU layers", gpu_row)
+        form.addRow("KV cache", self.kv_dtype)
+        form.addRow("RAM limit", self.ram_limit)
+        form.addRow("When full", self.policy)
+
+        # -- load -----------------------------------------------------------------------------
+        self.load_button = QPushButton("Load")
+        self.load_button.setDefault(False)
+        self.unload_button = QPushButton("Unload")
+        self.unload_button.setEnabled(False)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1000)
+        self.progress.setTextVisible(True)
+        self.cancel_button = QPushButton("Cancel")
+        self.load_status = QLabel()
+        self.load_status.setWordWrap(True)
+        self.load_status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        load_row = QHBoxLayout()
+        load_row.addWidget(self.load_button)
+        load_row.addWidget(self.unload_button)
+        progress_row = QHBoxLayout()
+        progress_row.addWidget(self.progress, 1)
+        progress_row.addWidget(self.cancel_button)
+        self.progress_widget = QWidget()
+        self.progress_widget.setLayout(progress_row)
+        progress_row.setContentsMargins(0, 0, 0, 0)
+        self.progress_widget.hide()
+
+        # -- sampling -------------------------------------------------------------------------
+        self.temperature = _double(0.0, 2.0, 0.05, 2)
+        self.top_p = _double(0.01, 1.0, 0.05, 2)
+        self.top_k = _int(0, 1000, "off")
+        self.min_p = _double(0.0, 0.99, 0.01, 2)
+        self.repetition_penalty = _double(0.5, 2.0, 0.05, 2)
+        self.max_tokens = _int(1, 1_000_000, None)
+        self.seed = _int(-1, 2**31 - 1, "random")
+        sampling_box = QGroupBox("Sampling")
+        sampling_form = QFormLayout(sampling_box)
+        sampling_form.addRow("Temperature", self.temperature)
+        sampling_form.addRow("Top-p", self.top_p)
+        sampling_form.addRow("Top-k", self.top_k)
+        sampling_form.addRow("Min-p", self.min_p)
+        sampling_form.addRow("Repetition penalty", self.repetition_penalty)
+        sampling_form.addRow("Max new tokens", self.max_tokens)
+        sampling_form.addRow("Seed", self.seed)
+
+        self.system_prompt = QPlainTextEdit()
+        self.system_prompt.setPlaceholderText("Instructions the model sees before every conversation")
+        self.system_prompt.setFixedHeight(70)
+        self.system_prompt.setAccessibleName("System prompt")
+        prompt_box = QGroupBox("System prompt")
+        QVBoxLayout(prompt_box).addWidget(self.system_prompt)
+
+        inner = QWidget()
+        column = QVBoxLayout(inner)
+        column.addWidget(model_box)
+        column.addWidget(memory_box)
+        column.addLayout(load_row)
+        column.addWidget(self.progress_widget)
+        column.addWidget(self.load_status)
+        column.addWidget(sampling_box)
+        column.addWidget(prompt_box)
+        column.addStretch(1)
+        scroll = QScrollArea()
+        scroll.setWidget(inner)
+        scroll.setWidgetResizable(True)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(scroll)
+        self.setMinimumWidth(360)
+
+        self.model_combo.activated.connect(self._combo_chosen)
+        self.browse_button.clicked.connect(self._browse)
+        self.context.changed.connect(self._edited)
+        self.gpu_auto.toggled.connect(self.gpu_layers.setDisabled)
+        for signal in (self.gpu_auto.toggled, self.gpu_layers.valueChanged, self.kv_dtype.currentIndexChanged,
+                       self.ram_limit.valueChanged, self.policy.currentIndexChanged, self.temperature.valueChanged,
+                       self.top_p.valueChanged, self.top_k.valueChanged, self.min_p.valueChanged,
+                       self.repetition_penalty.valueChanged, self.max_tokens.valueChanged, self.seed.valueChanged,
+                       self.system_prompt.textChanged):
+            signal.connect(self._edited)
+        self.load_button.clicked.connect(self.load_requested)
+        self.unload_button.clicked.connect(self.unload_requested)
+        self.cancel_button.clicked.connect(self.cancel_requested)
+        self._show_settings(self.settings)
+        self._set_model_enabled(False)
+
+    # -- the model list -------------------------------------------------------------------------
+    def set_models(self, models: list[ModelEntry]) -> None:
+        self.model_combo.clear()
+        self.model_combo.addItem("Choose a model…", None)
+        for entry in models:
+            self.model_combo.addItem(entry.label, str(entry.path))
+            self.model_combo.setItemData(self.model_combo.count() - 1, str(entry.path), Qt.ItemDataRole.ToolTipRole)
+
+    def select_model_dir(self, model_dir: str) -> None:
+        """Show `model_dir` as the chosen model (adding it to the list if it came from a folder chooser)."""
+        index = self.model_combo.findData(str(model_dir))
+        if index < 0:
+            self.model_combo.addItem(Path(model_dir).name, str(model_dir))
+            index = self.model_combo.count() - 1
+        self.model_combo.setCurrentIndex(index)
+
+    def _combo_chosen(self, index: int) -> None:
+        model_dir = self.model_combo.itemData(index)
+        if model_dir:
+            self.model_chosen.emit(model_dir)
+
+    def _browse(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Choose a model folder")
+        if folder:
+            self.select_model_dir(folder)
+            self.model_chosen.emit(folder)
+
+    # -- the inspected model --------------------------------------------------------------------
+    def set_model(self, forecast: Forecast, settings: ModelSettings) -> None:
+        """A model was inspected: show its facts and plan with the settings saved for it."""
+        self.forecast = forecast
+        info = forecast.info
+        c = info.config
+        self.model_info.setStyleSheet("color: #555;")
+        self.model_info.setText(
+            f"{c.model_type}, {info.num_layers} layers, {format_bytes(info.weights_bytes())} of weights "
+            f"({info.compute_dtype}), up to {format_tokens(info.max_position_embeddings)}"
+        )
+        self.gpu_layers.blockSignals(True)
+        self.gpu_layers.setRange(0, info.num_layers)
+        self.gpu_layers.blockSignals(False)
+        has_gpu = bool(forecast.detected.gpus)
+        self.gpu_auto.setEnabled(has_gpu)
+        self.gpu_layers.setEnabled(has_gpu and settings.gpu_layers is not None)
+        if not has_gpu:
+            self.gpu_layers.setToolTip(forecast.detected.note)
+        self._show_settings(settings)
+        self._set_model_enabled(True)
+        self._replan()
+
+    def show_model_error(self, message: str) -> None:
+        """The chosen folder could not be read: say why inline, and forget the previous forecast."""
+        self.forecast = None
+        self.plan = None
+        self.model_info.setStyleSheet(ERROR_STYLE)
+        self.model_info.setText(message)
+        self.plan_bar.set_bars([])
+        self.plan_message.clear()
+        self.max_label.clear()
+        self._set_model_enabled(False)
+        self.plan_changed.emit(None)
+
+    def _set_model_enabled(self, enabled: bool) -> None:
+        for widget in (self.context, self.kv_dtype, self.ram_limit, self.load_button):
+            widget.setEnabled(enabled)
+
+    # -- settings <-> widgets -------------------------------------------------------------------
+    def _show_settings(self, s: ModelSettings) -> None:
+        self._updating = True
+        try:
+            self.gpu_auto.setChecked(s.gpu_layers is None)
+            self.gpu_layers.setValue(s.gpu_layers or 0)
+            self.kv_dtype.setCurrentIndex(max(0, self.kv_dtype.findData(s.kv_dtype)))
+            self.ram_limit.setValue(s.ram_limit_gib or 0.0)
+            self.policy.setCurrentIndex(max(0, self.policy.findData(s.overflow_policy)))
+            self.temperature.setValue(s.temperature)
+            self.top_p.setValue(s.top_p)
+            self.top_k.setValue(s.top_k)
+            self.min_p.setValue(s.min_p)
+            self.repetition_penalty.setValue(s.repetition_penalty)
+            self.max_tokens.setValue(s.max_tokens)
+            self.seed.setValue(-1 if s.seed is None else s.seed)
+            self.system_prompt.setPlainText(s.system_prompt)
+            self.settings = s
+            if self.forecast is not None:
+                self._update_context_range()
+            self.context.set_tokens(s.context_tokens)
+        finally:
+            self._updating = False
+
+    def _read_settings(self) -> ModelSettings:
+        return replace(
+            self.settings,
+            context_tokens=self.context.tokens,
+            gpu_layers=None if self.gpu_auto.isChecked() else self.gpu_layers.value(),
+            kv_dtype=self.kv_dtype.currentData(),
+            ram_limit_gib=self.ram_limit.value() or None,
+            overflow_policy=self.policy.currentData(),
+            temperature=self.temperature.value(),
+            top_p=self.top_p.value(),
+            top_k=self.top_k.value(),
+            min_p=self.min_p.value(),
+            repetition_penalty=self.repetition_penalty.value(),
+            max_tokens=self.max_tokens.value(),
+            seed=None if self.seed.value() < 0 else self.seed.value(),
+            system_prompt=self.system_prompt.toPlainText(),
+        )
+
+    def _edited(self, *_) -> None:
+        if self._updating:
+            return
+        before = self.settings
+        self.settings = self._read_settings()
+        if self.forecast is not None and _placement(before) != _placement(self.settings):
+            if _limits(before) != _limits(self.settings):
+                self._update_context_range()
+            self._replan()
+        self.settings_changed.emit(self.settings)
+
+    # -- the forecast ---------------------------------------------------------------------------
+    def _update_context_range(self) -> None:
+        """The slider's top is the largest context that fits with the other settings as they are."""
+        f = self.forecast
+        self.max_fit_tokens = f.max_context(self.settings)
+        self.context.set_range(self.max_fit_tokens, f.model_max_tokens, f.block_size)
+        if self.max_fit_tokens <= 0:
+            self.max_label.setText("No context fits with these settings")
+        else:
+            self.max_label.setText(
+                f"Fits up to {format_tokens(self.max_fit_tokens)} (model maximum {f.model_max_tokens:,})"
+            )
+
+    def _replan(self) -> None:
+        start = time.perf_counter()
+        self.plan = self.forecast.plan(self.settings)
+        self.last_plan_seconds = time.perf_counter() - start
+        self.plan_bar.set_bars(self.forecast.bars(self.plan, self.settings))
+        if self.plan.fits:
+            self.plan_message.setStyleSheet("color: #1b5e20;")
+            self.plan_message.setText(self.plan.summary())
+        else:
+            self.plan_message.setStyleSheet(ERROR_STYLE)
+            self.plan_message.setText(self.plan.error)
+        self.load_button.setEnabled(self.plan.fits and not self.progress_widget.isVisible())
+        self.plan_changed.emit(self.plan)
+
+    # -- loading state --------------------------------------------------------------------------
+    def show_loading(self, fraction: float, message: str) -> None:
+        self.progress_widget.show()
+        self.progress.setValue(int(fraction * 1000))
+        self.progress.setFormat(f"{message} — %p%")
+        self.load_button.setEnabled(False)
+        self.load_status.setStyleSheet("")
+        self.load_status.clear()
+
+    def show_loaded(self, text: str) -> None:
+        self.progress_widget.hide()
+        self.load_status.setStyleSheet("color: #1b5e20;")
+        self.load_status.setText(text)
+        self.unload_button.setEnabled(True)
+        self.load_button.setEnabled(self.plan is not None and self.plan.fits)
+
+    def show_unloaded(self, text: str = "", error: bool = False) -> None:
+        self.progress_widget.hide()
+        self.load_status.setStyleSheet(ERROR_STYLE if error else "color: #555;")
+        self.load_status.setText(text)
+        self.unload_button.setEnabled(False)
+        self.load_button.setEnabled(self.plan is not None and self.plan.fits)
+
+
+def _placement(s: ModelSettings) -> tuple:
+    return (s.context_tokens, s.gpu_layers, s.kv_dtype, s.ram_limit_gib)
+
+
+def _limits(s: ModelSettings) -> tuple:
+    """What moves the slider's top: everything but the context itself."""
+    return (s.gpu_layers, s.kv_dtype, s.ram_limit_gib)
+
+
+def _double(lo: float, hi: float, step: float, decimals: int) -> QDoubleSpinBox:
+    box = QDoubleSpinBox()
+    box.setRange(lo, hi)
+    box.setSingleStep(step)
+    box.setDecimals(decimals)
+    return box
+
+
+def _int(lo: int, hi: int, special: str | None) -> QSpinBox:
+    box = QSpinBox()
+    box.setRange(lo, hi)
+    if special:
+        box.setSpecialValueText(special)
+    return box

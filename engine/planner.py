@@ -1,0 +1,290 @@
+"""The memory plan: the KV cache for the chosen context first, then layers onto the GPUs while they fit, the rest on the CPU.
+
+`plan()` is a pure function of a ModelInfo, a PlanRequest and Budgets: it allocates nothing, so the
+GUI calls it on every slider move. A plan that does not fit is still returned (`fits=False`, with
+the error text) so the GUI can draw it; `Plan.require_fit()` (or `check()`) raises instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from .budgets import Budgets, DeviceBudget
+from .errors import InsufficientMemoryError
+from .inspect import WEIGHT_DTYPES, ModelInfo
+from .kv_cache import KV_DTYPES
+from .plan_report import error_text, format_table, summary, to_dict
+from .workspace import Workspace, device_workspace, prefill_chunk_for
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the user asks for; None fields mean "decide for me"."""
+
+    context_tokens: int
+    kv_dtype: str | None = None  # None: the compute dtype
+    dtype: str | None = None  # convert floating weights to this dtype (a copy, counted); None keeps them as stored
+    gpu_layers: int | None = None  # None: as many as fit; 0: CPU only; more than the model has: all of them
+    block_size: int = 16
+    prefill_chunk: int = 512
+    num_seqs: int = 1
+
+    def __post_init__(self):
+        for name in ("context_tokens", "block_size", "prefill_chunk", "num_seqs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"PlanRequest.{name} must be at least 1, got {getattr(self, name)}")
+        if self.gpu_layers is not None and self.gpu_layers < 0:
+            raise ValueError(f"PlanRequest.gpu_layers must be None (auto) or at least 0, got {self.gpu_layers}")
+        if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"KV dtype {self.kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
+        if self.dtype is not None and self.dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"weights dtype {self.dtype!r} is not one of {', '.join(WEIGHT_DTYPES)}")
+
+    def with_context(self, context_tokens: int) -> "PlanRequest":
+        return PlanRequest(context_tokens, self.kv_dtype, self.dtype, self.gpu_layers, self.block_size,
+                           self.prefill_chunk, self.num_seqs)
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """What one device holds under a plan, in bytes."""
+
+    device: str  # "cuda:0", ... or "cpu"
+    name: str
+    layers: tuple[int, ...]
+    weights_bytes: int  # whole tensors: its layers' and any non-layer tensors placed here
+    kv_bytes: int
+    workspace: Workspace
+    budget_bytes: int  # usable: free minus reserve_bytes (and capped by a RAM limit)
+    reserve_bytes: int
+    holds: tuple[str, ...] = ()  # non-layer tensors placed here: "embed", "norm", "lm_head"
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self.workspace.total_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.workspace_bytes
+
+    @property
+    def headroom_bytes(self) -> int:
+        """Budget left over; negative when the device is over its budget."""
+        return self.budget_bytes - self.total_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.budget_bytes
+
+    @property
+    def label(self) -> str:
+        return f"GPU {self.device.removeprefix('cuda:')}" if self.device.startswith("cuda") else "RAM"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where every layer, tensor and KV block goes, and what each device is left with."""
+
+    fits: bool
+    error: str | None
+    request: PlanRequest
+    context_tokens: int
+    max_context_tokens: int  # the largest context that fits with the same settings (0: none)
+    num_layers: int
+    max_position_embeddings: int
+    dtype: str  # the compute dtype
+    kv_dtype: str
+    block_size: int
+    prefill_chunk: int  # may be smaller than requested, to bound the CUDA workspace
+    devices: tuple[DevicePlan, ...]  # GPUs in order, then the CPU
+    layer_devices: tuple[str, ...]
+    embed_device: str
+    head_device: str
+    note: str = ""
+    model_name: str = field(default="", compare=False)
+
+    def device(self, name: str) -> DevicePlan:
+        return next(d for d in self.devices if d.device == name)
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(d.kv_bytes for d in self.devices)
+
+    @property
+    def num_gpu_layers(self) -> int:
+        return sum(1 for d in self.layer_devices if d != "cpu")
+
+    def require_fit(self) -> "Plan":
+        """This plan if it fits; otherwise raise InsufficientMemoryError with the plan's error text."""
+        if not self.fits:
+            raise InsufficientMemoryError(self.error)
+        return self
+
+    def summary(self) -> str:
+        """One line: "28/32 layers on GPU 0, 4/32 on CPU, 16,384-token KV cache (2.0 GiB float16)"."""
+        return summary(self)
+
+    def format_table(self) -> str:
+        return format_table(self)
+
+    def to_dict(self) -> dict:
+        """The JSON object `stowage plan --json` prints."""
+        return to_dict(self)
+
+    def load_options(self):
+        """engine.engine.LoadOptions that load exactly this plan; raises if it does not fit."""
+        from .engine import LoadOptions  # lazily: the planner must not need the engine to import
+
+        self.require_fit()
+        return LoadOptions(context_tokens=self.context_tokens, dtype=self.request.dtype, kv_dtype=self.kv_dtype,
+                           block_size=self.block_size, prefill_chunk=self.prefill_chunk,
+                           layer_devices=list(self.layer_devices), embed_device=self.embed_device,
+                           head_device=self.head_device)
+
+
+class _Costs:
+    """The per-plan constants, worked out once so a max_context search only redoes the placement."""
+
+    def __init__(self, info: ModelInfo, request: PlanRequest):
+        self.info, self.request = info, request
+        self.dtype_name = request.dtype or info.compute_dtype
+        self.dtype = getattr(torch, self.dtype_name)
+        self.kv_dtype = request.kv_dtype or (self.dtype_name if self.dtype_name in KV_DTYPES else "bfloat16")
+        self.kv_spec = info.kv_spec(self.kv_dtype, request.block_size)
+        self.layer_bytes = info.layer_bytes(request.dtype)
+        self.embed_bytes = info.embed.nbytes(request.dtype)
+        self.norm_bytes = info.norm.nbytes(request.dtype)
+        self.lm_head_bytes = info.lm_head.nbytes(request.dtype)
+
+    def head_bytes(self, device: str, embed_device: str) -> int:
+        # tied: the head is the embedding tensor, already counted where the embedding lives
+        shared = self.info.tied_embeddings and device == embed_device
+        return self.norm_bytes + (0 if shared else self.lm_head_bytes)
+
+    def workspace(self, device: str, context_tokens: int, *, runs_layers: bool, holds_head: bool,
+                  holds_embed: bool) -> Workspace:
+        return device_workspace(
+            self.info.config, device_type="cuda" if device.startswith("cuda") else "cpu", runs_layers=runs_layers,
+            holds_head=holds_head, holds_embed=holds_embed, context_tokens=context_tokens,
+            chunk=self.request.prefill_chunk, dtype=self.dtype, block_size=self.request.block_size,
+            num_seqs=self.request.num_seqs)
+
+
+EMBED_DEVICE = "cpu"  # an embedding lookup reads one row per token: it costs no VRAM and no speed on the CPU
+
+
+def _place(costs: _Costs, budgets: Budgets, context_tokens: int, gpu_layers: int | None) -> tuple[DevicePlan, ...]:
+    """Layers onto the GPUs from the first while each fits with its KV; the rest, the embedding, and a last
+    layer that would not fit with the head onto the CPU. `gpu_layers` fixes the count (overflowing the last GPU)."""
+    num_layers = len(costs.layer_bytes)
+    kv = costs.kv_spec.layer_bytes(context_tokens, costs.request.num_seqs)
+    gpus = budgets.gpus if gpu_layers != 0 else ()
+    wanted = num_layers if gpu_layers is None else min(gpu_layers, num_layers)
+    # every GPU runs the same kind of layer, so its workspace is the same but for the head's logits
+    ws_body, ws_last = (costs.workspace("cuda", context_tokens, runs_layers=True, holds_head=h, holds_embed=False)
+                        .total_bytes for h in (False, True))
+    assigned: list[list[int]] = []
+    layer = 0
+    for g, gpu in enumerate(gpus):
+        mine: list[int] = []
+        used = 0
+        overflow_ok = gpu_layers is not None and g == len(gpus) - 1
+        while layer < wanted:
+            holds_head = layer == num_layers - 1
+            ws = ws_last if holds_head else ws_body
+            need = costs.layer_bytes[layer] + kv + (costs.head_bytes(gpu.device, EMBED_DEVICE) if holds_head else 0)
+            if used + need + ws > gpu.budget_bytes and not overflow_ok:
+                break
+            mine.append(layer)
+            used += need
+            layer += 1
+        assigned.append(mine)
+    cpu_layers = list(range(layer, num_layers))
+    plans = [_device_plan(costs, gpu, tuple(mine), kv, context_tokens, num_layers)
+             for gpu, mine in zip(gpus, assigned)]
+    plans += [_device_plan(costs, gpu, (), kv, context_tokens, num_layers) for gpu in budgets.gpus[len(gpus):]]
+    plans.append(_device_plan(costs, budgets.ram, tuple(cpu_layers), kv, context_tokens, num_layers))
+    return tuple(plans)
+
+
+def _device_plan(costs: _Costs, budget: DeviceBudget, layers: tuple[int, ...], kv: int, context_tokens: int,
+                 num_layers: int) -> DevicePlan:
+    holds_head = bool(layers) and layers[-1] == num_layers - 1
+    holds_embed = budget.device == EMBED_DEVICE
+    holds = (("embed",) if holds_embed else ()) + (("norm", "lm_head") if holds_head else ())
+    weights = sum(costs.layer_bytes[i] for i in layers)
+    weights += costs.embed_bytes if holds_embed else 0
+    weights += costs.head_bytes(budget.device, EMBED_DEVICE) if holds_head else 0
+    ws = costs.workspace(budget.device, context_tokens, runs_layers=bool(layers), holds_head=holds_head,
+                         holds_embed=holds_embed)
+    return DevicePlan(budget.device, budget.name, layers, weights, len(layers) * kv, ws, budget.budget_bytes,
+                      budget.reserve_bytes, holds)
+
+
+def _fits(devices: tuple[DevicePlan, ...]) -> bool:
+    return all(d.fits for d in devices)
+
+
+def _max_context(costs: _Costs, budgets: Budgets) -> int:
+    block, limit, gpu_layers = costs.request.block_size, costs.info.max_position_embeddings, costs.request.gpu_layers
+
+    def fits(tokens: int) -> bool:
+        if gpu_layers and not budgets.gpus:
+            return False
+        return _fits(_place(costs, budgets, tokens, gpu_layers))
+
+    if fits(limit):
+        return limit
+    # Every term rises with the context, so fitting is monotone: bisect on whole blocks.
+    # Invariant: lo == 0 or lo blocks fit; hi blocks do not fit (or reach the limit, which does not fit).
+    lo, hi = 0, -(-limit // block)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid * block):
+            lo = mid
+        else:
+            hi = mid
+    return lo * block
+
+
+def max_context(info: ModelInfo, request: PlanRequest, budgets: Budgets) -> int:
+    """The largest context (a whole number of blocks, at most max_position_embeddings) that fits; 0 if none."""
+    return _max_context(_Costs(info, request), budgets)
+
+
+def plan(info: ModelInfo, request: PlanRequest, budgets: Budgets) -> Plan:
+    """Place the KV cache, layers and non-layer tensors on the devices; never raises for lack of memory."""
+    costs = _Costs(info, request)
+    tokens = request.context_tokens
+    devices = _place(costs, budgets, tokens, request.gpu_layers)
+    largest = _max_context(costs, budgets)
+    layer_devices = ["cpu"] * info.num_layers
+    for d in devices:
+        for i in d.layers:
+            layer_devices[i] = d.device
+    uses_cuda = any(d.layers for d in devices if d.device != "cpu")
+    fits = _fits(devices) and tokens <= info.max_position_embeddings
+    if request.gpu_layers and not budgets.gpus:
+        fits = False
+    result = Plan(
+        fits=fits, error=None, request=request, context_tokens=tokens, max_context_tokens=largest,
+        num_layers=info.num_layers, max_position_embeddings=info.max_position_embeddings, dtype=costs.dtype_name, kv_dtype=costs.kv_dtype, block_size=request.block_size,
+        prefill_chunk=prefill_chunk_for(request.prefill_chunk, tokens, info.config.num_heads, uses_cuda),
+        devices=devices, layer_devices=tuple(layer_devices), embed_device=EMBED_DEVICE,
+        head_device=layer_devices[-1], note=budgets.note, model_name=info.model_dir.name,
+    )
+    if fits:
+        return result
+    auto = _place(costs, budgets, tokens, None) if request.gpu_layers else devices
+    max_gpu_layers = sum(len(d.layers) for d in auto if d.device != "cpu")
+    reference = _place(costs, budgets, largest, request.gpu_layers) if largest else devices
+    return replace(result, error=error_text(result, budgets, reference, max_gpu_layers))
+
+
+def check(info: ModelInfo, request: PlanRequest, budgets: Budgets) -> Plan:
+    """plan(), raising InsufficientMemoryError when the request does not fit."""
+    return plan(info, request, budgets).require_fit()
+
+

@@ -21,6 +21,8 @@ def attention_ops(device: torch.device | str) -> ModuleType:
     device = torch.device(device)
     if device.type != "cuda" or os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
         return reference
+    if not torch.cuda.is_available():  # no CUDA tensor can exist; nothing to accelerate
+        return reference
     try:
         from . import triton_attention
     except ImportError:  # triton is an optional extra; the reference is correct, only slower

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_write import _check_inner_contiguous
+from .triton_write import _check_inner_contiguous, _unit_stride
 
 LOG2E = 1.4426950408889634
 TILE_TOKENS = 64  # tokens per inner step; spans several blocks, gathered row by row
@@ -181,14 +181,16 @@ def decode_attention(
     num_kv_heads = k_cache.shape[2]
     if num_heads % num_kv_heads:
         raise ValueError(f"{num_heads} query heads cannot share {num_kv_heads} KV heads evenly")
-    _check_inner_contiguous(query, k_cache, v_cache, block_tables)
+    query, context_lens = _unit_stride(query), context_lens.contiguous()
+    _check_inner_contiguous(k_cache, v_cache, block_tables)
     block_size = k_cache.shape[1]
     if k_cache.dtype.itemsize != 1:  # as in the reference, scales apply to fp8 caches only
         k_scale = v_scale = 1.0
     # An upper bound on the context from the table's width: reading context_lens would cost a sync.
     max_ctx = block_tables.shape[1] * block_size
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_ctx, query.device)
+        num_sms = torch.cuda.get_device_properties(query.device).multi_processor_count if query.is_cuda else 1
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_ctx, num_sms)
     split_tokens = _round_up(max(1, math.ceil(max_ctx / num_splits)), TILE_TOKENS)
     num_splits = math.ceil(max_ctx / split_tokens)  # rounding up may leave trailing splits empty
 
@@ -265,11 +267,10 @@ def decode_attention(
     return out
 
 
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_ctx: int, device: torch.device) -> int:
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_ctx: int, num_sms: int) -> int:
     """Enough splits to give every SM about two programs, but none shorter than MIN_SPLIT_TOKENS."""
     if max_ctx < 2 * MIN_SPLIT_TOKENS:
         return 1
-    num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
     wanted = math.ceil(2 * num_sms / (num_seqs * num_kv_heads))
     return max(1, min(wanted, max_ctx // MIN_SPLIT_TOKENS, MAX_SPLITS))
 

@@ -100,7 +100,8 @@ def write_kv(
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
-    _check_inner_contiguous(key, value, k_cache, v_cache)
+    key, value, slot_mapping = _unit_stride(key), _unit_stride(value), slot_mapping.contiguous()
+    _check_inner_contiguous(k_cache, v_cache)
     is_fp8 = k_cache.dtype.itemsize == 1
     if is_fp8:
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
@@ -132,8 +133,13 @@ def write_kv(
     )
 
 
+def _unit_stride(x: torch.Tensor) -> torch.Tensor:
+    # The kernels index head_dim with unit stride; inputs are small, so copy rather than refuse.
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 def _check_inner_contiguous(*tensors: torch.Tensor) -> None:
-    # The kernels index head_dim with unit stride; a transposed view would be read wrongly.
+    # A cache is written in place, so it cannot be copied into shape: refuse instead.
     for t in tensors:
         if t.stride(-1) != 1:
             raise ValueError(f"the last dimension must be contiguous (stride 1), got strides {t.stride()}")

@@ -1,0 +1,52 @@
+"""attention_ops picks the implementation; importing kernels never imports triton."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import kernels
+from kernels import reference
+
+
+def test_cpu_gets_the_reference():
+    assert kernels.attention_ops("cpu") is reference
+    assert kernels.attention_ops(torch.device("cpu")) is reference
+
+
+def test_force_reference_switch(monkeypatch):
+    monkeypatch.setenv(kernels.FORCE_REFERENCE_ENV, "1")
+    assert kernels.attention_ops("cuda") is reference
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback on a machine without CUDA")
+def test_cuda_without_a_gpu_gets_the_reference():
+    assert kernels.attention_ops("cuda") is reference
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_gets_triton(monkeypatch):
+    monkeypatch.delenv(kernels.FORCE_REFERENCE_ENV, raising=False)
+    ops = kernels.attention_ops("cuda")
+    assert ops.__name__ == "kernels.triton_attention"
+
+
+def test_ops_share_the_reference_signatures():
+    import inspect
+
+    from kernels import triton_attention
+
+    for name in ("write_kv", "decode_attention", "prefill_attention"):
+        want = list(inspect.signature(getattr(reference, name)).parameters)
+        got = list(inspect.signature(getattr(triton_attention, name)).parameters)
+        assert got == want, name
+
+
+def test_importing_kernels_leaves_triton_alone():
+    # A fresh interpreter: TRITON_INTERPRET only works if no kernel is decorated before it is set.
+    code = "import sys, kernels, engine.model; kernels.attention_ops('cpu'); print('triton' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

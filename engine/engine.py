@@ -140,11 +140,13 @@ class Engine:
                 "load with a larger context or start a new conversation"
             )
         needed = self.cache.spec.num_blocks(num_tokens) - len(conv.seq.block_table)
+        if needed <= self.cache.allocator.num_free:  # the per-token fast path
+            return
         for other in sorted(self._conversations, key=lambda c: c.last_used):
-            if self.cache.allocator.num_free >= needed:
-                break
             if other is not conv:
                 self.cache.release(other.seq)
+            if self.cache.allocator.num_free >= needed:
+                break
 
     # -- generation ----------------------------------------------------------------------------
     def generate(self, conv: Conversation, prompt_ids: list[int], sampling: SamplingParams,

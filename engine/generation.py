@@ -138,6 +138,7 @@ class Generation:
                 break
             if p.repetition_penalty != 1.0:
                 seen = torch.cat([seen, torch.tensor([token])])
+            engine.make_room(self.conv, self.conv.seq.num_tokens + 1)
             logits = engine.model.forward([token], self.conv.seq, engine.cache)[-1]
         r.decode_seconds = time.perf_counter() - decode_start
         tail = stops.flush()  # empty after a stop string: the match dropped what followed it

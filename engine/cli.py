@@ -1,0 +1,152 @@
+"""The `stowage` command: the GUI with no arguments; `chat`, `generate` and `plan` for the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from pathlib import Path
+
+from .errors import StowageError
+from .sampler import SamplingParams
+
+
+def _progress(fraction: float, message: str) -> None:
+    # Progress goes to stderr so stdout stays the generated text (or the JSON) alone.
+    sys.stderr.write(f"\r\033[K[{fraction * 100:5.1f}%] {message}")
+    if fraction >= 1.0:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def _add_sampling(p: argparse.ArgumentParser, temperature: float) -> None:
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=temperature, help="0 is greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="weights dtype (default: as stored, used in place)")
+    p.add_argument("--kv-dtype", choices=["float32", "bfloat16", "float16", "fp8"], default=None)
+
+
+def _sampling(args) -> SamplingParams:
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          repetition_penalty=args.repetition_penalty, max_tokens=args.max_tokens, seed=args.seed,
+                          stop=tuple(args.stop))
+
+
+def _load(args, context_tokens: int):
+    from .engine import Engine
+    from .launch import load_options_for
+
+    options = load_options_for(Path(args.model_dir), context_tokens, dtype=args.dtype, kv_dtype=args.kv_dtype)
+    return Engine.load(args.model_dir, options, progress=_progress)
+
+
+def run_generate(args) -> int:
+    from .tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(args.model_dir)
+    messages = [{"role": "user", "content": args.prompt}]
+    ids = tokenizer.apply_chat_template(messages) if args.chat else tokenizer.encode(args.prompt)
+    engine = _load(args, len(ids) + args.max_tokens)
+    gen = engine.generate(engine.new_conversation(), ids, _sampling(args))
+    for event in gen:
+        if not args.json:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+    r = gen.result
+    if args.json:
+        print(json.dumps({
+            "text": r.text, "token_ids": r.token_ids, "prompt_tokens": r.prompt_tokens,
+            "finish_reason": r.finish_reason, "prefill_tokens_per_s": round(r.prefill_tokens_per_s, 2),
+            "decode_tokens_per_s": round(r.decode_tokens_per_s, 2),
+        }, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+    sys.stderr.write(f"{r.prompt_tokens} prompt tokens, {r.prefill_tokens_per_s:.1f} tok/s prefill; "
+                     f"{len(r.token_ids)} generated, {r.decode_tokens_per_s:.1f} tok/s decode ({r.finish_reason})\n")
+    return 0
+
+
+def run_chat(args) -> int:
+    if args.context is None:
+        from .config import ModelConfig
+
+        args.context = min(4096, ModelConfig.from_dir(args.model_dir).max_position_embeddings)
+    engine = _load(args, args.context)
+    conv = engine.new_conversation()
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    sys.stderr.write(f"Chatting with {engine.name} ({args.context:,}-token context). Ctrl-D to quit, "
+                     "Ctrl-C stops a reply.\n")
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            sys.stderr.write("\n")
+            return 0
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line})
+        cancel = threading.Event()
+        gen = engine.chat(conv, messages, _sampling(args), cancel=cancel)
+        try:
+            for event in gen:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            cancel.set()
+        r = gen.result
+        messages.append({"role": "assistant", "content": r.text})
+        sys.stdout.write("\n")
+        sys.stderr.write(f"[{r.reused_tokens} tokens reused, {r.prefilled_tokens} prefilled, "
+                         f"{r.decode_tokens_per_s:.1f} tok/s, {conv.num_tokens:,}/{args.context:,} context]\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stowage", description="Run language models locally. "
+                                     "With no command, opens the desktop app.")
+    sub = parser.add_subparsers(dest="command")
+    gen = sub.add_parser("generate", help="generate a reply to one prompt")
+    gen.add_argument("model_dir")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_sampling(gen, temperature=0.0)
+    gen.set_defaults(func=run_generate)
+    chat = sub.add_parser("chat", help="chat in the terminal")
+    chat.add_argument("model_dir")
+    chat.add_argument("--context", type=int, default=None,
+                      help="context size in tokens (default: 4096 or the model's maximum if smaller)")
+    chat.add_argument("--system", default=None, help="system prompt")
+    _add_sampling(chat, temperature=0.7)
+    chat.set_defaults(func=run_chat)
+    try:
+        from .plan_cli import add_plan_parser
+    except ImportError:  # the planner's command arrives with engine/plan_cli.py
+        pass
+    else:
+        add_plan_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command is None:
+        from app.main import main as gui_main
+
+        return gui_main()
+    try:
+        return args.func(args)
+    except StowageError as e:
+        sys.stderr.write(f"\nstowage: {e}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Sampling, stop conditions, streaming and cancel on a real tiny model."""
+
+import threading
+
+import pytest
+import torch
+from factory import make_model
+
+from engine.engine import Engine, LoadOptions
+from engine.generation import StopMatcher
+from engine.sampler import Sampler, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    d = make_model(tmp_path_factory.mktemp("gen"), "llama", initializer_range=0.2)
+    return Engine.load(d, LoadOptions(context_tokens=512))
+
+
+def prompt(engine):
+    return engine.tokenizer.encode("Stowage plans memory")
+
+
+def test_seed_makes_sampling_reproducible(engine):
+    p = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=20, seed=7)
+    a = engine.generate(engine.new_conversation(), prompt(engine), p).run().token_ids
+    b = engine.generate(engine.new_conversation(), prompt(engine), p).run().token_ids
+    c = engine.generate(engine.new_conversation(), prompt(engine), SamplingParams(temperature=1.0, max_tokens=20, seed=8)).run().token_ids
+    assert a == b and a != c
+
+
+def test_sampler_filters():
+    logits = torch.tensor([0.0, 1.0, 2.0, 3.0, 4.0])
+    assert Sampler(SamplingParams(temperature=0))(logits) == 4
+    draws = {Sampler(SamplingParams(temperature=1.0, top_k=2, seed=s))(logits) for s in range(60)}
+    assert draws == {3, 4}
+    # p(4) = 0.64, p(3) = 0.24: top_p 0.5 keeps only the most likely token
+    assert {Sampler(SamplingParams(temperature=1.0, top_p=0.5, seed=s))(logits) for s in range(30)} == {4}
+    # min_p 0.3: tokens with p < 0.3 * 0.64 (that is, 0 .. 2) are dropped
+    assert {Sampler(SamplingParams(temperature=1.0, min_p=0.3, seed=s))(logits) for s in range(60)} == {3, 4}
+    # a penalty of 10 on token 4 makes token 3 the greedy choice
+    assert Sampler(SamplingParams(temperature=0, repetition_penalty=10.0))(logits, torch.tensor([4])) == 3
+
+
+def test_eos_stops_generation(engine):
+    greedy = SamplingParams(temperature=0, max_tokens=5)
+    first = engine.generate(engine.new_conversation(), prompt(engine), greedy).run().token_ids[0]
+    engine.eos_ids.add(first)
+    try:
+        r = engine.generate(engine.new_conversation(), prompt(engine), greedy).run()
+    finally:
+        engine.eos_ids.discard(first)
+    assert r.finish_reason == "stop" and r.token_ids == []
+
+
+def test_stop_string_truncates_and_streams_consistently(engine):
+    free = engine.generate(engine.new_conversation(), prompt(engine), SamplingParams(temperature=0, max_tokens=30)).run()
+    stop = free.text[5:8]
+    assert len(stop) == 3
+    gen = engine.generate(engine.new_conversation(), prompt(engine),
+                          SamplingParams(temperature=0, max_tokens=30, stop=(stop,)))
+    streamed = "".join(e.text for e in gen)
+    assert gen.result.finish_reason == "stop"
+    assert streamed == gen.result.text == free.text[: free.text.find(stop)]
+
+
+def test_stop_matcher_holds_back_partial_matches():
+    m = StopMatcher(("END",))
+    assert m.feed("abcE") == ("abc", False)
+    assert m.feed("N") == ("", False)
+    assert m.feed("x") == ("ENx", False)
+    assert m.feed("yEND tail") == ("y", True)
+
+
+def test_cancel_stops_mid_generation(engine):
+    cancel = threading.Event()
+    gen = engine.generate(engine.new_conversation(), prompt(engine),
+                          SamplingParams(temperature=1.0, max_tokens=200, seed=1), cancel=cancel)
+    count = 0
+    for _ in gen:
+        count += 1
+        if count == 3:
+            cancel.set()
+    assert gen.result.finish_reason == "cancelled"
+    assert len(gen.result.token_ids) < 10
+
+
+def test_context_full_ends_the_reply(tmp_path):
+    d = make_model(tmp_path, "llama", initializer_range=0.2)
+    engine = Engine.load(d, LoadOptions(context_tokens=20, block_size=4))
+    r = engine.generate(engine.new_conversation(), engine.tokenizer.encode("Stowage plans memory"),
+                        SamplingParams(temperature=0, max_tokens=100)).run()
+    assert r.finish_reason == "context_full"
+    assert r.prompt_tokens + len(r.token_ids) == 21  # 20 cached + the last sampled token
+
+
+def test_second_turn_prefills_only_new_tokens(engine):
+    conv = engine.new_conversation()
+    history = [{"role": "user", "content": "word " * 200}]
+    first = engine.chat(conv, history, SamplingParams(temperature=0, max_tokens=8)).run()
+    before = engine.stats.prefilled_tokens
+    history += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "and?"}]
+    second = engine.chat(conv, history, SamplingParams(temperature=0, max_tokens=8)).run()
+    assert first.prefilled_tokens > 200
+    assert second.prefilled_tokens < 30
+    assert engine.stats.prefilled_tokens - before == second.prefilled_tokens

@@ -1,0 +1,82 @@
+"""Our forward, greedy decoding and prefix reuse against Hugging Face transformers on the same files."""
+
+import pytest
+import torch
+from factory import make_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from engine.engine import Engine, LoadOptions
+from engine.sampler import SamplingParams
+
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Stowage plans memory: weights, KV cache, workspace and headroom. Pick a context size with the slider;",
+    "Café 東京 🚀",
+]
+ARCH_OVERRIDES = {
+    "llama": {"initializer_range": 0.2},
+    "llama-rope3": {"initializer_range": 0.2, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                    "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+                    "rope_theta": 500000.0},
+    "llama-tied": {"initializer_range": 0.2, "tie_word_embeddings": True, "num_key_value_heads": 1},
+    "mistral": {"initializer_range": 0.2},
+    "qwen2": {"initializer_range": 0.2},
+    "qwen3": {"initializer_range": 0.2},
+}
+
+
+@pytest.fixture(scope="module", params=list(ARCH_OVERRIDES))
+def model_dir(request, tmp_path_factory):
+    arch = request.param.split("-")[0]
+    return make_model(tmp_path_factory.mktemp(request.param), arch, **ARCH_OVERRIDES[request.param])
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def test_logits_match_for_a_batch_of_prompts(model_dir, reference):
+    engine = Engine.load(model_dir, LoadOptions(context_tokens=512, prefill_chunk=5))
+    hf_tok = AutoTokenizer.from_pretrained(model_dir)
+    for prompt in PROMPTS:
+        ids = engine.tokenizer.encode(prompt)
+        assert ids == hf_tok(prompt)["input_ids"]  # same tokens, BOS post-processing included
+        conv = engine.new_conversation()
+        ours = engine.model.forward(ids, conv.seq, engine.cache, all_logits=True)
+        with torch.no_grad():
+            theirs = reference(torch.tensor([ids])).logits[0]
+        assert theirs.abs().max() > 1.0  # the comparison is not between near-zero numbers
+        assert (ours - theirs).abs().max().item() <= 1e-4
+        engine.release(conv)
+
+
+def test_64_greedy_tokens_identical(model_dir, reference):
+    engine = Engine.load(model_dir, LoadOptions(context_tokens=256, prefill_chunk=16))
+    ids = engine.tokenizer.encode(PROMPTS[1])
+    result = engine.generate(engine.new_conversation(), ids, SamplingParams(temperature=0, max_tokens=64)).run()
+    with torch.no_grad():
+        out = reference.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 max_new_tokens=64, do_sample=False, eos_token_id=sorted(engine.eos_ids),
+                                 pad_token_id=sorted(engine.eos_ids)[0])
+    expected = [t for t in out[0, len(ids):].tolist() if t not in engine.eos_ids]
+    assert result.token_ids == expected
+    assert len(result.token_ids) == 64 or result.finish_reason == "stop"
+
+
+def test_prefix_reuse_gives_the_same_tokens_as_recomputing(model_dir):
+    engine = Engine.load(model_dir, LoadOptions(context_tokens=512))
+    greedy = SamplingParams(temperature=0, max_tokens=24)
+    history = [{"role": "user", "content": PROMPTS[1]}]
+    conv = engine.new_conversation()
+    first = engine.chat(conv, history, greedy).run()
+    history += [{"role": "assistant", "content": first.text}, {"role": "user", "content": PROMPTS[0]}]
+
+    second = engine.chat(conv, history, greedy).run()
+    fresh = engine.chat(engine.new_conversation(), history, greedy).run()
+
+    assert second.token_ids == fresh.token_ids
+    # turn 2 computed only what turn 1 had not cached: most of the prompt was reused
+    assert second.reused_tokens >= first.prompt_tokens
+    assert second.prefilled_tokens == second.prompt_tokens - second.reused_tokens
+    assert second.prefilled_tokens < fresh.prefilled_tokens

@@ -78,15 +78,9 @@ class ModelInfo:
 
     @property
     def compute_dtype(self) -> str:
-        """The floating dtype holding most layer weights ("bfloat16", ...): what the model computes in."""
-        by_dtype: Counter[str] = Counter()
-        for layer in self.layers:
-            for name, nbytes in layer.bytes_by_dtype.items():
-                if getattr(torch, name).is_floating_point:
-                    by_dtype[name] += nbytes
-        if by_dtype:
-            return by_dtype.most_common(1)[0][0]
-        return self.config.torch_dtype or "float32"
+        """What the model computes in when no dtype is forced: the embeddings' dtype, as the engine decides."""
+        name = next(iter(self.embed.bytes_by_dtype))
+        return name if name in WEIGHT_DTYPES else "float32"
 
     def layer_bytes(self, dtype: str | None = None) -> tuple[int, ...]:
         """Weight bytes of each layer in the dtype it will have (None: as stored)."""

@@ -140,8 +140,8 @@ class Plan:
         self.require_fit()
         return LoadOptions(context_tokens=self.context_tokens, dtype=self.request.dtype, kv_dtype=self.kv_dtype,
                            block_size=self.block_size, prefill_chunk=self.prefill_chunk,
-                           layer_devices=list(self.layer_devices), embed_device=self.embed_device,
-                           head_device=self.head_device)
+                           num_seqs=self.request.num_seqs, layer_devices=self.layer_devices,
+                           embed_device=self.embed_device, head_device=self.head_device)
 
 
 class _Costs:
@@ -151,7 +151,7 @@ class _Costs:
         self.info, self.request = info, request
         self.dtype_name = request.dtype or info.compute_dtype
         self.dtype = getattr(torch, self.dtype_name)
-        self.kv_dtype = request.kv_dtype or (self.dtype_name if self.dtype_name in KV_DTYPES else "bfloat16")
+        self.kv_dtype = request.kv_dtype or self.dtype_name
         self.kv_spec = info.kv_spec(self.kv_dtype, request.block_size)
         self.layer_bytes = info.layer_bytes(request.dtype)
         self.embed_bytes = info.embed.nbytes(request.dtype)

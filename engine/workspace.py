@@ -76,7 +76,26 @@ def layer_activation_bytes(config: ModelConfig, *, device_type: str, context_tok
         packed = kv_copy if a < 4 else 0
         attention = kv_copy + packed + mask * (1 + a)
     mlp = 3 * c * inter * a  # silu(gate), up, and their product
-    return residual + max(projections + attention, mlp)
+    return residual + max(projections + attention, mlp) + rope_table_bytes(config, context_tokens, dtype)
+
+
+def rope_rows(context_tokens: int) -> int:
+    """Rows of the rotary cos/sin tables at this context: engine/rope.py grows them from 2048 by doubling."""
+    rows = 2048
+    while rows < context_tokens:
+        rows *= 2
+    return rows
+
+
+def rope_table_bytes(config: ModelConfig, context_tokens: int, dtype: torch.dtype) -> int:
+    """cos and sin, kept on every device that runs layers."""
+    return 2 * rope_rows(context_tokens) * config.head_dim * dtype.itemsize
+
+
+def rope_build_bytes(config: ModelConfig, context_tokens: int) -> int:
+    """The fp32 temporaries on the CPU while a table is built: positions x frequencies, their concatenation, cos."""
+    rows = rope_rows(context_tokens)
+    return rows * 4 + rows * config.head_dim * (2 + 4 + 4)
 
 
 def device_workspace(config: ModelConfig, *, device_type: str, runs_layers: bool, holds_head: bool,
@@ -89,7 +108,10 @@ def device_workspace(config: ModelConfig, *, device_type: str, runs_layers: bool
     activations = min(chunk, context_tokens) * config.hidden_size * dtype.itemsize if holds_embed else 0
     if runs_layers:
         activations += layer_activation_bytes(config, device_type=device_type, context_tokens=context_tokens,
-                                             chunk=chunk, dtype=dtype, block_size=block_size)
+                                              chunk=chunk, dtype=dtype, block_size=block_size)
+    if device_type == "cpu":
+        # every device's rotary table is built on the CPU, before any layer runs: a separate, earlier peak
+        activations = max(activations, rope_build_bytes(config, context_tokens))
     # lm_head output for the last position of each sequence, then its fp32 copy for sampling
     logits = num_seqs * config.vocab_size * (dtype.itemsize + 4) if holds_head else 0
     overhead = CUDA_OVERHEAD_BYTES if device_type == "cuda" else CPU_OVERHEAD_BYTES

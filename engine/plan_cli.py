@@ -1,0 +1,110 @@
+"""`stowage plan MODEL_DIR --context N ...`: print the memory plan (or why it does not fit) before loading anything."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .budgets import Budgets, detect_gpus, detect_ram, gpu_budget, ram_budget
+from .errors import StowageError
+from .inspect import WEIGHT_DTYPES, inspect
+from .kv_cache import KV_DTYPES
+from .planner import PlanRequest, max_context, plan
+from .units import parse_size
+
+KV_ALIASES = {"auto": None, "fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8_e4m3": "fp8"}
+EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_MODEL = 0, 1, 2
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _gpu_layers(text: str) -> int | None:
+    if text == "auto":
+        return None
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of layers (0 = CPU only) or 'auto'")
+    return int(text)
+
+
+def add_plan_parser(subparsers) -> argparse.ArgumentParser:
+    """Register the `plan` subcommand; its `func` returns the exit status (0 fits, 1 does not, 2 bad model)."""
+    p = subparsers.add_parser(
+        "plan", help="show what a context size costs on each device, before loading",
+        description="Plan the memory of MODEL_DIR for a context of N tokens: KV cache first, then layers onto the "
+                    "GPUs while they fit, the rest on the CPU. Exit status 0 when it fits, 1 when it does not.")
+    p.add_argument("model_dir", metavar="MODEL_DIR", type=Path, help="folder with config.json and *.safetensors")
+    p.add_argument("--context", metavar="N", type=int,
+                   help="context tokens (default: the largest that fits, up to the model's maximum)")
+    p.add_argument("--kv-dtype", default="auto", choices=sorted(KV_DTYPES) + sorted(KV_ALIASES),
+                   help="KV cache dtype (default auto: the compute dtype)")
+    p.add_argument("--dtype", choices=WEIGHT_DTYPES, help="convert the weights to this dtype (a counted copy)")
+    p.add_argument("--gpu-budget", metavar="SIZE", type=_size, action="append",
+                   help="plan as if a GPU had SIZE free (e.g. 24GiB); repeat for more GPUs; the safety buffer "
+                        "max(512MiB, 2%%) still comes off it. Default: every NVIDIA GPU's free memory")
+    p.add_argument("--ram-budget", metavar="SIZE", type=_size,
+                   help="plan as if SIZE of RAM were available; the RAM reserve max(1GiB, 5%%) still comes off it. "
+                        "Default: available RAM now (never swap)")
+    p.add_argument("--ram-limit", metavar="SIZE", type=_size, help="never plan more than SIZE into RAM")
+    p.add_argument("--gpu-safety", metavar="SIZE", type=_size, help="GPU safety buffer (default max(512MiB, 2%%))")
+    p.add_argument("--gpu-layers", metavar="N", type=_gpu_layers, default=None,
+                   help="layers on the GPUs: a number (0 = CPU only) or auto (default)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    p.add_argument("--prefill-chunk", type=int, default=512, help="prompt tokens per forward pass (default 512)")
+    p.add_argument("--json", action="store_true", help="print one JSON object, whether or not it fits")
+    p.set_defaults(func=run_plan)
+    return p
+
+
+def budgets_from_args(args: argparse.Namespace) -> Budgets:
+    """Given budgets where the arguments state them, detected ones elsewhere."""
+    if args.gpu_budget:
+        gpus = tuple(gpu_budget(i, free, safety_bytes=args.gpu_safety) for i, free in enumerate(args.gpu_budget))
+        gpu_note = f"given: {len(gpus)} GPU budget(s)"
+    else:
+        gpus, gpu_note = detect_gpus(args.gpu_safety)
+    if args.ram_budget is not None:
+        ram, ram_note = ram_budget(args.ram_budget, limit_bytes=args.ram_limit), "given RAM budget"
+    else:
+        ram, ram_note = detect_ram(limit_bytes=args.ram_limit), "available RAM"
+    return Budgets(gpus, ram, f"{gpu_note}; {ram_note}")
+
+
+def run_plan(args: argparse.Namespace, out=None) -> int:
+    """Print the plan (a table, or JSON with --json); return the exit status."""
+    out = out or sys.stdout
+    try:
+        info = inspect(args.model_dir)
+        request = PlanRequest(args.context or 1, kv_dtype=KV_ALIASES.get(args.kv_dtype, args.kv_dtype),
+                              dtype=args.dtype, gpu_layers=args.gpu_layers, block_size=args.block_size,
+                              prefill_chunk=args.prefill_chunk)
+    except (StowageError, ValueError) as e:
+        if args.json:
+            print(json.dumps({"fits": False, "error": str(e)}), file=out)
+        else:
+            print(f"stowage plan: {e}", file=sys.stderr)
+        return EXIT_BAD_MODEL
+    budgets = budgets_from_args(args)
+    if args.context is None:
+        request = request.with_context(max_context(info, request, budgets) or request.block_size)
+    result = plan(info, request, budgets)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result.format_table(), file=out)
+    return EXIT_FITS if result.fits else EXIT_DOES_NOT_FIT
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m engine.plan_cli plan ...` until engine/cli.py wires `stowage plan`."""
+    parser = argparse.ArgumentParser(prog="stowage")
+    add_plan_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

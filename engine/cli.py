@@ -49,8 +49,10 @@ def _load(args, context_tokens: int):
 
 
 def run_generate(args) -> int:
+    from .config import ModelConfig
     from .tokenizer import Tokenizer
 
+    ModelConfig.from_dir(args.model_dir)  # the first thing to be wrong with a folder is its config
     tokenizer = Tokenizer(args.model_dir)
     messages = [{"role": "user", "content": args.prompt}]
     ids = tokenizer.apply_chat_template(messages) if args.chat else tokenizer.encode(args.prompt)

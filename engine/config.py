@@ -62,6 +62,8 @@ class ModelConfig:
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
         path = Path(model_dir) / "config.json"
+        if not Path(model_dir).is_dir():
+            raise ModelFormatError(f"{model_dir}: not a folder; choose a model folder (config.json, *.safetensors)")
         try:
             raw = json.loads(path.read_text())
         except FileNotFoundError:

@@ -36,6 +36,7 @@ class MainWindow(QMainWindow):
         self.loaded_plan = None
         self.forecast: Forecast | None = None
         self.error_box: QMessageBox | None = None
+        self._closed = False
 
         self.conversations = ConversationList(self.store)
         self.chat = ChatPanel(self.store, self.client)
@@ -202,6 +203,9 @@ class MainWindow(QMainWindow):
                 restore(value)
 
     def closeEvent(self, event) -> None:
+        if self._closed:  # a second close (tests, or the OS) has nothing left to free
+            return super().closeEvent(event)
+        self._closed = True
         s = self.qsettings
         s.setValue("window/geometry", self.saveGeometry())
         s.setValue("window/main", self.main.saveState())

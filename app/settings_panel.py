@@ -95,7 +95,7 @@ class SettingsPanel(QWidget):
         for label, value in KV_DTYPE_CHOICES:
             self.kv_dtype.addItem(label, value)
         self.ram_limit = QDoubleSpinBox()
-        self.ram_limit.setDecimals(1)
+        self.ram_limit.setDecimals(2)
         self.ram_limit.setSingleStep(0.5)
         self.ram_limit.setRange(0.0, 4096.0)
         self.ram_limit.setSuffix(" GiB")

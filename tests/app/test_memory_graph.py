@@ -1,0 +1,54 @@
+import numpy as np
+
+from app.memory_graph import GIB, MemoryGraph
+from app.memory_stats import MemoryStats, RingBuffer
+
+
+def test_ring_buffer_keeps_the_last_values_in_order():
+    ring = RingBuffer(3)
+    for value in range(5):
+        ring.append(value)
+    assert ring.values().tolist() == [2, 3, 4]
+    assert ring.num_values == 3
+
+
+def test_graph_receives_live_samples(qtbot):
+    stats = MemoryStats()
+    graph = MemoryGraph(stats, interval_ms=20)
+    qtbot.addWidget(graph)
+    graph.show()
+    before = graph.process.num_values
+    for _ in range(3):
+        with qtbot.waitSignal(graph.sampled, timeout=2000) as blocker:
+            pass
+    sample = blocker.args[0]
+    assert graph.process.num_values >= before + 3
+    # Real numbers from psutil: this process holds some RAM, and the system uses at least that much.
+    assert 0 < sample.process_bytes <= stats.ram_total_bytes
+    assert 0 < sample.ram_used_bytes <= stats.ram_total_bytes
+    _, ys = graph.process_curve.getData()
+    assert len(ys) == graph.process.num_values
+    assert np.isclose(ys[-1], graph.process.values()[-1])
+    assert abs(ys[-1] - sample.process_bytes / GIB) < 1.0
+
+
+def test_no_nvidia_gpu_is_said_not_failed(qtbot):
+    stats = MemoryStats()
+    graph = MemoryGraph(stats)
+    qtbot.addWidget(graph)
+    graph.show()
+    if stats.gpus:
+        assert graph.vram_plot.isVisible()
+    else:
+        assert graph.vram_note.isVisible()
+        assert graph.vram_note.text().startswith("No NVIDIA GPU")
+        assert stats.device_summary().startswith("CPU only")
+
+
+def test_prediction_line(qtbot):
+    graph = MemoryGraph(MemoryStats())
+    qtbot.addWidget(graph)
+    graph.set_prediction(2 * GIB)
+    assert graph.ram_predicted.isVisible() and graph.ram_predicted.value() == 2.0
+    graph.set_prediction(None)
+    assert not graph.ram_predicted.isVisible()

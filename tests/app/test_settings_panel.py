@@ -1,0 +1,94 @@
+"""The context slider and the live forecast, on a tiny real model and budgets stated by the test."""
+
+import math
+import time
+import pytest
+
+from app.context_scale import SLIDER_STEPS
+from app.forecast import Forecast
+from app.model_settings import ModelSettings
+from app.settings_panel import SettingsPanel
+from engine.budgets import given_budgets
+from engine.inspect import inspect
+from engine.planner import PlanRequest, max_context, plan
+
+
+@pytest.fixture
+def forecast(tiny_model_dir):
+    info = inspect(tiny_model_dir)
+    # RAM for everything at 2,048 tokens plus 1 MB: the largest context that fits lies between 2,048 and
+    # the model's 4,096, so the slider's top is the planner's answer, not the model's limit.
+    at_2048 = plan(info, PlanRequest(2048), given_budgets([], 10**9, ram_reserve_bytes=0)).devices[-1].total_bytes
+    return Forecast(info, given_budgets([], at_2048 + 1_000_000, ram_reserve_bytes=0))
+
+
+@pytest.fixture
+def panel(qtbot, forecast):
+    panel = SettingsPanel([])
+    qtbot.addWidget(panel)
+    panel.resize(420, 900)
+    panel.show()
+    panel.set_model(forecast, ModelSettings(context_tokens=1024))
+    return panel
+
+
+def test_slider_top_is_the_planners_max_context(panel, forecast):
+    expected = max_context(forecast.info, PlanRequest(1024), forecast.budgets(panel.settings))
+    assert 2048 < expected < 4096
+    assert panel.max_fit_tokens == expected
+    panel.context.slider.setValue(SLIDER_STEPS)
+    assert panel.context.tokens == expected
+    assert panel.settings.context_tokens == expected
+    assert panel.plan.fits
+    assert f"{expected:,}" in panel.max_label.text()
+
+
+def test_slider_moves_change_the_forecast(panel, qtbot):
+    panel.context.slider.setValue(0)
+    assert panel.context.tokens == 512
+    kv_small = panel.plan_bar.bars[0].kv_bytes
+    with qtbot.waitSignal(panel.plan_changed) as blocker:
+        panel.context.slider.triggerAction(panel.context.slider.SliderAction.SliderPageStepAdd)
+    bigger = blocker.args[0]
+    assert bigger.context_tokens > 512 and bigger.context_tokens % 16 == 0
+    assert panel.plan_bar.bars[0].kv_bytes > kv_small
+    assert panel.plan_bar.bars[0].kv_bytes == bigger.device("cpu").kv_bytes
+    # Planning is pure and quick: the slider stays smooth.
+    assert panel.last_plan_seconds < 0.020
+
+
+def test_a_context_beyond_the_fit_is_shown_as_not_fitting(panel, qtbot):
+    panel.context.spin.setValue(4096)  # the number box goes to the model's maximum
+    assert panel.settings.context_tokens == 4096
+    assert not panel.plan.fits
+    assert not panel.plan_bar.bars[0].fits
+    assert "largest context that fits" in panel.plan_message.text()
+    assert not panel.load_button.isEnabled()
+    assert panel.context.slider.value() == SLIDER_STEPS  # pinned at the top
+
+
+def test_ram_limit_lowers_the_slider_top(panel, forecast):
+    before = panel.max_fit_tokens
+    # The box steps in 0.01 GiB; the step just under the 512-token plan leaves no context that fits.
+    at_512 = plan(forecast.info, PlanRequest(512), forecast.detected).devices[-1].total_bytes
+    limit_gib = math.floor(at_512 / 1024**3 * 100) / 100
+    panel.ram_limit.setValue(limit_gib)
+    assert panel.settings.ram_limit_gib == pytest.approx(limit_gib)
+    expected = max_context(forecast.info, PlanRequest(512), forecast.budgets(panel.settings))
+    assert panel.max_fit_tokens == expected < before
+    assert expected == 0
+    assert "No context fits" in panel.max_label.text()
+    assert not panel.plan.fits and not panel.load_button.isEnabled()
+    panel.ram_limit.setValue(0)  # back to "available RAM"
+    assert panel.settings.ram_limit_gib is None
+    assert panel.max_fit_tokens == before
+
+
+def test_plan_time_on_every_move(panel):
+    # The slider emits on every position; each one plans once. Over a sweep the slowest must stay smooth.
+    worst = 0.0
+    for position in range(0, SLIDER_STEPS + 1, 50):
+        start = time.perf_counter()
+        panel.context.slider.setValue(position)
+        worst = max(worst, time.perf_counter() - start)
+    assert worst < 0.020, f"a slider move took {worst * 1000:.1f} ms"

@@ -1,0 +1,182 @@
+"""Shared pieces of the CPU benchmarks: the SmolLM2-360M-shaped model, memory probes, fresh-process runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# SmolLM2-360M's shape (its config.json), with random weights: speed depends on the shape only.
+SMOLLM2_360M = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 960,
+    "intermediate_size": 2560,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 15,
+    "num_key_value_heads": 5,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 8192,
+    "rope_theta": 100000.0,
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "mlp_bias": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "bfloat16",
+    "initializer_range": 0.02,
+}
+BUILD_VERSION = 1  # bump when the files written below change, so cached copies are rebuilt
+
+
+def build_model(workdir: Path, *, seed: int = 0) -> Path:
+    """Write the model folder once (config.json, model.safetensors, tokenizer files); reuse it after."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    model_dir = workdir / "smollm2-360m-shape"
+    stamp = model_dir / ".complete"
+    want = json.dumps({"version": BUILD_VERSION, "config": SMOLLM2_360M, "seed": seed}, sort_keys=True)
+    if stamp.exists() and stamp.read_text() == want:
+        return model_dir
+    import torch
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(ROOT))
+    from tests.support.factory import save_tokenizer
+
+    started = time.perf_counter()
+    print(f"building {model_dir} (random bf16 weights, std 0.02) ...", file=sys.stderr, flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=workdir))
+    c = SMOLLM2_360M
+    hidden, inter = c["hidden_size"], c["intermediate_size"]
+    head_dim = hidden // c["num_attention_heads"]
+    kv = c["num_key_value_heads"] * head_dim
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return (torch.randn(*shape, generator=gen) * 0.02).to(torch.bfloat16)
+
+    tensors = {"model.embed_tokens.weight": randn(c["vocab_size"], hidden),
+               "model.norm.weight": torch.ones(hidden, dtype=torch.bfloat16)}
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        tensors |= {
+            p + "input_layernorm.weight": torch.ones(hidden, dtype=torch.bfloat16),
+            p + "post_attention_layernorm.weight": torch.ones(hidden, dtype=torch.bfloat16),
+            p + "self_attn.q_proj.weight": randn(hidden, hidden),
+            p + "self_attn.k_proj.weight": randn(kv, hidden),
+            p + "self_attn.v_proj.weight": randn(kv, hidden),
+            p + "self_attn.o_proj.weight": randn(hidden, hidden),
+            p + "mlp.gate_proj.weight": randn(inter, hidden),
+            p + "mlp.up_proj.weight": randn(inter, hidden),
+            p + "mlp.down_proj.weight": randn(hidden, inter),
+        }
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(c, indent=2))
+    (tmp / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": c["bos_token_id"], "eos_token_id": c["eos_token_id"]}))
+    save_tokenizer(tmp)
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    tmp.rename(model_dir)
+    stamp.write_text(want)
+    print(f"built in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    return model_dir
+
+
+def weight_bytes(model_dir: Path) -> int:
+    """Bytes of every stored tensor: what one decode step reads (tied lm_head is stored once)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), "np") as f:
+            for name in f.keys():
+                s = f.get_slice(name)
+                n = 1
+                for d in s.get_shape():
+                    n *= d
+                total += n * {"BF16": 2, "F16": 2, "F32": 4}[s.get_dtype()]
+    return total
+
+
+# -- measuring inside a worker ------------------------------------------------------------------
+def peak_rss_bytes() -> int:
+    """This process's peak resident set (VmHWM: unlike ru_maxrss it does not carry the parent's over exec)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def anonymous_bytes() -> int:
+    sys.path.insert(0, str(ROOT))
+    from engine.memory import anonymous_bytes as anon
+
+    return anon()
+
+
+def set_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.set_num_interop_threads(1)
+
+
+# -- orchestrating ------------------------------------------------------------------------------
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def run_worker(script: Path, args: list[str], *, threads: int, timeout: float = 900) -> dict:
+    """Run `script --worker ...` in a fresh interpreter; return the JSON it writes."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = Path(f.name)
+    env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+                        "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore",
+                        "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1"}
+    try:
+        proc = subprocess.run([sys.executable, str(script), *args, "--result", str(out)], env=env,
+                              timeout=timeout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"worker {args} failed ({proc.returncode}):\n{proc.stdout[-4000:]}")
+        return json.loads(out.read_text())
+    finally:
+        out.unlink(missing_ok=True)
+
+
+def medians(runs: list[dict]) -> dict:
+    """Per key, the median over runs of the numbers (other values from the first run)."""
+    keys = {k for r in runs for k in r}
+    result = {}
+    for k in keys:
+        values = [r[k] for r in runs if k in r]
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        result[k] = statistics.median(values) if numeric else values[0]
+    return result
+
+
+def write_section(doc: Path, heading: str, body: str) -> None:
+    """Replace (or add) the `## heading` section of doc, leaving the other sections alone."""
+    text = doc.read_text() if doc.exists() else "# Benchmarks\n\nEach section is written by its own script; re-run it to refresh.\n"
+    lines = text.splitlines()
+    start = next((i for i, l in enumerate(lines) if l.strip() == heading), None)
+    new = [heading, "", *body.rstrip().splitlines(), ""]
+    if start is None:
+        lines = [*lines, "", *new] if lines and lines[-1] else [*lines, *new]
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        lines = lines[:start] + new + lines[end:]
+    doc.write_text("\n".join(lines).rstrip() + "\n")

@@ -1,0 +1,470 @@
+"""Stowage's engine on the CPU beside transformers (and optionally llama.cpp), on a SmolLM2-360M-shaped model.
+
+    .venv/bin/python bench/engine_bench.py [--repeats 3] [--threads 2] [--llama-cpp] [--write-docs]
+
+Builds the model once into --workdir (random bf16 weights; token ids are fed directly). Each
+backend runs in a fresh process per repeat, so load time and peak RSS are its own: load, peak RSS,
+private (anonymous) memory, prefill of a 512-token prompt, 128 greedy decode tokens after it, and
+the time to first token of a second chat turn after a 2,000-token history, with the history's K/V
+reused and recomputed. A separate process measures torch's memory read bandwidth at the same thread
+count; decode is shown as a fraction of the roofline bandwidth / weight bytes per token. Medians of
+--repeats runs. The default run takes about 5-10 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1]))  # run from a checkout without installing
+
+from bench import common  # noqa: E402
+
+CONTEXT_TOKENS = 4096
+PROMPT_TOKENS = 512
+DECODE_TOKENS = 128
+HISTORY_TOKENS = 2000
+TURN1_TOKENS = 16
+TURN2_NEW_TOKENS = 20
+MiB = 1024**2
+
+
+def token_ids(n: int, stream: int) -> list[int]:
+    """Fixed random ids clear of the tokenizer's special tokens; the same in every process."""
+    rng = random.Random(1000 + stream)
+    return [rng.randrange(10, common.SMOLLM2_360M["vocab_size"]) for _ in range(n)]
+
+
+PROMPT, HISTORY, TURN2_NEW = (lambda: token_ids(PROMPT_TOKENS, 1)), (lambda: token_ids(HISTORY_TOKENS, 2)), (lambda: token_ids(TURN2_NEW_TOKENS, 3))
+
+
+# -- workers: each runs in its own process and returns a flat dict of figures -------------------
+def work_stowage(model_dir: Path, threads: int) -> dict:
+    t = time.perf_counter()
+    import torch
+
+    from engine.engine import Engine, LoadOptions
+    from engine.memory import anonymous_bytes
+    from engine.sampler import SamplingParams
+
+    common.set_threads(threads)
+    r = {"import_s": time.perf_counter() - t, "torch": torch.__version__}
+    anon = anonymous_bytes()
+    t = time.perf_counter()
+    engine = Engine.load(model_dir, LoadOptions(context_tokens=CONTEXT_TOKENS))
+    r["load_s"] = time.perf_counter() - t
+    r["private_load_mib"] = anonymous_bytes() / MiB
+    r["private_growth_mib"] = (anonymous_bytes() - anon) / MiB
+    engine.eos_ids = set()  # random weights: never stop early
+
+    def generate(conv, ids, max_tokens):
+        return engine.generate(conv, ids, SamplingParams(temperature=0, max_tokens=max_tokens)).run()
+
+    conv = engine.new_conversation()  # warm-up: first calls build kernels and caches
+    generate(conv, token_ids(64, 9), 4)
+    engine.release(conv)
+
+    conv = engine.new_conversation()
+    res = generate(conv, PROMPT(), DECODE_TOKENS)
+    assert len(res.token_ids) == DECODE_TOKENS, res.finish_reason
+    r["prefill_tok_s"], r["decode_tok_s"] = res.prefill_tokens_per_s, res.decode_tokens_per_s
+    engine.release(conv)
+
+    conv = engine.new_conversation()
+    history = HISTORY()
+    turn1 = generate(conv, history, TURN1_TOKENS)
+    prompt2 = history + turn1.token_ids + TURN2_NEW()
+    turn2 = generate(conv, prompt2, 1)
+    r["ttft2_s"], r["turn2_prefilled"], r["turn2_reused"] = turn2.first_token_seconds, turn2.prefilled_tokens, turn2.reused_tokens
+    engine.release(conv)
+    conv = engine.new_conversation()
+    again = generate(conv, prompt2, 1)
+    r["reprefill_s"], r["reprefill_prefilled"] = again.first_token_seconds, again.prefilled_tokens
+    r["turn2_same_token"] = turn2.token_ids == again.token_ids
+    engine.release(conv)
+    r["peak_rss_mib"], r["private_end_mib"] = common.peak_rss_bytes() / MiB, anonymous_bytes() / MiB
+    return r
+
+
+class _Clock:
+    """A generate() streamer that only notes when each new token arrives."""
+
+    def __init__(self):
+        self.times: list[float] = []
+        self._prompt_seen = False
+
+    def put(self, value):
+        if self._prompt_seen:
+            self.times.append(time.perf_counter())
+        self._prompt_seen = True  # the first put is the prompt
+
+    def end(self):
+        pass
+
+
+def work_transformers(model_dir: Path, threads: int) -> dict:
+    t = time.perf_counter()
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from engine.memory import anonymous_bytes
+
+    common.set_threads(threads)
+    r = {"import_s": time.perf_counter() - t, "torch": torch.__version__, "transformers": transformers.__version__}
+    anon = anonymous_bytes()
+    t = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    r["load_s"] = time.perf_counter() - t
+    r["private_load_mib"] = anonymous_bytes() / MiB
+    r["private_growth_mib"] = (anonymous_bytes() - anon) / MiB
+    greedy = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+
+    def ids(x):
+        return torch.tensor([x])
+
+    with torch.inference_mode():
+        model.generate(ids(token_ids(64, 9)), min_new_tokens=4, max_new_tokens=4, **greedy)  # warm-up
+
+        prompt = ids(PROMPT())
+        t = time.perf_counter()
+        model(input_ids=prompt, use_cache=True)
+        r["prefill_tok_s"] = PROMPT_TOKENS / (time.perf_counter() - t)
+
+        clock = _Clock()
+        out = model.generate(prompt, min_new_tokens=DECODE_TOKENS, max_new_tokens=DECODE_TOKENS, streamer=clock, **greedy)
+        assert out.shape[1] == PROMPT_TOKENS + DECODE_TOKENS
+        r["decode_tok_s"] = (len(clock.times) - 1) / (clock.times[-1] - clock.times[0])
+
+        history = HISTORY()
+        cache = DynamicCache(config=model.config)
+        out = model.generate(ids(history), past_key_values=cache, min_new_tokens=TURN1_TOKENS,
+                             max_new_tokens=TURN1_TOKENS, return_dict_in_generate=True, **greedy)
+        prompt2 = history + out.sequences[0, HISTORY_TOKENS:].tolist() + TURN2_NEW()
+        cached = out.past_key_values.get_seq_length()
+        t = time.perf_counter()
+        turn2 = model.generate(ids(prompt2), past_key_values=out.past_key_values, max_new_tokens=1, **greedy)
+        r["ttft2_s"] = time.perf_counter() - t
+        r["turn2_reused"], r["turn2_prefilled"] = cached, len(prompt2) - cached
+        t = time.perf_counter()
+        again = model.generate(ids(prompt2), max_new_tokens=1, **greedy)
+        r["reprefill_s"], r["reprefill_prefilled"] = time.perf_counter() - t, len(prompt2)
+        r["turn2_same_token"] = turn2[0, -1].item() == again[0, -1].item()
+    r["peak_rss_mib"], r["private_end_mib"] = common.peak_rss_bytes() / MiB, anonymous_bytes() / MiB
+    return r
+
+
+def work_llama_cpp(gguf_path: Path, threads: int) -> dict:
+    t = time.perf_counter()
+    import llama_cpp
+
+    from engine.memory import anonymous_bytes
+
+    r = {"import_s": time.perf_counter() - t, "llama_cpp": llama_cpp.__version__}
+    anon = anonymous_bytes()
+    t = time.perf_counter()
+    llm = llama_cpp.Llama(str(gguf_path), n_ctx=CONTEXT_TOKENS, n_batch=512, n_threads=threads,
+                          n_threads_batch=threads, use_mmap=True, verbose=False)
+    r["load_s"] = time.perf_counter() - t
+    r["private_load_mib"] = anonymous_bytes() / MiB
+    r["private_growth_mib"] = (anonymous_bytes() - anon) / MiB
+
+    def generate(prompt, max_tokens, fresh):
+        """Token arrival times; llama-cpp-python reuses the longest cached prefix unless fresh."""
+        if fresh:
+            llm.reset()
+        times, tokens, start = [], [], time.perf_counter()
+        for tok in llm.generate(prompt, temp=0.0, top_k=1, reset=False):
+            times.append(time.perf_counter())
+            tokens.append(tok)
+            if len(tokens) == max_tokens:
+                break
+        return start, times, tokens
+
+    generate(token_ids(64, 9), 4, True)  # warm-up
+    start, times, _ = generate(PROMPT(), DECODE_TOKENS, True)
+    r["prefill_tok_s"] = PROMPT_TOKENS / (times[0] - start)
+    r["decode_tok_s"] = (len(times) - 1) / (times[-1] - times[0])
+
+    history = HISTORY()
+    _, _, turn1 = generate(history, TURN1_TOKENS, True)
+    prompt2 = history + turn1 + TURN2_NEW()
+    # generate() fed turn1[:-1] back; the last sampled token is not in the cache yet, as in Stowage
+    cached = llm.n_tokens
+    start, times, tok2 = generate(prompt2, 1, False)
+    r["ttft2_s"], r["turn2_reused"], r["turn2_prefilled"] = times[0] - start, cached, len(prompt2) - cached
+    start, times, again = generate(prompt2, 1, True)
+    r["reprefill_s"], r["reprefill_prefilled"] = times[0] - start, len(prompt2)
+    r["turn2_same_token"] = tok2 == again
+    r["peak_rss_mib"], r["private_end_mib"] = common.peak_rss_bytes() / MiB, anonymous_bytes() / MiB
+    return r
+
+
+def work_bandwidth(threads: int) -> dict:
+    """Best-of-several read bandwidth of ~1 GiB: an fp32 sum and a bf16 matrix-vector product."""
+    import torch
+
+    common.set_threads(threads)
+    r = {}
+    x = torch.ones(2**28)  # 1 GiB fp32
+    w = torch.full((2**17, 4096), 0.5, dtype=torch.bfloat16)  # 1 GiB bf16
+    v = torch.ones(1, 4096, dtype=torch.bfloat16)
+    for name, tensor, op in [("sum", x, lambda: x.sum()), ("matvec", w, lambda: torch.nn.functional.linear(v, w))]:
+        best = float("inf")
+        for _ in range(6):
+            t = time.perf_counter()
+            op()
+            best = min(best, time.perf_counter() - t)
+        r[f"{name}_gbps"] = tensor.numel() * tensor.element_size() / best / 1e9
+    r["bandwidth_gbps"] = max(r["sum_gbps"], r["matvec_gbps"])
+    return r
+
+
+def work_runtime(threads: int) -> dict:
+    """Peak RSS of the torch runtime alone (imports, a small matmul): the allowance over llama.cpp."""
+    import torch
+
+    import engine.engine  # noqa: F401
+
+    common.set_threads(threads)
+    torch.randn(256, 256, dtype=torch.bfloat16) @ torch.randn(256, 256, dtype=torch.bfloat16)
+    return {"runtime_rss_mib": common.peak_rss_bytes() / MiB}
+
+
+# -- conversion to GGUF for llama.cpp -----------------------------------------------------------
+def convert_gguf(model_dir: Path) -> Path:
+    """The same weights as a bf16 GGUF (llama.cpp's layout: Q/K rows permuted, as convert_hf_to_gguf does)."""
+    import gguf
+    import numpy as np
+    from safetensors import safe_open
+
+    path = model_dir.parent / "smollm2-360m-shape.bf16.gguf"
+    stamp = path.with_suffix(".complete")
+    if path.exists() and stamp.exists() and stamp.read_text() == (model_dir / ".complete").read_text():
+        return path
+    print(f"converting to {path} ...", file=sys.stderr, flush=True)
+    c = common.SMOLLM2_360M
+    heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_dimension_count(c["hidden_size"] // heads)
+    w.add_rope_freq_base(c["rope_theta"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_vocab_size(c["vocab_size"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
+    # A byte-level BPE vocab of the right size; the benchmark feeds token ids, so its contents do not matter.
+    alphabet = [chr(b) if 33 <= b <= 126 else chr(256 + b) for b in range(256)]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(alphabet + [f"<t{i}>" for i in range(c["vocab_size"] - 256)])
+    w.add_token_types([gguf.TokenType.NORMAL] * c["vocab_size"])
+    w.add_token_merges([])
+    w.add_bos_token_id(c["bos_token_id"])
+    w.add_eos_token_id(c["eos_token_id"])
+
+    def permute(x, n_head):
+        return x.reshape(n_head, 2, x.shape[0] // n_head // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        for name in f.keys():
+            x = f.get_tensor(name).view(__import__("torch").int16).numpy().view(np.uint16)
+            if name == "model.embed_tokens.weight":
+                out = "token_embd.weight"
+            elif name == "model.norm.weight":
+                out = "output_norm.weight"
+            else:
+                _, _, i, rest = name.split(".", 3)
+                out = f"blk.{i}.{names[rest.removesuffix('.weight')]}.weight"
+                if rest.startswith("self_attn.q_proj"):
+                    x = permute(x, heads)
+                elif rest.startswith("self_attn.k_proj"):
+                    x = permute(x, kv_heads)
+            if out.endswith("norm.weight"):  # llama.cpp wants norms in fp32
+                x = (x.astype(np.uint32) << 16).view(np.float32)
+                w.add_tensor(out, x)
+            else:
+                w.add_tensor(out, np.ascontiguousarray(x), raw_dtype=gguf.GGMLQuantizationType.BF16)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    stamp.write_text((model_dir / ".complete").read_text())
+    return path
+
+
+# -- the report ---------------------------------------------------------------------------------
+def fmt(x, digits=2):
+    if x is None:
+        return "—"
+    if isinstance(x, float):
+        return f"{x:,.{digits}f}" if abs(x) < 100 else f"{x:,.0f}"
+    return f"{x:,}"
+
+
+def table(res: dict, bw: dict, weight_bytes: int, runtime_mib: float, has_llama: bool) -> str:
+    """The markdown table: one row per figure, one column per backend, ratios and targets."""
+    s, h, l = res["stowage"], res.get("transformers", {}), res.get("llama_cpp", {})
+    roofline = bw["bandwidth_gbps"] * 1e9 / weight_bytes
+    for r in (s, h, l):
+        if "decode_tok_s" in r:
+            r["roofline_frac"] = r["decode_tok_s"] / roofline
+
+    def ratio(key, other):
+        return s[key] / other[key] if key in other and other[key] else None
+
+    def met(ok):
+        return "n/a" if ok is None else ("met" if ok else "**not met**")
+
+    def both(*checks):
+        return None if any(c is None for c in checks) else all(checks)
+
+    def cmp(value, op, bound):
+        return None if value is None else op(value, bound)
+
+    import operator as o
+
+    rs, rl = lambda k: ratio(k, h), lambda k: ratio(k, l)
+    s_speedup = s["reprefill_s"] / s["ttft2_s"]
+    rows = [
+        ("load s", "load_s", 2, "≤ 1.5x llama.cpp", met(cmp(rl("load_s"), o.le, 1.5))),
+        ("peak RSS MiB", "peak_rss_mib", 0, f"≤ llama.cpp + torch runtime ({runtime_mib:,.0f} MiB)",
+         met(None if not l else s["peak_rss_mib"] <= l["peak_rss_mib"] + runtime_mib)),
+        ("private MiB after load", "private_load_mib", 0, "", ""),
+        ("private MiB growth in load", "private_growth_mib", 0, "< 10% of weights "
+         f"({weight_bytes / MiB / 10:,.0f} MiB)", met(s["private_growth_mib"] < weight_bytes / MiB / 10)),
+        ("private MiB at end", "private_end_mib", 0, "", ""),
+        ("prefill tok/s (512)", "prefill_tok_s", 1, "≥ 1.0x transformers", met(cmp(rs("prefill_tok_s"), o.ge, 1.0))),
+        ("decode tok/s (128)", "decode_tok_s", 1, "≥ 2.5x transformers, ≥ 0.8x llama.cpp",
+         met(both(cmp(rs("decode_tok_s"), o.ge, 2.5), *([cmp(rl("decode_tok_s"), o.ge, 0.8)] if has_llama else [])))),
+        ("decode / roofline", "roofline_frac", 2, "", ""),
+        ("turn-2 TTFT s", "ttft2_s", 3, f"≥ 10x below re-prefill ({s_speedup:,.0f}x)", met(s_speedup >= 10)),
+        ("re-prefill s", "reprefill_s", 2, "", ""),
+    ]
+    head = "| | Stowage | transformers |" + (" llama.cpp |" if has_llama else "") + " Stowage / transformers |" + \
+        (" Stowage / llama.cpp |" if has_llama else "") + " target |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for label, key, digits, target, verdict in rows:
+        cells = [label, fmt(s.get(key), digits), fmt(h.get(key), digits)]
+        if has_llama:
+            cells.append(fmt(l.get(key), digits))
+        cells.append(fmt(rs(key)) + "x" if rs(key) is not None else "—")
+        if has_llama:
+            cells.append(fmt(rl(key)) + "x" if rl(key) is not None else "—")
+        cells.append(f"{target}: {verdict}" if target else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    counters = [f"{name}: turn 2 prefilled {r['turn2_prefilled']:,.0f} tokens, reused {r['turn2_reused']:,.0f}; "
+                f"re-prefill {r['reprefill_prefilled']:,.0f}" for name, r in
+                (("Stowage", s), ("transformers", h), ("llama.cpp", l)) if "turn2_prefilled" in r]
+    lines += ["", f"Roofline: bandwidth {bw['bandwidth_gbps']:.1f} GB/s (fp32 sum {bw['sum_gbps']:.1f}, bf16 matvec "
+              f"{bw['matvec_gbps']:.1f}) / {weight_bytes / 1e6:,.0f} MB of weights per token = {roofline:.1f} tok/s.",
+              "", "Prefix reuse: " + "; ".join(counters) + "."]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workdir", type=Path, default=HERE.parent / "out", help="where the model is built and cached")
+    ap.add_argument("--repeats", type=int, default=3, help="fresh-process runs per backend (medians reported)")
+    ap.add_argument("--threads", type=int, default=2, help="torch / llama.cpp threads")
+    ap.add_argument("--llama-cpp", action="store_true", help="also run llama.cpp (llama-cpp-python) on a bf16 GGUF")
+    ap.add_argument("--no-transformers", action="store_true", help="skip transformers (quick Stowage-only runs)")
+    ap.add_argument("--write-docs", action="store_true", help="write the table into docs/benchmarks.md")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.worker:  # inside a fresh process
+        work = {"stowage": lambda: work_stowage(args.model, args.threads),
+                "transformers": lambda: work_transformers(args.model, args.threads),
+                "llama_cpp": lambda: work_llama_cpp(args.model, args.threads),
+                "bandwidth": lambda: work_bandwidth(args.threads),
+                "runtime": lambda: work_runtime(args.threads)}[args.worker]
+        args.result.write_text(json.dumps(work()))
+        return
+
+    started, load_before = time.perf_counter(), common.load_average()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    model_dir = common.build_model(args.workdir)
+    backends = {"stowage": model_dir}
+    if not args.no_transformers:
+        backends["transformers"] = model_dir
+    llama_note = ""
+    if args.llama_cpp:
+        try:
+            import gguf  # noqa: F401
+            import llama_cpp  # noqa: F401
+        except ImportError as e:
+            llama_note = f"llama.cpp skipped: {e.name} is not importable (pip install llama-cpp-python gguf)"
+            print(llama_note, file=sys.stderr)
+        else:
+            backends["llama_cpp"] = convert_gguf(model_dir)
+
+    def worker(name, model=None):
+        extra = ["--model", str(model)] if model else []
+        return common.run_worker(HERE, ["--worker", name, "--threads", str(args.threads), *extra], threads=args.threads)
+
+    runtime = worker("runtime")["runtime_rss_mib"]
+    bw = worker("bandwidth")
+    print(f"bandwidth {bw['bandwidth_gbps']:.1f} GB/s, torch runtime {runtime:.0f} MiB", file=sys.stderr, flush=True)
+    runs = {name: [] for name in backends}
+    for rep in range(args.repeats):  # interleaved, so that a burst of load hits every backend alike
+        for name, path in backends.items():
+            t = time.perf_counter()
+            runs[name].append(worker(name, path))
+            print(f"[{rep + 1}/{args.repeats}] {name}: {time.perf_counter() - t:.0f} s (load {common.load_average()}) "
+                  + ", ".join(f"{k} {v:.3g}" for k, v in runs[name][-1].items() if isinstance(v, float)),
+                  file=sys.stderr, flush=True)
+    res = {name: common.medians(r) for name, r in runs.items()}
+    wbytes = common.weight_bytes(model_dir)
+    body = table(res, bw, wbytes, runtime, "llama_cpp" in res)
+
+    import torch
+
+    versions = f"torch {torch.__version__}" + (f", transformers {res['transformers']['transformers']}" if "transformers" in res else "") \
+        + (f", llama-cpp-python {res['llama_cpp']['llama_cpp']}" if "llama_cpp" in res else "")
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
+    command = " ".join(["python", "bench/engine_bench.py", *(argv if argv is not None else sys.argv[1:])])
+    header = (f"`{command}` — {datetime.date.today().isoformat()}, {cpu}, {args.threads} threads, {versions}; "
+              f"load average {load_before} before, {common.load_average()} after; medians of {args.repeats} fresh "
+              f"processes per backend; took {time.perf_counter() - started:.0f} s.")
+    print(header + "\n\n" + body + ("\n\n" + llama_note if llama_note else ""))
+    if args.write_docs:
+        notes = "\n".join([
+            "",
+            "What each figure is (a SmolLM2-360M-shaped Llama, random bf16 weights, token ids fed directly):",
+            "- load: `Engine.load(dir, LoadOptions(context_tokens=4096))` vs `AutoModelForCausalLM.from_pretrained"
+            "(dir, dtype=torch.bfloat16)` vs `llama_cpp.Llama(gguf, n_ctx=4096)`; imports excluded, page cache warm.",
+            "- peak RSS: the process's VmHWM at the end (mapped weights count once touched); private: `Anonymous` in "
+            "`/proc/self/smaps_rollup`.",
+            "- prefill: a 512-token prompt (Stowage: `generate`'s own prefill timing; transformers: one forward with "
+            "`use_cache`; llama.cpp: time to its first token).",
+            "- decode: 128 greedy tokens after that prompt, batch 1; tokens after the first / time between the first "
+            "and the last (transformers: `generate` with a streamer noting each token's arrival).",
+            "- turn-2 TTFT: after turn 1 (a 2,000-token prompt, 16 tokens generated), the same conversation gets "
+            "history + reply + 20 new tokens; re-prefill is that prompt in a fresh conversation (transformers: "
+            "`generate` with and without turn 1's `DynamicCache`).",
+            "- roofline: torch's best read bandwidth over 1 GiB at the same thread count / all stored weight bytes "
+            "(the tied lm_head read once).",
+        ] + ([f"- {llama_note}."] if llama_note else []))
+        common.write_section(common.ROOT / "docs" / "benchmarks.md", "## Engine (CPU)", header + "\n\n" + body + "\n" + notes)
+        print("wrote docs/benchmarks.md", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -8,6 +8,7 @@ thread may set at any time.
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 import traceback
@@ -16,7 +17,17 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+# Imported here, on the GUI thread before the window shows, not lazily in the engine thread: an import
+# holds the GIL and the import lock for hundreds of milliseconds (tokenizers, jinja2, kernels), and
+# the GUI would freeze on them during the first load.
+from engine.budgets import detect_budgets
+from engine.engine import Engine
+from engine.errors import GenerationCancelled, StowageError
+from engine.inspect import inspect
+
 from . import context_policy
+
+ENGINE_NICE = 10  # how much lower the engine thread runs than the GUI (0..19)
 
 
 @dataclass
@@ -54,13 +65,17 @@ class Reply:
 
 def describe_error(error: BaseException) -> str:
     """A sentence for the user; our own errors already say what to do, others get their type named."""
-    from engine.errors import StowageError
-
     if isinstance(error, StowageError):
         return str(error)
     if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
         return f"Out of memory: {error or 'the system refused an allocation'}. Choose a smaller context or fewer GPU layers."
     return f"{type(error).__name__}: {error}"
+
+
+def _log_unexpected(error: BaseException) -> None:
+    """Our own errors are for the user and shown to them; anything else is a bug worth a traceback."""
+    if not isinstance(error, StowageError):
+        traceback.print_exception(error)
 
 
 def release_freed_memory() -> None:
@@ -102,16 +117,26 @@ class EngineWorker(QObject):
         self.conversation = None
         self.context_tokens = 0
 
+    @Slot()
+    def lower_priority(self) -> None:
+        """Run the engine thread (and the torch threads it starts) below the GUI thread.
+
+        On a machine with few cores, torch's compute threads otherwise take every core and the event loop
+        waits its turn for tens of milliseconds. Linux gives each thread its own nice value; elsewhere
+        this does nothing.
+        """
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), ENGINE_NICE)
+        except (AttributeError, OSError):
+            pass
+
     @Slot(str, object)
     def inspect(self, model_dir: str, budget_args: dict) -> None:
         try:
-            from engine.budgets import detect_budgets
-            from engine.inspect import inspect
-
             info = inspect(Path(model_dir))
             budgets = detect_budgets(**budget_args)
         except Exception as e:
-            traceback.print_exc()
+            _log_unexpected(e)
             self.inspect_failed.emit(model_dir, describe_error(e))
             return
         self.inspected.emit(model_dir, info, budgets)
@@ -121,8 +146,6 @@ class EngineWorker(QObject):
         self._unload()  # one model at a time: loading another frees the first
         start = time.perf_counter()
         try:
-            from engine.engine import Engine
-
             self.engine = Engine.load(
                 Path(model_dir), options, progress=lambda f, m: self.load_progress.emit(float(f), str(m)), cancel=cancel
             )
@@ -131,10 +154,10 @@ class EngineWorker(QObject):
         except Exception as e:
             self.engine = self.conversation = None
             release_freed_memory()
-            if type(e).__name__ == "GenerationCancelled" or cancel.is_set():
+            if isinstance(e, GenerationCancelled) or cancel.is_set():
                 self.load_cancelled.emit()
             else:
-                traceback.print_exc()
+                _log_unexpected(e)
                 self.load_failed.emit(describe_error(e))
             return
         self.loaded.emit(model_dir, time.perf_counter() - start)
@@ -176,7 +199,7 @@ class EngineWorker(QObject):
             self.reply_failed.emit(cid, str(e))
             return
         except Exception as e:
-            traceback.print_exc()
+            _log_unexpected(e)
             self.reply_failed.emit(cid, describe_error(e))
             return
         self.reply_finished.emit(
@@ -213,6 +236,7 @@ class EngineClient(QObject):
         self.thread.setObjectName("stowage-engine")
         self.worker = EngineWorker()
         self.worker.moveToThread(self.thread)
+        self.thread.started.connect(self.worker.lower_priority)
         self._inspect.connect(self.worker.inspect)
         self._load.connect(self.worker.load)
         self._unload.connect(self.worker.unload)

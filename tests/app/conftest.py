@@ -75,12 +75,14 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture
-def broken_model_dir(tmp_path):
-    """A folder that looks like a model but whose weights are cut short."""
+def broken_model_dir(tmp_path, tiny_model_dir):
+    """The tiny model with its weight file cut short, as an interrupted download leaves it."""
+    import shutil
+
     model_dir = tmp_path / "broken-model"
-    model_dir.mkdir()
-    (model_dir / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
-    (model_dir / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":")
+    shutil.copytree(tiny_model_dir, model_dir)
+    weights = model_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     return model_dir
 
 

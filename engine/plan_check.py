@@ -1,0 +1,126 @@
+"""Load a model under a plan, run the heaviest prefill chunk, and set what each device really used beside the plan.
+
+CPU: the engine's own accounting (weights, KV cache: exact) and the process's peak resident growth.
+CUDA: torch.cuda.max_memory_allocated (torch's tensors) and NVML's used memory (adds the CUDA context).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .memory import anonymous_bytes, rss_bytes
+from .planner import Plan
+from .units import format_bytes
+
+
+@dataclass(frozen=True)
+class DeviceCheck:
+    """Predicted and measured bytes of one device."""
+
+    device: str
+    predicted_bytes: int  # the plan's total: weights + KV + workspace
+    predicted_kv_bytes: int
+    predicted_weights_bytes: int
+    kv_bytes: int  # what the engine allocated for the cache
+    weights_bytes: int  # what the engine placed (copied or mapped)
+    peak_bytes: int  # CPU: peak resident growth; CUDA: NVML used growth (context included)
+    allocated_peak_bytes: int = 0  # CUDA: torch.cuda.max_memory_allocated
+
+    @property
+    def error(self) -> float:
+        """(measured - predicted) / predicted; positive means the plan was short."""
+        return (self.peak_bytes - self.predicted_bytes) / self.predicted_bytes
+
+    def describe(self) -> str:
+        text = (f"{self.device}: predicted {format_bytes(self.predicted_bytes)}, measured {format_bytes(self.peak_bytes)}"
+                f" ({self.error:+.1%}); KV {format_bytes(self.kv_bytes)} of {format_bytes(self.predicted_kv_bytes)}"
+                f" predicted, weights {format_bytes(self.weights_bytes)} of {format_bytes(self.predicted_weights_bytes)}")
+        if self.allocated_peak_bytes:
+            text += f"; torch peak allocated {format_bytes(self.allocated_peak_bytes)}"
+        return text
+
+
+def check_plan(model_dir: str | Path, plan: Plan) -> list[DeviceCheck]:
+    """Load under `plan`, prefill one chunk at the end of the full context, and compare per device."""
+    from .engine import Engine
+
+    gc.collect()
+    cuda_devices = sorted({d for d in plan.layer_devices if d.startswith("cuda")} |
+                          ({plan.head_device} if plan.head_device.startswith("cuda") else set()))
+    nvml_before = {d: _nvml_used(d) for d in cuda_devices}  # before torch creates a CUDA context
+    _reset_peak_rss()
+    rss_before = rss_bytes()
+    anon_before = anonymous_bytes()
+    for d in cuda_devices:
+        torch.cuda.reset_peak_memory_stats(d)
+    engine = Engine.load(model_dir, plan.load_options())
+    _run_heaviest_chunk(engine, plan)
+    for d in cuda_devices:
+        torch.cuda.synchronize(d)
+    report = engine.memory_report()
+    checks = []
+    for d in plan.devices:
+        if d.total_bytes == 0:
+            continue
+        held = report.get(d.device, {"weights_copied": 0, "weights_mapped": 0, "kv_cache": 0})
+        weights = held["weights_copied"] + held["weights_mapped"]
+        if d.device == "cpu":
+            peak, allocated = _peak_rss() - rss_before, anonymous_bytes() - anon_before
+            allocated = 0  # anonymous memory now is not a peak; kept out of the comparison
+        else:
+            peak = _nvml_used(d.device) - nvml_before[d.device]
+            allocated = torch.cuda.max_memory_allocated(d.device)
+        checks.append(DeviceCheck(d.device, d.total_bytes, d.kv_bytes, d.weights_bytes, held["kv_cache"], weights,
+                                  peak, allocated))
+    engine.close()
+    return checks
+
+
+def _run_heaviest_chunk(engine, plan: Plan) -> None:
+    # The last prefill chunk of a full context holds the most: its attention spans every cached token.
+    chunk = min(plan.prefill_chunk, plan.context_tokens)
+    conv = engine.new_conversation()
+    earlier = plan.context_tokens - chunk
+    engine.cache.reserve(conv.seq, earlier)  # their K/V stay zeros: the memory is the same
+    conv.seq.token_ids.extend([0] * earlier)
+    engine.model.forward([1] * chunk, conv.seq, engine.cache)
+    engine.release(conv)
+
+
+def _reset_peak_rss() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS (Linux)
+    except OSError:
+        pass
+
+
+def _peak_rss() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return rss_bytes()  # no peak where /proc is missing: the current figure is the best there is
+
+
+def _nvml_used(device: str) -> int:
+    import pynvml
+
+    from .budgets import visible_order
+
+    pynvml.nvmlInit()
+    try:
+        uuids = [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
+        uuids = [u.decode() if isinstance(u, bytes) else u for u in uuids]
+        index = visible_order(uuids, os.environ.get("CUDA_VISIBLE_DEVICES"))[int(device.split(":")[1])]
+        return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).used
+    finally:
+        pynvml.nvmlShutdown()

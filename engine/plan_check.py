@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .memory import anonymous_bytes, rss_bytes
+from .memory import rss_bytes
 from .planner import Plan
 from .units import format_bytes
 
@@ -30,6 +30,7 @@ class DeviceCheck:
     weights_bytes: int  # what the engine placed (copied or mapped)
     peak_bytes: int  # CPU: peak resident growth; CUDA: NVML used growth (context included)
     allocated_peak_bytes: int = 0  # CUDA: torch.cuda.max_memory_allocated
+    reserved_peak_bytes: int = 0  # CUDA: torch.cuda.max_memory_reserved (the caching allocator's segments)
 
     @property
     def error(self) -> float:
@@ -41,7 +42,8 @@ class DeviceCheck:
                 f" ({self.error:+.1%}); KV {format_bytes(self.kv_bytes)} of {format_bytes(self.predicted_kv_bytes)}"
                 f" predicted, weights {format_bytes(self.weights_bytes)} of {format_bytes(self.predicted_weights_bytes)}")
         if self.allocated_peak_bytes:
-            text += f"; torch peak allocated {format_bytes(self.allocated_peak_bytes)}"
+            text += (f"; torch peak allocated {format_bytes(self.allocated_peak_bytes)}, reserved "
+                     f"{format_bytes(self.reserved_peak_bytes)}")
         return text
 
 
@@ -55,7 +57,6 @@ def check_plan(model_dir: str | Path, plan: Plan) -> list[DeviceCheck]:
     nvml_before = {d: _nvml_used(d) for d in cuda_devices}  # before torch creates a CUDA context
     _reset_peak_rss()
     rss_before = rss_bytes()
-    anon_before = anonymous_bytes()
     for d in cuda_devices:
         torch.cuda.reset_peak_memory_stats(d)
     engine = Engine.load(model_dir, plan.load_options())
@@ -70,13 +71,13 @@ def check_plan(model_dir: str | Path, plan: Plan) -> list[DeviceCheck]:
         held = report.get(d.device, {"weights_copied": 0, "weights_mapped": 0, "kv_cache": 0})
         weights = held["weights_copied"] + held["weights_mapped"]
         if d.device == "cpu":
-            peak, allocated = _peak_rss() - rss_before, anonymous_bytes() - anon_before
-            allocated = 0  # anonymous memory now is not a peak; kept out of the comparison
+            peak, allocated, reserved = _peak_rss() - rss_before, 0, 0
         else:
             peak = _nvml_used(d.device) - nvml_before[d.device]
             allocated = torch.cuda.max_memory_allocated(d.device)
+            reserved = torch.cuda.max_memory_reserved(d.device)
         checks.append(DeviceCheck(d.device, d.total_bytes, d.kv_bytes, d.weights_bytes, held["kv_cache"], weights,
-                                  peak, allocated))
+                                  peak, allocated, reserved))
     engine.close()
     return checks
 

@@ -195,7 +195,7 @@ def evaluate(threads: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-tokens", type=int, default=4096)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--threads", type=int, default=1, help="1 leaves the other cores to everyone else")

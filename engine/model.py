@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -14,10 +16,24 @@ from .weights import TensorSet
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # As Hugging Face: normalise in fp32, cast back, then scale.
+    # As Hugging Face: normalise in fp32, cast back, then scale (one fused op when that is exact).
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
+
+
+@dataclass
+class StepInputs:
+    """What every layer on one device needs for this forward call; built once per device."""
+
+    ops: object  # the attention implementation for the device
+    cos: torch.Tensor  # [n, head_dim]
+    sin: torch.Tensor
+    slots: torch.Tensor  # [n]
+    block_table: torch.Tensor  # [num_blocks] int32
+    context_lens: torch.Tensor  # [1] int32, decode only
 
 
 class Transformer:
@@ -25,7 +41,7 @@ class Transformer:
 
     def __init__(self, config: ModelConfig, head: TensorSet, layers: list[TensorSet], head_device: torch.device):
         self.config = config
-        self.head = head  # embed, norm, lm_head: embed on head.device, norm/lm_head on head_device
+        self.head = head  # embed on head.device; norm and lm_head on head_device
         self.layers = layers
         self.head_device = head_device
         self.rotary = RotaryTable(config)
@@ -39,23 +55,25 @@ class Transformer:
         slots = cache.reserve(seq, n)
         positions = torch.arange(start, start + n)
         block_table = cache.block_table_tensor(seq)
-        per_device = {}  # what each device needs once per call
+        context_lens = torch.tensor([start + n], dtype=torch.int32)
+        steps: dict[torch.device, StepInputs] = {}
         h = F.embedding(torch.tensor(token_ids, device=self.head.device), self.head["embed"])
         for i, layer in enumerate(self.layers):
             dev = layer.device
-            if dev not in per_device:
+            step = steps.get(dev)
+            if step is None:
                 cos, sin = self.rotary.get(positions, dev, self.dtype)
-                per_device[dev] = (cos, sin, slots.to(dev), block_table.to(dev))
-            h = self._layer(i, layer, h.to(dev), start, per_device[dev], cache)
+                step = steps[dev] = StepInputs(attention_ops(dev), cos, sin, slots.to(dev), block_table.to(dev),
+                                               context_lens.to(dev))
+            h = self._layer(i, layer, h.to(dev), start, step, cache)
         seq.token_ids.extend(token_ids)
         if not all_logits:
             h = h[-1:]
         h = rms_norm(h.to(self.head_device), self.head["norm"], self.config.rms_norm_eps)
         return F.linear(h, self.head["lm_head"]).float()
 
-    def _layer(self, i: int, w: TensorSet, h: torch.Tensor, start: int, shared, cache: KVCache) -> torch.Tensor:
+    def _layer(self, i: int, w: TensorSet, h: torch.Tensor, start: int, step: StepInputs, cache: KVCache) -> torch.Tensor:
         cfg = self.config
-        cos, sin, slots, block_table = shared
         n = h.shape[0]
         x = rms_norm(h, w["input_norm"], cfg.rms_norm_eps)
         q = F.linear(x, w["q"], w.get("q_bias")).view(n, cfg.num_heads, cfg.head_dim)
@@ -64,16 +82,16 @@ class Transformer:
         if cfg.qk_norm:
             q = rms_norm(q, w["q_norm"], cfg.rms_norm_eps)
             k = rms_norm(k, w["k_norm"], cfg.rms_norm_eps)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        ops = attention_ops(h.device)
+        q, k = apply_rotary(q, step.cos, step.sin), apply_rotary(k, step.cos, step.sin)
         k_cache, v_cache = cache.k_cache[i], cache.v_cache[i]
         k_scale, v_scale = cache.k_scale[i], cache.v_scale[i]
-        ops.write_kv(k, v, k_cache, v_cache, slots, k_scale, v_scale)
+        step.ops.write_kv(k, v, k_cache, v_cache, step.slots, k_scale, v_scale)
         if n == 1:
-            context_lens = torch.tensor([start + 1], dtype=torch.int32, device=h.device)
-            attn = ops.decode_attention(q, k_cache, v_cache, block_table[None], context_lens, self.scale, k_scale, v_scale)
+            attn = step.ops.decode_attention(q, k_cache, v_cache, step.block_table[None], step.context_lens,
+                                             self.scale, k_scale, v_scale)
         else:
-            attn = ops.prefill_attention(q, k_cache, v_cache, block_table, start, self.scale, k_scale, v_scale)
+            attn = step.ops.prefill_attention(q, k_cache, v_cache, step.block_table, start, self.scale,
+                                              k_scale, v_scale)
         h = h + F.linear(attn.reshape(n, -1), w["o"], w.get("o_bias"))
         x = rms_norm(h, w["post_norm"], cfg.rms_norm_eps)
         gate = F.silu(F.linear(x, w["gate"], w.get("gate_bias")))

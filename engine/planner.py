@@ -270,7 +270,8 @@ def plan(info: ModelInfo, request: PlanRequest, budgets: Budgets) -> Plan:
         fits = False
     result = Plan(
         fits=fits, error=None, request=request, context_tokens=tokens, max_context_tokens=largest,
-        num_layers=info.num_layers, max_position_embeddings=info.max_position_embeddings, dtype=costs.dtype_name, kv_dtype=costs.kv_dtype, block_size=request.block_size,
+        num_layers=info.num_layers, max_position_embeddings=info.max_position_embeddings, dtype=costs.dtype_name,
+        kv_dtype=costs.kv_dtype, block_size=request.block_size,
         prefill_chunk=prefill_chunk_for(request.prefill_chunk, tokens, info.config.num_heads, uses_cuda),
         devices=devices, layer_devices=tuple(layer_devices), embed_device=EMBED_DEVICE,
         head_device=layer_devices[-1], note=budgets.note, model_name=info.model_dir.name,

@@ -126,7 +126,7 @@ class MainWindow(QMainWindow):
             return
         self.forecast = None
         self.settings_panel.show_model_error(message)
-        self.show_error("This folder cannot be used", message)
+        self.show_error(f"{Path(model_dir).name} cannot be used", message)
 
     def _settings_changed(self, settings) -> None:
         self.chat.settings = settings
@@ -134,7 +134,13 @@ class MainWindow(QMainWindow):
             save_model_settings(self.qsettings, Path(self.model_dir), settings)
 
     def _plan_changed(self, plan) -> None:
-        self.plan_label.setText("" if plan is None else (plan.summary() if plan.fits else "Does not fit"))
+        if plan is None:
+            self.plan_label.setText("")
+        elif plan.fits:
+            self.plan_label.setText(plan.summary())
+        else:
+            self.plan_label.setText(f"{plan.context_tokens:,} tokens do not fit; the largest context that fits is "
+                                    f"{plan.max_context_tokens:,} tokens")
         if self.loaded_dir is None:
             self._predict(plan, baseline=True)
 
@@ -189,7 +195,8 @@ class MainWindow(QMainWindow):
         """A dialog that does not block the event loop: the engine thread keeps reporting behind it."""
         if self.error_box is not None:
             self.error_box.close()
-        self.error_box = QMessageBox(QMessageBox.Icon.Warning, title, message, QMessageBox.StandardButton.Ok, self)
+        self.error_box = QMessageBox(QMessageBox.Icon.Warning, title, f"<b>{title}</b>", QMessageBox.StandardButton.Ok, self)
+        self.error_box.setInformativeText(message)
         self.error_box.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.error_box.open()
 

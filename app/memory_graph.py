@@ -12,17 +12,19 @@ GIB = 1024**3
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
 
 
-def _plot(title: str) -> pg.PlotWidget:
+def _plot(title: str, history_s: float) -> pg.PlotWidget:
     plot = pg.PlotWidget(background="w")
     plot.setTitle(title, color="#333", size="9pt")
     plot.setLabel("left", "GiB")
     plot.setLabel("bottom", "seconds ago")
     plot.showGrid(x=True, y=True, alpha=0.2)
     plot.setMouseEnabled(x=False, y=False)
+    plot.setXRange(-history_s, 0, padding=0)  # a fixed window: the time axis does not jump as it fills
     plot.setMenuEnabled(False)
     plot.hideButtons()
     plot.addLegend(offset=(5, 5), labelTextSize="8pt")
     plot.setMinimumHeight(120)
+    plot.getPlotItem().setContentsMargins(0, 4, 14, 0)  # room for the "0" tick at the right edge
     return plot
 
 
@@ -44,7 +46,7 @@ class MemoryGraph(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
 
         # VRAM: a plot when NVML sees GPUs, otherwise a plain sentence in its place.
-        self.vram_plot = _plot("VRAM")
+        self.vram_plot = _plot("VRAM", history_s)
         self.vram_curves = []
         self.vram_predicted = []
         for gpu, color in zip(stats.gpus, COLORS):
@@ -64,7 +66,7 @@ class MemoryGraph(QWidget):
         vram_box.setCurrentWidget(self.vram_plot if stats.gpus else self.vram_note)
         layout.addLayout(vram_box, 1)
 
-        self.ram_plot = _plot(f"RAM ({stats.ram_total_bytes / GIB:.0f} GiB)")
+        self.ram_plot = _plot(f"RAM ({stats.ram_total_bytes / GIB:.0f} GiB)", history_s)
         self.ram_curve = self.ram_plot.plot(pen=pg.mkPen("#1f77b4", width=2), name="system used")
         self.process_curve = self.ram_plot.plot(pen=pg.mkPen("#2ca02c", width=2), name="Stowage")
         self.ram_predicted = pg.InfiniteLine(angle=0, pen=pg.mkPen("#d62728", width=1.5, style=Qt.PenStyle.DashLine))

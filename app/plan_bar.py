@@ -12,7 +12,7 @@ from engine.units import format_bytes
 
 SEGMENTS = (  # (attribute, legend, colour)
     ("weights_bytes", "weights", QColor("#4e79a7")),
-    ("kv_bytes", "KV cache", QColor("#f28e2b")),
+    ("kv_bytes", "KV", QColor("#f28e2b")),
     ("workspace_bytes", "workspace", QColor("#76b7b2")),
 )
 FREE = QColor("#e8e8e8")
@@ -48,6 +48,7 @@ class PlanBar(QWidget):
 
     def set_bars(self, bars: list[DeviceBar]) -> None:
         self.bars = list(bars)
+        self.setVisible(bool(self.bars))  # no model, no forecast: not even the legend
         self.setFixedHeight(self.sizeHint().height())
         self.setToolTip("\n".join(_describe(b) for b in self.bars))
         self.setAccessibleDescription(self.toolTip())
@@ -84,7 +85,7 @@ class PlanBar(QWidget):
             y += ROW_HEIGHT
         # Legend along the bottom.
         x = 1
-        legend = [(name, color) for _, name, color in SEGMENTS] + [("free", FREE), ("over budget", OVER)]
+        legend = [(name, color) for _, name, color in SEGMENTS] + [("free", FREE), ("over", OVER)]
         for name, color in legend:
             painter.fillRect(QRectF(x, y + 4, 10, 10), color)
             painter.setPen(QColor("#444"))

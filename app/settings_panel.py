@@ -286,6 +286,8 @@ class SettingsPanel(QWidget):
             if self.forecast is not None:
                 self._update_context_range()
             self.context.set_tokens(s.context_tokens)
+            # The saved (or default) context may exceed this model's maximum: keep what the box shows.
+            self.settings = replace(s, context_tokens=self.context.tokens)
         finally:
             self._updating = False
 

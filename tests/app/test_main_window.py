@@ -127,8 +127,10 @@ def test_broken_model_folder_shows_an_error_and_the_window_survives(window, qtbo
     window.choose_model(str(broken_model_dir))
     qtbot.waitUntil(lambda: window.error_box is not None, timeout=TIMEOUT_MS)
     assert window.error_box is not None and window.error_box.isVisible()
-    assert "broken-model" in window.error_box.text() or "safetensors" in window.error_box.text()
-    assert panel.model_info.text() == window.error_box.text()
+    assert "broken-model cannot be used" in window.error_box.text()
+    assert "truncated or corrupted" in window.error_box.informativeText()
+    assert panel.model_info.text() == window.error_box.informativeText()
+    assert not panel.plan_bar.isVisible()
     assert not panel.load_button.isEnabled()
     assert window.isVisible()
     assert window.chat.input.toPlainText() == "half-typed thought"

@@ -1,0 +1,76 @@
+"""Open the app and drive it into one state for a screenshot (run under Xvfb by ../shared/tools/screenshot).
+
+Usage: STOWAGE_DATA_DIR=$(mktemp -d) python docs/screenshots/drive.py empty|reply|overflow|error
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from PySide6.QtCore import QTimer  # noqa: E402
+from PySide6.QtWidgets import QApplication  # noqa: E402
+
+from app.main_window import MainWindow  # noqa: E402
+from app.paths import demo_model_dir  # noqa: E402
+from engine.planner import PlanRequest, plan  # noqa: E402
+
+QUESTION = "What does Stowage do when I move the context slider?"
+
+
+def when(condition, then, interval_ms=100):
+    """Call `then` once `condition()` holds, polling from the event loop."""
+    def poll():
+        if condition():
+            then()
+        else:
+            QTimer.singleShot(interval_ms, poll)
+    QTimer.singleShot(interval_ms, poll)
+
+
+def main(state: str) -> None:
+    app = QApplication(sys.argv)
+    window = MainWindow()
+    window.move(0, 0)
+    window.resize(1280, 800)
+    window.show()
+    panel = window.settings_panel
+    planned = lambda: panel.plan is not None  # noqa: E731
+
+    def load_and_ask():
+        panel.context.spin.setValue(2048)
+        panel.temperature.setValue(0.3)
+        panel.seed.setValue(7)
+        window.load()
+        when(lambda: window.loaded_dir is not None, ask)
+
+    def ask():
+        window.chat.input.setPlainText(QUESTION)
+        window.chat.send()
+
+    def overflow():
+        # A RAM limit just above what 1,024 tokens need, then a context twice that: the bar runs over.
+        cost = plan(window.forecast.info, PlanRequest(1024), window.forecast.detected).device("cpu").total_bytes
+        panel.ram_limit.setValue(round(cost / 1024**3 + 0.005, 2))
+        panel.context.spin.setValue(2048)
+
+    def broken():
+        folder = Path(tempfile.mkdtemp()) / "half-downloaded-model"
+        shutil.copytree(demo_model_dir(), folder)
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
+        window.chat.input.setPlainText("A message typed before the error stays here.")
+        panel.select_model_dir(str(folder))
+        window.choose_model(str(folder))
+
+    actions = {"empty": lambda: None, "reply": load_and_ask, "overflow": overflow, "error": broken}
+    when(planned, actions[state])
+    app.exec()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "empty")

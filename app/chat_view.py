@@ -16,6 +16,7 @@ class ChatView(QScrollArea):
     """Shows messages; `edit_submitted(message_id, text)` comes from a user message's Edit."""
 
     edit_submitted = Signal(int, str)
+    reply_rendered = Signal(str)  # the reply's text so far, each time the view redraws it
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -138,6 +139,7 @@ class ChatView(QScrollArea):
         if self.reply is not None:
             self.reply.set_text(self._reply_text)
             self.reply.note.setText("writing…")
+            self.reply_rendered.emit(self._reply_text)
 
     # -- keep the newest text in view unless the user scrolled up to read ----------------------
     def _track_bottom(self, value: int) -> None:

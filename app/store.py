@@ -19,7 +19,7 @@ CREATE TABLE IF NOT EXISTS conversations (
     memory_start_id INTEGER          -- first message still in the model's context; NULL: all of them
 );
 CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: a regenerated reply is a new message
     conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
     role TEXT NOT NULL,
     content TEXT NOT NULL,

@@ -97,3 +97,67 @@ def isolated_user_files(tmp_path, monkeypatch):
     QSettings.setDefaultFormat(QSettings.Format.IniFormat)
     QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, str(tmp_path / "qsettings"))
     return data
+
+
+TIMEOUT_MS = 60_000
+
+
+class AppDriver:
+    """Opens real main windows on a model folder and drives them as a user would."""
+
+    timeout_ms = TIMEOUT_MS
+
+    def __init__(self, qtbot):
+        self.qtbot = qtbot
+        # pytest-qt keeps only a weak reference; a window freed before its close would take a running
+        # engine thread with it, so the driver holds each one until teardown closes it.
+        self.windows = []
+
+    def open(self, model_dir):
+        from app.main_window import MainWindow
+        from app.model_catalog import ModelEntry
+
+        window = MainWindow(models=[ModelEntry(model_dir.name, model_dir, "folder")])
+        self.windows.append(window)
+        self.qtbot.addWidget(window)
+        window.show()
+        return window
+
+    def wait_planned(self, window):
+        self.qtbot.waitUntil(lambda: window.settings_panel.plan is not None, timeout=self.timeout_ms)
+
+    def load(self, window, context_tokens=1024):
+        """Wait for the chosen model's forecast, set the context and greedy sampling, press Load."""
+        from PySide6.QtCore import Qt
+
+        panel = window.settings_panel
+        self.wait_planned(window)
+        panel.context.spin.setValue(context_tokens)
+        panel.temperature.setValue(0.0)  # greedy: the same reply every run
+        panel.seed.setValue(1)
+        self.qtbot.mouseClick(panel.load_button, Qt.MouseButton.LeftButton)
+        # Worker signals reach the window queued; wait for the window's own state, not the raw signal.
+        self.qtbot.waitUntil(lambda: window.loaded_dir is not None, timeout=self.timeout_ms)
+
+    def send(self, window, text):
+        from PySide6.QtCore import Qt
+
+        window.chat.input.setPlainText(text)
+        self.qtbot.keyClick(window.chat.input, Qt.Key.Key_Return)
+
+    def reply(self, window, action):
+        """Run `action` and return the Reply it leads to."""
+        with self.qtbot.waitSignal(window.chat.reply_done, timeout=self.timeout_ms) as blocker:
+            action()
+        return blocker.args[0]
+
+    def close_all(self):
+        while self.windows:
+            self.windows.pop().close()
+
+
+@pytest.fixture
+def app_driver(qtbot):
+    driver = AppDriver(qtbot)
+    yield driver
+    driver.close_all()

@@ -5,60 +5,18 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 
-from app.main_window import MainWindow
-from app.model_catalog import ModelEntry
 from app.stall_probe import StallProbe
 from app.store import ConversationStore
 
-TIMEOUT_MS = 60_000
-
-
-OPEN_WINDOWS = []
-
-
-def open_window(qtbot, model_dir):
-    window = MainWindow(models=[ModelEntry("tiny", model_dir, "folder")])
-    # pytest-qt keeps only a weak reference; a window freed before its close would take a running
-    # engine thread with it, so the module keeps each one until the test's teardown closes it.
-    OPEN_WINDOWS.append(window)
-    qtbot.addWidget(window)
-    window.show()
-    return window
-
-
-@pytest.fixture(autouse=True)
-def close_windows():
-    yield
-    while OPEN_WINDOWS:
-        OPEN_WINDOWS.pop().close()
-
-
-def load(qtbot, window, context_tokens=1024):
-    """Wait for the preselected model's forecast, set the context and sampling, press Load."""
-    panel = window.settings_panel
-    qtbot.waitUntil(lambda: panel.plan is not None, timeout=TIMEOUT_MS)
-    panel.context.spin.setValue(context_tokens)
-    panel.temperature.setValue(0.0)  # greedy: the same reply every run
-    panel.seed.setValue(1)
-    qtbot.mouseClick(panel.load_button, Qt.MouseButton.LeftButton)
-    # Worker signals reach the window queued; wait for the window's own state, not the raw signal.
-    qtbot.waitUntil(lambda: window.loaded_dir is not None, timeout=TIMEOUT_MS)
-    assert window.windowTitle() == f"Stowage — {Path(window.loaded_dir).name}"
-
-
-def send(qtbot, window, text):
-    window.chat.input.setPlainText(text)
-    qtbot.keyClick(window.chat.input, Qt.Key.Key_Return)
-
 
 @pytest.fixture
-def window(qtbot, tiny_model_dir):
-    return open_window(qtbot, tiny_model_dir)
+def window(app_driver, tiny_model_dir):
+    return app_driver.open(tiny_model_dir)
 
 
-def test_first_run_preselects_and_plans_the_first_model(window, qtbot, tiny_model_dir):
+def test_first_run_preselects_and_plans_the_first_model(window, app_driver, tiny_model_dir):
+    app_driver.wait_planned(window)
     panel = window.settings_panel
-    qtbot.waitUntil(lambda: panel.plan is not None, timeout=TIMEOUT_MS)
     assert panel.model_combo.currentData() == str(tiny_model_dir)
     assert panel.plan.fits
     assert "layers on CPU" in window.plan_label.text()
@@ -66,17 +24,16 @@ def test_first_run_preselects_and_plans_the_first_model(window, qtbot, tiny_mode
     assert window.windowTitle() == "Stowage"
 
 
-def test_reply_streams_into_the_view_and_is_stored(window, qtbot):
-    load(qtbot, window)
-    window.settings_panel.max_tokens.setValue(24)
+def test_reply_streams_into_the_view_and_is_stored(window, app_driver):
+    app_driver.load(window)
+    assert window.windowTitle() == f"Stowage — {Path(window.loaded_dir).name}"
+    window.settings_panel.max_tokens.setValue(150)  # long enough to outlast a few redraws
     tokens = []
-    window.client.worker.token.connect(lambda cid, text: tokens.append(text))
-    with qtbot.waitSignal(window.chat.reply_done, timeout=TIMEOUT_MS) as blocker:
-        send(qtbot, window, "Hello there")
-    reply = blocker.args[0]
+    window.chat.view.reply_rendered.connect(lambda text: tokens.append(text))
+    reply = app_driver.reply(window, lambda: app_driver.send(window, "Hello there"))
     assert window.chat.input.toPlainText() == ""
-    assert len(tokens) > 1, "the reply should arrive token by token"
-    assert "".join(tokens) == reply.text
+    assert len(tokens) > 1, "the reply should show up piece by piece while it streams"
+    assert all(reply.text.startswith(t) for t in tokens)
     shown = window.chat.view.widgets[-1]
     assert shown.message.role == "assistant" and shown.text == reply.text
     stored = window.store.messages(window.chat.conversation_id)
@@ -86,47 +43,47 @@ def test_reply_streams_into_the_view_and_is_stored(window, qtbot):
     assert "tokens/s" in window.chat.counter.text()
 
 
-def test_stop_stops_the_reply(window, qtbot):
-    load(qtbot, window)
+def test_stop_stops_the_reply(window, app_driver, qtbot):
+    app_driver.load(window)
     window.settings_panel.max_tokens.setValue(900)
-    first = []
-    window.client.worker.token.connect(lambda cid, text: first.append(text))
-    with qtbot.waitSignal(window.chat.reply_done, timeout=TIMEOUT_MS) as blocker:
-        send(qtbot, window, "Tell me a long story")
-        qtbot.waitUntil(lambda: len(first) >= 3, timeout=TIMEOUT_MS)
+
+    def send_then_stop():
+        app_driver.send(window, "Tell me a long story")
+        qtbot.waitUntil(lambda: len(window.chat.view.reply_text) > 3, timeout=app_driver.timeout_ms)
         assert window.chat.stop_button.isEnabled()
         qtbot.mouseClick(window.chat.stop_button, Qt.MouseButton.LeftButton)
-    reply = blocker.args[0]
+
+    reply = app_driver.reply(window, send_then_stop)
     assert reply.finish_reason == "cancelled"
     assert reply.completion_tokens < 900
     assert window.chat.send_button.isEnabled() and not window.chat.stop_button.isEnabled()
     assert window.store.messages(window.chat.conversation_id)[-1].meta["finish_reason"] == "cancelled"
+    assert "stopped" in window.chat.view.widgets[-1].note.text()
 
 
-def test_conversation_is_in_sqlite_after_close_and_reopen(qtbot, tiny_model_dir):
-    window = open_window(qtbot, tiny_model_dir)
-    load(qtbot, window)
+def test_conversation_is_in_sqlite_after_close_and_reopen(app_driver, tiny_model_dir):
+    window = app_driver.open(tiny_model_dir)
+    app_driver.load(window)
     window.settings_panel.max_tokens.setValue(8)
-    with qtbot.waitSignal(window.chat.reply_done, timeout=TIMEOUT_MS) as blocker:
-        send(qtbot, window, "Remember me")
-    reply_text = blocker.args[0].text
+    reply_text = app_driver.reply(window, lambda: app_driver.send(window, "Remember me")).text
     path = window.store.path
     window.close()
 
     assert [m.content for m in ConversationStore(path).messages(window.chat.conversation_id)] == ["Remember me", reply_text]
-    again = open_window(qtbot, tiny_model_dir)
+    again = app_driver.open(tiny_model_dir)
     assert again.conversations.list.count() == 1
     assert again.conversations.list.currentItem().text() == "Remember me"
     assert [w.text for w in again.chat.view.widgets] == ["Remember me", reply_text]
 
 
-def test_broken_model_folder_shows_an_error_and_the_window_survives(window, qtbot, broken_model_dir, tiny_model_dir):
+def test_broken_model_folder_shows_an_error_and_the_window_survives(window, app_driver, qtbot, broken_model_dir,
+                                                                     tiny_model_dir):
     panel = window.settings_panel
-    qtbot.waitUntil(lambda: panel.plan is not None, timeout=TIMEOUT_MS)
+    app_driver.wait_planned(window)
     window.chat.input.setPlainText("half-typed thought")
     window.choose_model(str(broken_model_dir))
-    qtbot.waitUntil(lambda: window.error_box is not None, timeout=TIMEOUT_MS)
-    assert window.error_box is not None and window.error_box.isVisible()
+    qtbot.waitUntil(lambda: window.error_box is not None, timeout=app_driver.timeout_ms)
+    assert window.error_box.isVisible()
     assert "broken-model cannot be used" in window.error_box.text()
     assert "truncated or corrupted" in window.error_box.informativeText()
     assert panel.model_info.text() == window.error_box.informativeText()
@@ -137,25 +94,24 @@ def test_broken_model_folder_shows_an_error_and_the_window_survives(window, qtbo
     # The app keeps working: the good model still loads.
     window.error_box.close()
     window.choose_model(str(tiny_model_dir))
-    load(qtbot, window)
+    app_driver.load(window)
+    assert window.chat.input.toPlainText() == "half-typed thought"
 
 
-def test_gui_never_stalls_while_loading_and_generating(window, qtbot, record_property):
+def test_gui_never_stalls_while_loading_and_generating(window, app_driver, qtbot, record_property):
     probe = StallProbe(interval_ms=5)
-    panel = window.settings_panel
-    qtbot.waitUntil(lambda: panel.plan is not None, timeout=TIMEOUT_MS)
+    app_driver.wait_planned(window)
     # What the machine itself costs an idle window (other processes share the cores): the budget of
     # 50 ms is for what loading and generating add on top of it.
     probe.start()
     qtbot.wait(1000)
     idle_stall = probe.stop()
     probe.start()
-    load(qtbot, window, context_tokens=2048)
+    app_driver.load(window, context_tokens=2048)
     load_stall = probe.stop()
     window.settings_panel.max_tokens.setValue(200)
     probe.start()
-    with qtbot.waitSignal(window.chat.reply_done, timeout=TIMEOUT_MS):
-        send(qtbot, window, "Write something long")
+    app_driver.reply(window, lambda: app_driver.send(window, "Write something long"))
     generate_stall = probe.stop()
     for name, value in (("idle", idle_stall), ("load", load_stall), ("generate", generate_stall)):
         record_property(f"{name}_stall_ms", round(value * 1000, 1))
@@ -165,13 +121,13 @@ def test_gui_never_stalls_while_loading_and_generating(window, qtbot, record_pro
     assert generate_stall < idle_stall + 0.050
 
 
-def test_unload_frees_the_model(window, qtbot):
-    load(qtbot, window)
+def test_unload_frees_the_model(window, app_driver, qtbot):
+    app_driver.load(window)
     qtbot.mouseClick(window.settings_panel.unload_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: window.loaded_dir is None, timeout=TIMEOUT_MS)
+    qtbot.waitUntil(lambda: window.loaded_dir is None, timeout=app_driver.timeout_ms)
     assert window.client.worker.engine is None
     assert window.windowTitle() == "Stowage"
     assert not window.settings_panel.unload_button.isEnabled()
-    send(qtbot, window, "anyone there?")
+    app_driver.send(window, "anyone there?")
     assert window.chat.error.isVisible() and "No model is loaded" in window.chat.error.text()
     assert window.chat.input.toPlainText() == "anyone there?"  # kept for after the next load

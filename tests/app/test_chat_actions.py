@@ -1,0 +1,71 @@
+"""Regenerate, edit-and-resend, the context overflow policy, and settings kept per model."""
+
+from app.context_policy import DROP_OLDEST
+from app.model_settings import load_model_settings, open_settings
+
+LONG = " ".join(f"memory{i} context{i} tokens{i}" for i in range(30))
+
+
+def test_regenerate_and_edit_and_resend(app_driver, tiny_model_dir):
+    window = app_driver.open(tiny_model_dir)
+    app_driver.load(window)
+    window.settings_panel.max_tokens.setValue(6)
+    window.settings_panel.temperature.setValue(1.0)
+    window.settings_panel.seed.setValue(-1)  # random: a regenerated reply may differ
+    app_driver.reply(window, lambda: app_driver.send(window, "first question"))
+    cid = window.chat.conversation_id
+    before = window.store.messages(cid)
+    app_driver.reply(window, window.chat.regenerate)
+    after = window.store.messages(cid)
+    assert [m.role for m in after] == ["user", "assistant"]
+    assert after[0].id == before[0].id and after[1].id != before[1].id  # the old reply was replaced
+
+    user_widget = window.chat.view.widgets[0]
+    user_widget.start_edit()
+    user_widget.editor.setPlainText("edited question")
+    app_driver.reply(window, user_widget.save_button.click)
+    edited = window.store.messages(cid)
+    assert [(m.role, m.content) for m in edited][0] == ("user", "edited question")
+    assert len(edited) == 2 and edited[1].id != after[1].id
+    assert window.chat.view.widgets[0].text == "edited question"
+
+
+def test_drop_oldest_turns_marks_where_memory_starts(app_driver, tiny_model_dir):
+    window = app_driver.open(tiny_model_dir)
+    panel = window.settings_panel
+    app_driver.wait_planned(window)
+    panel.policy.setCurrentIndex(panel.policy.findData(DROP_OLDEST))
+    app_driver.load(window, context_tokens=512)
+    panel.max_tokens.setValue(4)
+    count = window.client.worker._count_tokens
+    assert count([{"role": "user", "content": LONG}]) > 150  # three of them cannot fit in 512 tokens
+    for _ in range(3):
+        last = app_driver.reply(window, lambda: app_driver.send(window, LONG))
+        assert last.prompt_tokens <= 512
+    cid = window.chat.conversation_id
+    row = window.store.conversation(cid)
+    messages = window.store.messages(cid)
+    assert row.memory_start_id is not None and row.memory_start_id != messages[0].id
+    assert window.chat.view.memory_marker is not None
+    # The line sits right above the first message the model still sees.
+    column = window.chat.view._column
+    marker_at = column.indexOf(window.chat.view.memory_marker)
+    kept = next(w for w in window.chat.view.widgets if w.message.id == row.memory_start_id)
+    assert column.indexOf(kept) == marker_at + 1
+
+
+def test_settings_are_kept_per_model(app_driver, tiny_model_dir):
+    window = app_driver.open(tiny_model_dir)
+    panel = window.settings_panel
+    app_driver.wait_planned(window)
+    panel.temperature.setValue(1.25)
+    panel.context.spin.setValue(1536)
+    panel.system_prompt.setPlainText("Answer in French.")
+    window.close()
+    saved = load_model_settings(open_settings(), tiny_model_dir)
+    assert (saved.temperature, saved.context_tokens, saved.system_prompt) == (1.25, 1536, "Answer in French.")
+    again = app_driver.open(tiny_model_dir)
+    app_driver.wait_planned(again)
+    assert again.settings_panel.temperature.value() == 1.25
+    assert again.settings_panel.context.tokens == 1536
+    assert again.settings_panel.plan.context_tokens == 1536

@@ -7,17 +7,31 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from PySide6.QtWidgets import QApplication
+    from PySide6.QtGui import QIcon, QPixmap
+    from PySide6.QtWidgets import QApplication, QSplashScreen
 
     from . import paths
+
+    app = QApplication.instance() or QApplication(sys.argv if argv is None else [sys.argv[0], *argv])
+    # Importing torch and the engine takes seconds on a cold start: show something at once.
+    splash = QSplashScreen(QPixmap(str(paths.icons_dir() / "stowage-256.png")))
+    splash.showMessage("Starting Stowage…")
+    splash.show()
+    app.processEvents()
+
     from .main_window import MainWindow
     from .stall_probe import StallProbe
 
-    app = QApplication.instance() or QApplication(sys.argv if argv is None else [sys.argv[0], *argv])
     app.setApplicationName(paths.APP_NAME)
     app.setOrganizationName(paths.APP_NAME)
+    app.setDesktopFileName("stowage")  # matches packaging/stowage.desktop, so docks group the window with it
+    icon = QIcon()
+    for png in sorted(paths.icons_dir().glob("stowage-*.png")):
+        icon.addFile(str(png))
+    app.setWindowIcon(icon)
     window = MainWindow()
     window.show()
+    splash.finish(window)
     # STOWAGE_STALL_PROBE=1 prints the longest event-loop stall at exit (the GUI must never freeze).
     probe = None
     if os.environ.get("STOWAGE_STALL_PROBE"):

@@ -32,6 +32,11 @@ def demo_model_dir() -> Path:
     return Path(__file__).resolve().parents[1] / "assets" / "demo-model"
 
 
+def icons_dir() -> Path:
+    """The app icon at several sizes (assets/icons/stowage-NN.png)."""
+    return Path(__file__).resolve().parents[1] / "assets" / "icons"
+
+
 def hf_cache_dir() -> Path:
     """The Hugging Face hub cache, honouring the variables huggingface_hub itself reads."""
     if os.environ.get("HF_HUB_CACHE"):

@@ -98,11 +98,13 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, cau
         out = F.scaled_dot_product_attention(qh.unsqueeze(0), kh.unsqueeze(0), vh.unsqueeze(0), scale=scale)
         return out[0].reshape(num_heads, 1, -1).transpose(0, 1)
     mask = None
-    if causal:
+    if causal and ctx > n:
         # query i sits at position ctx - n + i and sees keys 0 .. ctx - n + i
         mask = torch.ones(n, ctx, dtype=torch.bool, device=q.device).tril(diagonal=ctx - n)
+    # A first chunk (ctx == n) needs no mask tensor: is_causal lets CUDA pick the flash kernel.
     out = F.scaled_dot_product_attention(
-        qh.unsqueeze(0), kh.unsqueeze(0), vh.unsqueeze(0), attn_mask=mask, scale=scale, enable_gqa=group > 1
+        qh.unsqueeze(0), kh.unsqueeze(0), vh.unsqueeze(0), attn_mask=mask, scale=scale,
+        is_causal=causal and ctx == n, enable_gqa=group > 1,
     )
     return out[0].transpose(0, 1)
 

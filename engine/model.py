@@ -39,12 +39,13 @@ class StepInputs:
 class Transformer:
     """Runs one sequence's new tokens through every layer, each on its own device."""
 
-    def __init__(self, config: ModelConfig, head: TensorSet, layers: list[TensorSet], head_device: torch.device):
+    def __init__(self, config: ModelConfig, head: TensorSet, layers: list[TensorSet], head_device: torch.device,
+                 max_positions: int):
         self.config = config
         self.head = head  # embed on head.device; norm and lm_head on head_device
         self.layers = layers
         self.head_device = head_device
-        self.rotary = RotaryTable(config)
+        self.rotary = RotaryTable(config, max_positions)
         self.scale = config.head_dim**-0.5
         self.dtype = layers[0]["q"].dtype if layers else head["embed"].dtype
 

@@ -25,23 +25,21 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:  # [he
 
 
 class RotaryTable:
-    """cos/sin per position, grown on demand, one copy per device and dtype."""
+    """cos/sin for every position the KV cache can hold, built once per device and dtype."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, max_positions: int):
         self.inv_freq = inverse_frequencies(config.rope, config.head_dim)
+        self.max_positions = max_positions
         self._cache: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def get(self, positions: torch.Tensor, device: torch.device, dtype: torch.dtype):
-        """cos, sin: [n, head_dim] for the given positions."""
-        needed = int(positions.max()) + 1
+        """cos, sin: [n, head_dim] for the given positions (all below max_positions)."""
         key = (device, dtype)
-        cos, sin = self._cache.get(key, (None, None))
-        if cos is None or cos.shape[0] < needed:
-            size = max(needed, 2 * (cos.shape[0] if cos is not None else 1024))
-            freqs = torch.outer(torch.arange(size, dtype=torch.float32), self.inv_freq)
+        if key not in self._cache:
+            freqs = torch.outer(torch.arange(self.max_positions, dtype=torch.float32), self.inv_freq)
             emb = torch.cat((freqs, freqs), dim=-1)
-            cos, sin = emb.cos().to(device, dtype), emb.sin().to(device, dtype)
-            self._cache[key] = (cos, sin)
+            self._cache[key] = (emb.cos().to(device, dtype), emb.sin().to(device, dtype))
+        cos, sin = self._cache[key]
         positions = positions.to(device)
         return cos[positions], sin[positions]
 

@@ -80,11 +80,8 @@ def layer_activation_bytes(config: ModelConfig, *, device_type: str, context_tok
 
 
 def rope_rows(context_tokens: int) -> int:
-    """Rows of the rotary cos/sin tables at this context: engine/rope.py grows them from 2048 by doubling."""
-    rows = 2048
-    while rows < context_tokens:
-        rows *= 2
-    return rows
+    """Rows of the rotary cos/sin tables: engine/rope.py builds one row per position the cache holds."""
+    return context_tokens
 
 
 def rope_table_bytes(config: ModelConfig, context_tokens: int, dtype: torch.dtype) -> int:

@@ -68,7 +68,7 @@ def test_cpu_only_and_decimal_sizes(model_dir, capsys):
 
 def test_without_context_plans_the_largest_that_fits(model_dir, capsys):
     status, d = plan_json(capsys, model_dir, "--kv-dtype", "fp16", "--ram-budget", "32GiB", "--gpu-layers", 0)
-    assert status == 0 and d["context_tokens"] == d["max_context_tokens"] == 116_800  # test_planner.py
+    assert status == 0 and d["context_tokens"] == d["max_context_tokens"] == 116_864  # test_planner.py
 
 
 def test_ram_limit_option(model_dir, capsys):

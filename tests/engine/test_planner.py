@@ -127,10 +127,10 @@ def test_no_gpu(info):
     assert cpu.budget_bytes == 32_641_751_450
     assert cpu.total_bytes == 16_060_522_496 + 4 * GiB + CPU_WS == 20_757_863_936
     assert p.fits and p.prefill_chunk == 512 and p.layer_devices == ("cpu",) * 32
-    # max context, in closed form: total(T) = 16,127,352,320 + 140,800 T + 512 R, R = rotary rows
-    # (131,072 here): T <= (32,641,751,450 - 16,194,461,184) / 140,800 = 116,813.1 -> 116,800 (whole blocks)
-    assert max_context(info, REQUEST, budgets) == 116_800
-    assert p.max_context_tokens == 116_800
+    # max context, in closed form: total(T) = 16,127,352,320 + 140,800 T + 512 R, R = rotary rows = T
+    # so T <= (32,641,751,450 - 16,127,352,320) / 141,312 = 116,864.8 -> 116,864 (whole blocks of 16)
+    assert max_context(info, REQUEST, budgets) == 116_864
+    assert p.max_context_tokens == 116_864
 
 
 def test_a_context_that_fits_nowhere(info):
@@ -138,9 +138,9 @@ def test_a_context_that_fits_nowhere(info):
     p = plan(info, REQUEST.with_context(131072), budgets)
     assert not p.fits
     assert "a 131,072-token context needs 16.0 GiB of KV cache (float16)" in p.error
-    assert "the largest context that fits is 116,800 tokens" in p.error
+    assert "the largest context that fits is 116,864 tokens" in p.error
     assert "RAM would hold" in p.error and "32.0 GiB free minus a 1.6 GiB reserve" in p.error
-    with pytest.raises(InsufficientMemoryError, match="largest context that fits is 116,800 tokens"):
+    with pytest.raises(InsufficientMemoryError, match="largest context that fits is 116,864 tokens"):
         check(info, REQUEST.with_context(131072), budgets)
     with pytest.raises(InsufficientMemoryError):
         p.load_options()
@@ -166,8 +166,8 @@ def test_ram_limit_forces_an_error_not_swap(info):
     p = plan(info, REQUEST.with_context(65536), budgets)
     assert not p.fits
     assert "capped by the 20.0 GiB RAM limit" in p.error and "never plans into swap" in p.error
-    # (21,474,836,480 - 16,127,352,320 - 512 * 65,536) / 140,800 = 37,741.0 -> 37,728
-    assert p.max_context_tokens == 37_728
+    # (21,474,836,480 - 16,127,352,320) / (140,800 + 512) = 37,841.9 -> 37,840 (whole blocks of 16)
+    assert p.max_context_tokens == 37_840
 
 
 def test_weights_alone_too_big(info):

@@ -181,7 +181,9 @@ class ChatPanel(QWidget):
         meta = {"finish_reason": reply.finish_reason, "tokens_per_s": round(reply.decode_tokens_per_s, 2),
                 "prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens}
         message = None
-        if reply.text:  # a reply stopped before its first token leaves nothing worth keeping
+        exists = any(row.id == reply.conversation_id for row in self.store.conversations())
+        # Nothing to keep for a reply stopped before its first token, or whose conversation was deleted.
+        if reply.text and exists:
             message_id = self.store.add_message(reply.conversation_id, "assistant", reply.text, meta)
             message = Message(message_id, "assistant", reply.text, meta)
         if reply.conversation_id == self.conversation_id:

@@ -16,12 +16,9 @@ from .weights import TensorSet
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # As Hugging Face: normalise in fp32, cast back, then scale (one fused op when that is exact).
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, weight.shape, weight, eps)
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+    # One fused op (statistics in fp32). Hugging Face rounds to the input dtype before scaling, so
+    # bf16/fp16 results may differ from it in the last bit; fp32 is identical.
+    return F.rms_norm(x, weight.shape, weight, eps)
 
 
 @dataclass
@@ -29,8 +26,8 @@ class StepInputs:
     """What every layer on one device needs for this forward call; built once per device."""
 
     ops: object  # the attention implementation for the device
-    cos: torch.Tensor  # [n, head_dim]
-    sin: torch.Tensor
+    cos: torch.Tensor  # [n, 1, head_dim]
+    sin: torch.Tensor  # [n, 1, head_dim], sign-flipped first half (see rope.py)
     slots: torch.Tensor  # [n]
     block_table: torch.Tensor  # [num_blocks] int32
     context_lens: torch.Tensor  # [1] int32, decode only

@@ -20,6 +20,7 @@ import platform
 import random
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
@@ -28,12 +29,19 @@ sys.path.insert(0, str(HERE.parents[1]))  # run from a checkout without installi
 from bench import common  # noqa: E402
 
 CONTEXT_TOKENS = 4096
-PROMPT_TOKENS = 512
-DECODE_TOKENS = 128
-HISTORY_TOKENS = 2000
-TURN1_TOKENS = 16
-TURN2_NEW_TOKENS = 20
 MiB = 1024**2
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompt_tokens: int = 512
+    decode_tokens: int = 128
+    history_tokens: int = 2000
+    turn1_tokens: int = 16
+    turn2_new_tokens: int = 20
+
+
+QUICK = Workload(prompt_tokens=64, decode_tokens=8, history_tokens=200, turn1_tokens=4, turn2_new_tokens=8)
 
 
 def token_ids(n: int, stream: int) -> list[int]:
@@ -42,11 +50,13 @@ def token_ids(n: int, stream: int) -> list[int]:
     return [rng.randrange(10, common.SMOLLM2_360M["vocab_size"]) for _ in range(n)]
 
 
-PROMPT, HISTORY, TURN2_NEW = (lambda: token_ids(PROMPT_TOKENS, 1)), (lambda: token_ids(HISTORY_TOKENS, 2)), (lambda: token_ids(TURN2_NEW_TOKENS, 3))
+def prompts(w: Workload) -> tuple[list[int], list[int], list[int]]:
+    """The prefill/decode prompt, the turn-1 history and turn 2's new tokens."""
+    return token_ids(w.prompt_tokens, 1), token_ids(w.history_tokens, 2), token_ids(w.turn2_new_tokens, 3)
 
 
 # -- workers: each runs in its own process and returns a flat dict of figures -------------------
-def work_stowage(model_dir: Path, threads: int) -> dict:
+def work_stowage(model_dir: Path, threads: int, w: Workload) -> dict:
     t = time.perf_counter()
     import torch
 
@@ -61,7 +71,9 @@ def work_stowage(model_dir: Path, threads: int) -> dict:
     engine = Engine.load(model_dir, LoadOptions(context_tokens=CONTEXT_TOKENS))
     r["load_s"] = time.perf_counter() - t
     r["private_load_mib"] = anonymous_bytes() / MiB
-    r["private_growth_mib"] = (anonymous_bytes() - anon) / MiB
+    kv_bytes = sum(d["kv_cache"] for d in engine.memory_report().values())
+    r["kv_cache_mib"] = kv_bytes / MiB
+    r["private_growth_mib"] = (anonymous_bytes() - anon - kv_bytes) / MiB  # the KV cache is not a weight copy
     engine.eos_ids = set()  # random weights: never stop early
 
     def generate(conv, ids, max_tokens):
@@ -72,15 +84,15 @@ def work_stowage(model_dir: Path, threads: int) -> dict:
     engine.release(conv)
 
     conv = engine.new_conversation()
-    res = generate(conv, PROMPT(), DECODE_TOKENS)
-    assert len(res.token_ids) == DECODE_TOKENS, res.finish_reason
+    prompt, history, new = prompts(w)
+    res = generate(conv, prompt, w.decode_tokens)
+    assert len(res.token_ids) == w.decode_tokens, res.finish_reason
     r["prefill_tok_s"], r["decode_tok_s"] = res.prefill_tokens_per_s, res.decode_tokens_per_s
     engine.release(conv)
 
     conv = engine.new_conversation()
-    history = HISTORY()
-    turn1 = generate(conv, history, TURN1_TOKENS)
-    prompt2 = history + turn1.token_ids + TURN2_NEW()
+    turn1 = generate(conv, history, w.turn1_tokens)
+    prompt2 = history + turn1.token_ids + new
     turn2 = generate(conv, prompt2, 1)
     r["ttft2_s"], r["turn2_prefilled"], r["turn2_reused"] = turn2.first_token_seconds, turn2.prefilled_tokens, turn2.reused_tokens
     engine.release(conv)
@@ -109,7 +121,7 @@ class _Clock:
         pass
 
 
-def work_transformers(model_dir: Path, threads: int) -> dict:
+def work_transformers(model_dir: Path, threads: int, w: Workload) -> dict:
     t = time.perf_counter()
     import torch
     import transformers
@@ -133,21 +145,21 @@ def work_transformers(model_dir: Path, threads: int) -> dict:
     with torch.inference_mode():
         model.generate(ids(token_ids(64, 9)), min_new_tokens=4, max_new_tokens=4, **greedy)  # warm-up
 
-        prompt = ids(PROMPT())
+        prompt, history, new = prompts(w)
+        prompt = ids(prompt)
         t = time.perf_counter()
         model(input_ids=prompt, use_cache=True)
-        r["prefill_tok_s"] = PROMPT_TOKENS / (time.perf_counter() - t)
+        r["prefill_tok_s"] = w.prompt_tokens / (time.perf_counter() - t)
 
         clock = _Clock()
-        out = model.generate(prompt, min_new_tokens=DECODE_TOKENS, max_new_tokens=DECODE_TOKENS, streamer=clock, **greedy)
-        assert out.shape[1] == PROMPT_TOKENS + DECODE_TOKENS
+        out = model.generate(prompt, min_new_tokens=w.decode_tokens, max_new_tokens=w.decode_tokens, streamer=clock, **greedy)
+        assert out.shape[1] == w.prompt_tokens + w.decode_tokens
         r["decode_tok_s"] = (len(clock.times) - 1) / (clock.times[-1] - clock.times[0])
 
-        history = HISTORY()
         cache = DynamicCache(config=model.config)
-        out = model.generate(ids(history), past_key_values=cache, min_new_tokens=TURN1_TOKENS,
-                             max_new_tokens=TURN1_TOKENS, return_dict_in_generate=True, **greedy)
-        prompt2 = history + out.sequences[0, HISTORY_TOKENS:].tolist() + TURN2_NEW()
+        out = model.generate(ids(history), past_key_values=cache, min_new_tokens=w.turn1_tokens,
+                             max_new_tokens=w.turn1_tokens, return_dict_in_generate=True, **greedy)
+        prompt2 = history + out.sequences[0, w.history_tokens:].tolist() + new
         cached = out.past_key_values.get_seq_length()
         t = time.perf_counter()
         turn2 = model.generate(ids(prompt2), past_key_values=out.past_key_values, max_new_tokens=1, **greedy)
@@ -161,7 +173,7 @@ def work_transformers(model_dir: Path, threads: int) -> dict:
     return r
 
 
-def work_llama_cpp(gguf_path: Path, threads: int) -> dict:
+def work_llama_cpp(gguf_path: Path, threads: int, w: Workload) -> dict:
     t = time.perf_counter()
     import llama_cpp
 
@@ -189,13 +201,13 @@ def work_llama_cpp(gguf_path: Path, threads: int) -> dict:
         return start, times, tokens
 
     generate(token_ids(64, 9), 4, True)  # warm-up
-    start, times, _ = generate(PROMPT(), DECODE_TOKENS, True)
-    r["prefill_tok_s"] = PROMPT_TOKENS / (times[0] - start)
+    prompt, history, new = prompts(w)
+    start, times, _ = generate(prompt, w.decode_tokens, True)
+    r["prefill_tok_s"] = w.prompt_tokens / (times[0] - start)
     r["decode_tok_s"] = (len(times) - 1) / (times[-1] - times[0])
 
-    history = HISTORY()
-    _, _, turn1 = generate(history, TURN1_TOKENS, True)
-    prompt2 = history + turn1 + TURN2_NEW()
+    _, _, turn1 = generate(history, w.turn1_tokens, True)
+    prompt2 = history + turn1 + new
     # generate() fed turn1[:-1] back; the last sampled token is not in the cache yet, as in Stowage
     cached = llm.n_tokens
     start, times, tok2 = generate(prompt2, 1, False)
@@ -316,7 +328,7 @@ def fmt(x, digits=2):
     return f"{x:,}"
 
 
-def table(res: dict, bw: dict, weight_bytes: int, runtime_mib: float, has_llama: bool) -> str:
+def table(res: dict, bw: dict, weight_bytes: int, runtime_mib: float, has_llama: bool, w: Workload) -> str:
     """The markdown table: one row per figure, one column per backend, ratios and targets."""
     s, h, l = res["stowage"], res.get("transformers", {}), res.get("llama_cpp", {})
     roofline = bw["bandwidth_gbps"] * 1e9 / weight_bytes
@@ -348,8 +360,8 @@ def table(res: dict, bw: dict, weight_bytes: int, runtime_mib: float, has_llama:
         ("private MiB growth in load", "private_growth_mib", 0, "< 10% of weights "
          f"({weight_bytes / MiB / 10:,.0f} MiB)", met(s["private_growth_mib"] < weight_bytes / MiB / 10)),
         ("private MiB at end", "private_end_mib", 0, "", ""),
-        ("prefill tok/s (512)", "prefill_tok_s", 1, "≥ 1.0x transformers", met(cmp(rs("prefill_tok_s"), o.ge, 1.0))),
-        ("decode tok/s (128)", "decode_tok_s", 1, "≥ 2.5x transformers, ≥ 0.8x llama.cpp",
+        (f"prefill tok/s ({w.prompt_tokens})", "prefill_tok_s", 1, "≥ 1.0x transformers", met(cmp(rs("prefill_tok_s"), o.ge, 1.0))),
+        (f"decode tok/s ({w.decode_tokens})", "decode_tok_s", 1, "≥ 2.5x transformers, ≥ 0.8x llama.cpp",
          met(both(cmp(rs("decode_tok_s"), o.ge, 2.5), *([cmp(rl("decode_tok_s"), o.ge, 0.8)] if has_llama else [])))),
         ("decode / roofline", "roofline_frac", 2, "", ""),
         ("turn-2 TTFT s", "ttft2_s", 3, f"≥ 10x below re-prefill ({s_speedup:,.0f}x)", met(s_speedup >= 10)),
@@ -383,21 +395,27 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch / llama.cpp threads")
     ap.add_argument("--llama-cpp", action="store_true", help="also run llama.cpp (llama-cpp-python) on a bf16 GGUF")
     ap.add_argument("--no-transformers", action="store_true", help="skip transformers (quick Stowage-only runs)")
+    ap.add_argument("--quick", action="store_true", help=f"a smoke run with tiny prompts ({QUICK}); never written to the docs")
     ap.add_argument("--write-docs", action="store_true", help="write the table into docs/benchmarks.md")
+    ap.add_argument("--workload", help=argparse.SUPPRESS)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     if args.worker:  # inside a fresh process
-        work = {"stowage": lambda: work_stowage(args.model, args.threads),
-                "transformers": lambda: work_transformers(args.model, args.threads),
-                "llama_cpp": lambda: work_llama_cpp(args.model, args.threads),
+        w = Workload(**json.loads(args.workload)) if args.workload else Workload()
+        work = {"stowage": lambda: work_stowage(args.model, args.threads, w),
+                "transformers": lambda: work_transformers(args.model, args.threads, w),
+                "llama_cpp": lambda: work_llama_cpp(args.model, args.threads, w),
                 "bandwidth": lambda: work_bandwidth(args.threads),
                 "runtime": lambda: work_runtime(args.threads)}[args.worker]
         args.result.write_text(json.dumps(work()))
         return
 
+    if args.quick and args.write_docs:
+        ap.error("--quick runs are smoke tests: they are not written to the docs")
+    workload = QUICK if args.quick else Workload()
     started, load_before = time.perf_counter(), common.load_average()
     args.workdir.mkdir(parents=True, exist_ok=True)
     model_dir = common.build_model(args.workdir)
@@ -416,7 +434,7 @@ def main(argv=None) -> None:
             backends["llama_cpp"] = convert_gguf(model_dir)
 
     def worker(name, model=None):
-        extra = ["--model", str(model)] if model else []
+        extra = ["--model", str(model), "--workload", json.dumps(asdict(workload))] if model else []
         return common.run_worker(HERE, ["--worker", name, "--threads", str(args.threads), *extra], threads=args.threads)
 
     runtime = worker("runtime")["runtime_rss_mib"]
@@ -432,7 +450,7 @@ def main(argv=None) -> None:
                   file=sys.stderr, flush=True)
     res = {name: common.medians(r) for name, r in runs.items()}
     wbytes = common.weight_bytes(model_dir)
-    body = table(res, bw, wbytes, runtime, "llama_cpp" in res)
+    body = table(res, bw, wbytes, runtime, "llama_cpp" in res, workload)
 
     import torch
 

@@ -1,15 +1,10 @@
-"""The Triton attention ops, with the reference's signatures: what `attention_ops("cuda")` returns.
-
-Prefill stays on `scaled_dot_product_attention` over the gathered blocks (docs/kernels.md says
-why): a chunk of hundreds of queries amortises the gather, and SDPA's fused kernels are fast.
-"""
+"""The Triton attention ops, with the reference's signatures: what `attention_ops("cuda")` returns."""
 
 from __future__ import annotations
 
 import torch
 
-from . import reference, triton_decode, triton_write
-from .reference import prefill_attention
+from . import reference, triton_decode, triton_prefill, triton_write
 
 __all__ = ["write_kv", "decode_attention", "prefill_attention"]
 
@@ -24,6 +19,12 @@ def decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale,
     """One new query token per sequence attends to its whole cached context (Triton)."""
     ops = reference if _fp8_unsupported(k_cache) else triton_decode
     return ops.decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale)
+
+
+def prefill_attention(query, k_cache, v_cache, block_table, start_pos, scale, k_scale=1.0, v_scale=1.0):
+    """A chunk of new tokens (their K/V already written) attends causally to the cache (Triton)."""
+    ops = reference if _fp8_unsupported(k_cache) else triton_prefill
+    return ops.prefill_attention(query, k_cache, v_cache, block_table, start_pos, scale, k_scale, v_scale)
 
 
 def _fp8_unsupported(cache: torch.Tensor) -> bool:

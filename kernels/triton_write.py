@@ -105,6 +105,10 @@ def write_kv(
     is_fp8 = k_cache.dtype.itemsize == 1
     if is_fp8:
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    elif key.dtype != k_cache.dtype:
+        # Narrow the few new rows in torch (round to nearest even everywhere): the interpreter's
+        # float32 -> bfloat16 cast truncates, so an in-kernel cast could not be checked on the CPU.
+        key, value = key.to(k_cache.dtype), value.to(v_cache.dtype)
     _write_kv_kernel[(num_tokens,)](
         key,
         value,

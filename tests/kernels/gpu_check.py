@@ -14,7 +14,7 @@ os.environ.pop("TRITON_INTERPRET", None)
 import torch  # noqa: E402
 from paged_cases import TOLERANCE, make_paged, random_query  # noqa: E402
 
-from kernels import reference, triton_attention, triton_decode, triton_write  # noqa: E402
+from kernels import reference, triton_attention, triton_decode, triton_prefill, triton_write  # noqa: E402
 
 
 def _cuda(paged):
@@ -31,6 +31,18 @@ def check_decode(lens, *, block_size, num_heads, num_kv_heads, head_dim, cache_d
             paged.k_scale, paged.v_scale)
     want = reference.decode_attention(*args).float()
     got = triton_decode.decode_attention(*args, num_splits=num_splits).float()
+    err = (got - want).abs().max().item()
+    return err <= TOLERANCE[cache_dtype] and bool(torch.isfinite(got).all()), err
+
+
+def check_prefill(start_pos, num_new, *, block_size, num_heads, num_kv_heads, head_dim, cache_dtype):
+    paged = _cuda(make_paged([50, start_pos + num_new], block_size=block_size, num_kv_heads=num_kv_heads,
+                             head_dim=head_dim, cache_dtype=cache_dtype, k_scale=0.5, v_scale=0.25))
+    query = random_query(num_new, num_heads, head_dim, cache_dtype).cuda()
+    args = (query, paged.k_cache, paged.v_cache, paged.block_tables[1], start_pos, head_dim**-0.5,
+            paged.k_scale, paged.v_scale)
+    want = reference.prefill_attention(*args).float()
+    got = triton_prefill.prefill_attention(*args).float()
     err = (got - want).abs().max().item()
     return err <= TOLERANCE[cache_dtype] and bool(torch.isfinite(got).all()), err
 
@@ -68,6 +80,11 @@ def main() -> int:
                                                    num_kv_heads=8, head_dim=head_dim, cache_dtype=dt,
                                                    num_splits=None, scales=(0.5, 0.25))))
                 results.append((f"write {dt} d={head_dim} bs={block_size}", check_write(dt, head_dim, block_size)))
+                name = f"prefill {dt} d={head_dim} bs={block_size}"
+                results.append((name, check_prefill(333, 517, block_size=block_size, num_heads=28, num_kv_heads=4,
+                                                    head_dim=head_dim, cache_dtype=dt)))
+        results.append((f"prefill {dt} first chunk", check_prefill(0, 512, block_size=16, num_heads=32,
+                                                                   num_kv_heads=8, head_dim=128, cache_dtype=dt)))
         for splits in (1, 7, None):
             name = f"decode 32k {dt} splits={splits}"
             results.append((name, check_decode([32768, 5], block_size=16, num_heads=28, num_kv_heads=4,

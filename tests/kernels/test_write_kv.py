@@ -21,7 +21,8 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize(
     "cache_dtype,src_dtype",
     [(torch.float32, torch.float32), (torch.float16, torch.float16), (torch.bfloat16, torch.bfloat16),
-     (torch.float16, torch.float32), (torch.float8_e4m3fn, torch.float16), (torch.float8_e4m3fn, torch.bfloat16)],
+     (torch.float16, torch.float32), (torch.bfloat16, torch.float32), (torch.float8_e4m3fn, torch.float32),
+     (torch.float8_e4m3fn, torch.float16), (torch.float8_e4m3fn, torch.bfloat16)],
 )
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_matches_reference(cache_dtype, src_dtype, block_size):

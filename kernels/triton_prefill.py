@@ -1,0 +1,162 @@
+"""Triton prefill attention over a paged cache: a chunk of new tokens, causal, GQA, no gather copy.
+
+The chunk's K/V are already in the cache (write_kv runs first), so the chunk and the earlier
+context are one key range read through the block table. One program owns BLOCK_M query tokens of
+one KV head and the group of query heads sharing it, folded into the rows of one tile
+(row = token * G_PAD + head-in-group), so each K/V tile is loaded once for the whole group.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_decode import INTERPRET, LOG2E
+from .triton_write import _check_inner_contiguous, _unit_stride
+
+ROWS = 64  # query rows (tokens x group heads) per program
+TILE_N = 64  # keys per inner step
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    table_ptr,
+    out_ptr,
+    qk_scale,  # softmax scale * k_scale * log2(e)
+    v_scale,
+    num_new,
+    start_pos,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    GROUP: tl.constexpr,
+    G_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    m_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    r = tl.arange(0, BLOCK_M * G_PAD)
+    tok = m_block * BLOCK_M + r // G_PAD  # index in the chunk
+    g = r % G_PAD
+    heads = kv_head * GROUP + g
+    row_ok = (tok < num_new) & (g < GROUP)
+    d = tl.arange(0, D_PAD)
+    d_ok = d < HEAD_DIM
+    rd_mask = row_ok[:, None] & d_ok[None, :]
+    q = tl.load(q_ptr + tok[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=rd_mask, other=0.0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    pos = start_pos + tok  # [ROWS] absolute position of each row's token
+
+    m_i = tl.full([BLOCK_M * G_PAD], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M * G_PAD], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M * G_PAD, D_PAD], dtype=tl.float32)
+    # Keys past this program's last token are masked for every row: stop there (causal).
+    end = tl.minimum(start_pos + num_new, start_pos + (m_block + 1) * BLOCK_M)
+    for t0 in range(0, end, TILE):
+        t = t0 + tl.arange(0, TILE)
+        t_ok = t < end
+        blk = tl.load(table_ptr + t // BLOCK_SIZE, mask=t_ok, other=0).to(tl.int64)
+        off = t % BLOCK_SIZE
+        td_mask = t_ok[:, None] & d_ok[None, :]
+        k = tl.load(
+            k_cache_ptr + blk[:, None] * stride_kb + off[:, None] * stride_kt + kv_head * stride_kh + d[None, :],
+            mask=td_mask,
+            other=0.0,
+        )  # [TILE, D_PAD]
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale  # [ROWS, TILE]
+        s = tl.where(t_ok[None, :] & (t[None, :] <= pos[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # Rows whose every key so far is masked keep m = -inf; subtracting a finite stand-in keeps
+        # exp2 from producing NaN (-inf - -inf) for them.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            v_cache_ptr + blk[:, None] * stride_vb + off[:, None] * stride_vt + kv_head * stride_vh + d[None, :],
+            mask=td_mask,
+            other=0.0,
+        )  # [TILE, D_PAD]
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None] * v_scale
+    dst = out_ptr + tok[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
+    tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=rd_mask)
+
+
+def prefill_attention(
+    query: torch.Tensor,  # [num_new, num_heads, head_dim], positions start_pos .. start_pos+num_new-1
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,  # [max_blocks] int32 of this one sequence
+    start_pos: int,
+    scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> torch.Tensor:  # [num_new, num_heads, head_dim]
+    """A chunk of new tokens (their K/V already written) attends causally to the cache (Triton)."""
+    num_new, num_heads, head_dim = query.shape
+    num_kv_heads = k_cache.shape[2]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads cannot share {num_kv_heads} KV heads evenly")
+    query, block_table = _unit_stride(query), block_table.contiguous()
+    _check_inner_contiguous(k_cache, v_cache)
+    if k_cache.dtype.itemsize != 1:  # as in the reference, scales apply to fp8 caches only
+        k_scale = v_scale = 1.0
+    out = torch.empty_like(query)
+    if num_new == 0:
+        return out
+    group = num_heads // num_kv_heads
+    g_pad = triton.next_power_of_2(group)
+    block_m = max(1, ROWS // g_pad)
+    dot_fp32 = query.dtype == torch.float32 or (INTERPRET and query.dtype == torch.bfloat16)
+    _prefill_kernel[(triton.cdiv(num_new, block_m), num_kv_heads)](
+        query,
+        k_cache,
+        v_cache,
+        block_table,
+        out,
+        float(scale) * float(k_scale) * LOG2E,
+        float(v_scale),
+        num_new,
+        int(start_pos),
+        query.stride(0),
+        query.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=head_dim,
+        D_PAD=max(16, triton.next_power_of_2(head_dim)),
+        GROUP=group,
+        G_PAD=g_pad,
+        BLOCK_M=block_m,
+        BLOCK_SIZE=k_cache.shape[1],
+        TILE=TILE_N,
+        DOT_FP32=dot_fp32,
+        DOT_PRECISION="ieee" if dot_fp32 else "tf32",
+    )
+    return out

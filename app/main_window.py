@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt, QTimer
@@ -37,6 +38,11 @@ class MainWindow(QMainWindow):
         self.forecast: Forecast | None = None
         self.error_box: QMessageBox | None = None
         self._closed = False
+        self._unsaved = None  # (model_dir, ModelSettings) waiting for the save timer
+        self._save_timer = QTimer(self)
+        self._save_timer.setSingleShot(True)
+        self._save_timer.setInterval(1000)
+        self._save_timer.timeout.connect(self._save_settings)
 
         self.conversations = ConversationList(self.store)
         self.chat = ChatPanel(self.store, self.client)
@@ -104,6 +110,11 @@ class MainWindow(QMainWindow):
         if start_model:
             panel.select_model_dir(start_model)
             QTimer.singleShot(0, lambda: self.choose_model(start_model))
+        # torch, Qt and pyqtgraph leave ~200,000 long-lived objects; a full garbage collection walks them
+        # all (~100-250 ms) while holding the GIL, in whichever thread happens to allocate, and froze the
+        # window during loads. Frozen, they are never walked again.
+        gc.collect()
+        gc.freeze()
 
     # -- choosing and inspecting a model ----------------------------------------------------------
     def choose_model(self, model_dir: str) -> None:
@@ -115,6 +126,7 @@ class MainWindow(QMainWindow):
     def _inspected(self, model_dir: str, info, budgets) -> None:
         if model_dir != self.model_dir:
             return  # the user already chose another
+        self._save_settings()  # the previous model's last changes, before its settings leave the panel
         self.forecast = Forecast(info, budgets)
         settings = load_model_settings(self.qsettings, Path(model_dir))
         self.chat.settings = settings
@@ -131,7 +143,13 @@ class MainWindow(QMainWindow):
     def _settings_changed(self, settings) -> None:
         self.chat.settings = settings
         if self.model_dir:
-            save_model_settings(self.qsettings, Path(self.model_dir), settings)
+            self._unsaved = (Path(self.model_dir), settings)
+            self._save_timer.start()  # writing the INI file costs ~20 ms: once after a burst, not per move
+
+    def _save_settings(self) -> None:
+        if self._unsaved is not None:
+            save_model_settings(self.qsettings, *self._unsaved)
+            self._unsaved = None
 
     def _plan_changed(self, plan) -> None:
         if plan is None:
@@ -213,6 +231,7 @@ class MainWindow(QMainWindow):
         if self._closed:  # a second close (tests, or the OS) has nothing left to free
             return super().closeEvent(event)
         self._closed = True
+        self._save_settings()
         s = self.qsettings
         s.setValue("window/geometry", self.saveGeometry())
         s.setValue("window/main", self.main.saveState())
@@ -222,6 +241,7 @@ class MainWindow(QMainWindow):
         self.graph.timer.stop()
         self.client.shutdown()
         self.store.close()
+        gc.unfreeze()  # let exit clean up normally (extension modules report leaks otherwise)
         super().closeEvent(event)
 
 

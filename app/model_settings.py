@@ -82,7 +82,6 @@ def save_model_settings(settings: QSettings, model_dir: Path, model_settings: Mo
         # INI files lose None; an empty string stands for "not set".
         settings.setValue(name, "" if value is None else value)
     settings.endGroup()
-    settings.sync()
 
 
 _INT_OR_NONE = {"gpu_layers", "seed"}

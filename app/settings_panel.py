@@ -6,7 +6,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -138,6 +138,10 @@ class SettingsPanel(QWidget):
         self.progress_widget.setLayout(progress_row)
         progress_row.setContentsMargins(0, 0, 0, 0)
         self.progress_widget.hide()
+        self._progress: tuple[float, str] | None = None
+        self._progress_timer = QTimer(self)
+        self._progress_timer.setInterval(100)
+        self._progress_timer.timeout.connect(self._draw_progress)
 
         # -- sampling -------------------------------------------------------------------------
         self.temperature = _double(0.0, 2.0, 0.05, 2)
@@ -349,12 +353,28 @@ class SettingsPanel(QWidget):
 
     # -- loading state --------------------------------------------------------------------------
     def show_loading(self, fraction: float, message: str) -> None:
-        self.progress_widget.show()
-        self.progress.setValue(int(fraction * 1000))
+        """Progress from the engine; drawn at most every 100 ms.
+
+        QProgressBar.setValue repaints synchronously (~7 ms here), and a load reports once per layer.
+        """
+        self._progress = (fraction, message)
+        if not self.progress_widget.isVisible():
+            self.progress_widget.show()
+            self.load_button.setEnabled(False)
+            self.load_status.setStyleSheet("")
+            self.load_status.clear()
+        if not self._progress_timer.isActive():
+            self._draw_progress()
+            self._progress_timer.start()
+
+    def _draw_progress(self) -> None:
+        if self._progress is None or not self.progress_widget.isVisible():
+            self._progress_timer.stop()
+            return
+        fraction, message = self._progress
+        self._progress = None
         self.progress.setFormat(f"{message} — %p%")
-        self.load_button.setEnabled(False)
-        self.load_status.setStyleSheet("")
-        self.load_status.clear()
+        self.progress.setValue(int(fraction * 1000))
 
     def show_loaded(self, text: str) -> None:
         self.progress_widget.hide()

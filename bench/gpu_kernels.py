@@ -1,5 +1,7 @@
 """Decode attention on a GPU: Triton paged kernel vs the torch reference vs SDPA on a contiguous cache.
 
+Then prefill of one 512-token chunk at the same context lengths: Triton vs the reference.
+
     python bench/gpu_kernels.py [--dtype fp16 fp8] [--peak-tbps 4.8] [--tile 64]
 
 Per layer, one decode step: batch 1 and 16 at 1k, 8k and 32k tokens, a Llama-3-8B-shaped layer
@@ -86,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peak-tbps", type=float, default=None, help="the device's peak memory bandwidth, TB/s")
     parser.add_argument("--tile", type=int, default=None, help="tokens per inner step of the Triton kernel")
     parser.add_argument("--no-reference", action="store_true", help="skip the (slow) torch reference")
+    parser.add_argument("--no-prefill", action="store_true", help="time decode only")
     args = parser.parse_args(argv)
 
     if not torch.cuda.is_available():
@@ -150,7 +153,41 @@ def main(argv: list[str] | None = None) -> int:
                       f"{t_ref * 1e6:>8.1f} | {err:>7.1e}")
                 del query, k_cache, v_cache, k, v
                 torch.cuda.empty_cache()
+    if not args.no_prefill:
+        bench_prefill(args, triton.testing.do_bench, reference, triton_attention)
     return 0
+
+
+def bench_prefill(args, do_bench, reference, triton_attention) -> None:
+    """A 512-token chunk after 0 and after num_tokens - 512 cached tokens: Triton vs gather + SDPA."""
+    chunk = 512
+    print(f"\nprefill, one sequence, chunk {chunk} (TFLOP/s counts the causal half of QK^T and PV)")
+    header = f"{'cache':>5} {'context':>7} | {'triton us':>9} {'TFLOP/s':>7} | {'ref us':>8} {'TFLOP/s':>7} | {'max err':>7}"
+    print(header)
+    print("-" * len(header))
+    scale = args.head_dim**-0.5
+    for dtype_name in args.dtype:
+        cache_dtype = CACHE_DTYPES[dtype_name]
+        if cache_dtype == torch.float8_e4m3fn and torch.cuda.get_device_capability() < (8, 9):
+            continue
+        for num_tokens in sorted({chunk, *args.tokens}):
+            _, k_cache, v_cache, tables, _, _, _ = make_inputs(
+                1, num_tokens, num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
+                head_dim=args.head_dim, block_size=args.block_size, cache_dtype=cache_dtype)
+            act = torch.bfloat16 if cache_dtype == torch.bfloat16 else torch.float16
+            query = torch.randn(chunk, args.num_heads, args.head_dim, device="cuda").to(act)
+            start = num_tokens - chunk
+            call = (query, k_cache, v_cache, tables[0], start, scale)
+            err = (triton_attention.prefill_attention(*call).float() - reference.prefill_attention(*call).float())
+            t_triton = do_bench(lambda: triton_attention.prefill_attention(*call), return_mode="median") * 1e-3
+            t_ref = do_bench(lambda: reference.prefill_attention(*call), return_mode="median") * 1e-3
+            # each query attends to start + its index + 1 keys; 2 matmuls of 2 flops per multiply-add
+            keys = chunk * start + chunk * (chunk + 1) / 2
+            flops = 4 * args.num_heads * args.head_dim * keys
+            print(f"{dtype_name:>5} {num_tokens:>7} | {t_triton * 1e6:>9.1f} {flops / t_triton / 1e12:>7.1f} | "
+                  f"{t_ref * 1e6:>8.1f} {flops / t_ref / 1e12:>7.1f} | {err.abs().max().item():>7.1e}")
+            del k_cache, v_cache
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

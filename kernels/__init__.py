@@ -6,6 +6,7 @@ a test can set TRITON_INTERPRET before any kernel is decorated.
 
 from __future__ import annotations
 
+import functools
 import os
 from types import ModuleType
 
@@ -21,17 +22,19 @@ def attention_ops(device: torch.device | str) -> ModuleType:
     device = torch.device(device)
     if device.type != "cuda" or os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
         return reference
+    return _cuda_ops(device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_ops(index: int | None) -> ModuleType:
+    # Cached per GPU: the engine asks once per layer per token.
     if not torch.cuda.is_available():  # no CUDA tensor can exist; nothing to accelerate
         return reference
     try:
         from . import triton_attention
     except ImportError:  # triton is an optional extra; the reference is correct, only slower
         return reference
-    if not _gpu_can_run_triton(device):
+    # Triton's CUDA backend wants compute capability 7.5 or newer (Turing on).
+    if torch.cuda.get_device_capability(index) < (7, 5):
         return reference
     return triton_attention
-
-
-def _gpu_can_run_triton(device: torch.device) -> bool:
-    # Triton's CUDA backend wants compute capability 7.5 or newer (Turing on).
-    return torch.cuda.get_device_capability(device) >= (7, 5)

@@ -9,6 +9,7 @@ second, tiny kernel merges. See docs/kernels.md.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -189,7 +190,7 @@ def decode_attention(
     # An upper bound on the context from the table's width: reading context_lens would cost a sync.
     max_ctx = block_tables.shape[1] * block_size
     if num_splits is None:
-        num_sms = torch.cuda.get_device_properties(query.device).multi_processor_count if query.is_cuda else 1
+        num_sms = _num_sms(query.device.index) if query.is_cuda else 1
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_ctx, num_sms)
     split_tokens = _round_up(max(1, math.ceil(max_ctx / num_splits)), TILE_TOKENS)
     num_splits = math.ceil(max_ctx / split_tokens)  # rounding up may leave trailing splits empty
@@ -273,6 +274,12 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_ctx: int, num_sms: i
         return 1
     wanted = math.ceil(2 * num_sms / (num_seqs * num_kv_heads))
     return max(1, min(wanted, max_ctx // MIN_SPLIT_TOKENS, MAX_SPLITS))
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int | None) -> int:
+    # Cached: decode asks once per layer per token.
+    return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()).multi_processor_count
 
 
 def _round_up(x: int, multiple: int) -> int:

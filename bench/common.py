@@ -109,6 +109,78 @@ def weight_bytes(model_dir: Path) -> int:
     return total
 
 
+# -- conversion to GGUF for llama.cpp -----------------------------------------------------------
+def convert_gguf(model_dir: Path) -> Path:
+    """The same weights as a bf16 GGUF (llama.cpp's layout: Q/K rows permuted, as convert_hf_to_gguf does)."""
+    import gguf
+    import numpy as np
+    import torch
+    from safetensors import safe_open
+
+    path = model_dir.parent / "smollm2-360m-shape.bf16.gguf"
+    stamp = path.with_suffix(".complete")
+    if path.exists() and stamp.exists() and stamp.read_text() == (model_dir / ".complete").read_text():
+        return path
+    print(f"converting to {path} ...", file=sys.stderr, flush=True)
+    c = SMOLLM2_360M
+    heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
+    tmp = path.with_name(path.name + ".partial")
+    w = gguf.GGUFWriter(str(tmp), "llama")
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_dimension_count(c["hidden_size"] // heads)
+    w.add_rope_freq_base(c["rope_theta"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_vocab_size(c["vocab_size"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
+    # A byte-level BPE vocab of the right size; the benchmark feeds token ids, so its contents do not matter.
+    alphabet = [chr(b) if 33 <= b <= 126 else chr(256 + b) for b in range(256)]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(alphabet + [f"<t{i}>" for i in range(c["vocab_size"] - 256)])
+    w.add_token_types([gguf.TokenType.NORMAL] * c["vocab_size"])
+    w.add_token_merges([])
+    w.add_bos_token_id(c["bos_token_id"])
+    w.add_eos_token_id(c["eos_token_id"])
+
+    def permute(x, n_head):
+        return x.reshape(n_head, 2, x.shape[0] // n_head // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        for name in f.keys():
+            x = f.get_tensor(name).view(torch.int16).numpy().view(np.uint16)
+            if name == "model.embed_tokens.weight":
+                out = "token_embd.weight"
+            elif name == "model.norm.weight":
+                out = "output_norm.weight"
+            else:
+                _, _, i, rest = name.split(".", 3)
+                out = f"blk.{i}.{names[rest.removesuffix('.weight')]}.weight"
+                if rest.startswith("self_attn.q_proj"):
+                    x = permute(x, heads)
+                elif rest.startswith("self_attn.k_proj"):
+                    x = permute(x, kv_heads)
+            if out.endswith("norm.weight"):  # llama.cpp wants norms in fp32
+                x = (x.astype(np.uint32) << 16).view(np.float32)
+                w.add_tensor(out, x)
+            else:
+                w.add_tensor(out, np.ascontiguousarray(x), raw_dtype=gguf.GGMLQuantizationType.BF16)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tmp.rename(path)
+    stamp.write_text((model_dir / ".complete").read_text())
+    return path
+
+
 # -- measuring inside a worker ------------------------------------------------------------------
 def peak_rss_bytes() -> int:
     """This process's peak resident set (VmHWM: unlike ru_maxrss it does not carry the parent's over exec)."""

@@ -56,7 +56,7 @@ def prompts(w: Workload) -> tuple[list[int], list[int], list[int]]:
 
 
 # -- workers: each runs in its own process and returns a flat dict of figures -------------------
-def work_stowage(model_dir: Path, threads: int, w: Workload) -> dict:
+def work_stowage(model_dir: Path, threads: int, w: Workload, profile: Path | None = None) -> dict:
     t = time.perf_counter()
     import torch
 
@@ -102,7 +102,38 @@ def work_stowage(model_dir: Path, threads: int, w: Workload) -> dict:
     r["turn2_same_token"] = turn2.token_ids == again.token_ids
     engine.release(conv)
     r["peak_rss_mib"], r["private_end_mib"] = common.peak_rss_bytes() / MiB, anonymous_bytes() / MiB
+    if profile:
+        r |= profile_decode(engine, prompt, profile)
     return r
+
+
+def profile_decode(engine, prompt: list[int], path: Path, steps: int = 16) -> dict:
+    """Where a decode step's time goes: torch ops (by op) and what is left outside them (Python, dispatch)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    conv = engine.new_conversation()
+    engine.model.forward(prompt, conv.seq, engine.cache)
+    for _ in range(2):  # settle
+        engine.model.forward([prompt[0]], conv.seq, engine.cache)
+    t = time.perf_counter()
+    for _ in range(steps):
+        engine.model.forward([prompt[0]], conv.seq, engine.cache)
+    plain_ms = (time.perf_counter() - t) / steps * 1e3
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t = time.perf_counter()
+        for _ in range(steps):
+            engine.model.forward([prompt[0]], conv.seq, engine.cache)
+        wall_ms = (time.perf_counter() - t) / steps * 1e3
+    engine.release(conv)
+    events = prof.key_averages()
+    ops_ms = sum(e.self_cpu_time_total for e in events) / 1e3 / steps
+    path.write_text(f"Stowage decode step at {len(prompt)} tokens of context, {steps} steps, torch {torch.__version__}, "
+                    f"{torch.get_num_threads()} threads\n"
+                    f"step {plain_ms:.2f} ms without the profiler, {wall_ms:.2f} ms with it; inside torch ops "
+                    f"{ops_ms:.2f} ms, outside them (Python, dispatch, profiler) {wall_ms - ops_ms:.2f} ms\n\n"
+                    + events.table(sort_by="self_cpu_time_total", row_limit=20) + "\n")
+    return {"step_ms": plain_ms, "step_ops_ms": ops_ms * plain_ms / wall_ms, "step_outside_ms": (wall_ms - ops_ms) * plain_ms / wall_ms}
 
 
 class _Clock:
@@ -250,75 +281,6 @@ def work_runtime(threads: int) -> dict:
     return {"runtime_rss_mib": common.peak_rss_bytes() / MiB}
 
 
-# -- conversion to GGUF for llama.cpp -----------------------------------------------------------
-def convert_gguf(model_dir: Path) -> Path:
-    """The same weights as a bf16 GGUF (llama.cpp's layout: Q/K rows permuted, as convert_hf_to_gguf does)."""
-    import gguf
-    import numpy as np
-    from safetensors import safe_open
-
-    path = model_dir.parent / "smollm2-360m-shape.bf16.gguf"
-    stamp = path.with_suffix(".complete")
-    if path.exists() and stamp.exists() and stamp.read_text() == (model_dir / ".complete").read_text():
-        return path
-    print(f"converting to {path} ...", file=sys.stderr, flush=True)
-    c = common.SMOLLM2_360M
-    heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_context_length(c["max_position_embeddings"])
-    w.add_embedding_length(c["hidden_size"])
-    w.add_block_count(c["num_hidden_layers"])
-    w.add_feed_forward_length(c["intermediate_size"])
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_rope_dimension_count(c["hidden_size"] // heads)
-    w.add_rope_freq_base(c["rope_theta"])
-    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
-    w.add_vocab_size(c["vocab_size"])
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
-    # A byte-level BPE vocab of the right size; the benchmark feeds token ids, so its contents do not matter.
-    alphabet = [chr(b) if 33 <= b <= 126 else chr(256 + b) for b in range(256)]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(alphabet + [f"<t{i}>" for i in range(c["vocab_size"] - 256)])
-    w.add_token_types([gguf.TokenType.NORMAL] * c["vocab_size"])
-    w.add_token_merges([])
-    w.add_bos_token_id(c["bos_token_id"])
-    w.add_eos_token_id(c["eos_token_id"])
-
-    def permute(x, n_head):
-        return x.reshape(n_head, 2, x.shape[0] // n_head // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
-
-    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
-    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
-        for name in f.keys():
-            x = f.get_tensor(name).view(__import__("torch").int16).numpy().view(np.uint16)
-            if name == "model.embed_tokens.weight":
-                out = "token_embd.weight"
-            elif name == "model.norm.weight":
-                out = "output_norm.weight"
-            else:
-                _, _, i, rest = name.split(".", 3)
-                out = f"blk.{i}.{names[rest.removesuffix('.weight')]}.weight"
-                if rest.startswith("self_attn.q_proj"):
-                    x = permute(x, heads)
-                elif rest.startswith("self_attn.k_proj"):
-                    x = permute(x, kv_heads)
-            if out.endswith("norm.weight"):  # llama.cpp wants norms in fp32
-                x = (x.astype(np.uint32) << 16).view(np.float32)
-                w.add_tensor(out, x)
-            else:
-                w.add_tensor(out, np.ascontiguousarray(x), raw_dtype=gguf.GGMLQuantizationType.BF16)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    stamp.write_text((model_dir / ".complete").read_text())
-    return path
-
-
 # -- the report ---------------------------------------------------------------------------------
 def fmt(x, digits=2):
     if x is None:
@@ -385,6 +347,10 @@ def table(res: dict, bw: dict, weight_bytes: int, runtime_mib: float, has_llama:
     lines += ["", f"Roofline: bandwidth {bw['bandwidth_gbps']:.1f} GB/s (fp32 sum {bw['sum_gbps']:.1f}, bf16 matvec "
               f"{bw['matvec_gbps']:.1f}) / {weight_bytes / 1e6:,.0f} MB of weights per token = {roofline:.1f} tok/s.",
               "", "Prefix reuse: " + "; ".join(counters) + "."]
+    if "step_ms" in s:
+        lines += ["", f"Stowage decode step (torch profiler, `--profile`): {s['step_ms']:.1f} ms, of which "
+                  f"{s['step_ops_ms']:.1f} ms inside torch ops and {s['step_outside_ms']:.1f} ms outside them "
+                  "(Python, dispatch); the per-op table is in the workdir's profile_stowage_decode.txt."]
     return "\n".join(lines)
 
 
@@ -397,6 +363,9 @@ def main(argv=None) -> None:
     ap.add_argument("--no-transformers", action="store_true", help="skip transformers (quick Stowage-only runs)")
     ap.add_argument("--quick", action="store_true", help=f"a smoke run with tiny prompts ({QUICK}); never written to the docs")
     ap.add_argument("--write-docs", action="store_true", help="write the table into docs/benchmarks.md")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile Stowage's decode step (torch profiler) into WORKDIR/profile_stowage_decode.txt")
+    ap.add_argument("--profile-to", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--workload", help=argparse.SUPPRESS)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
@@ -405,7 +374,7 @@ def main(argv=None) -> None:
 
     if args.worker:  # inside a fresh process
         w = Workload(**json.loads(args.workload)) if args.workload else Workload()
-        work = {"stowage": lambda: work_stowage(args.model, args.threads, w),
+        work = {"stowage": lambda: work_stowage(args.model, args.threads, w, args.profile_to),
                 "transformers": lambda: work_transformers(args.model, args.threads, w),
                 "llama_cpp": lambda: work_llama_cpp(args.model, args.threads, w),
                 "bandwidth": lambda: work_bandwidth(args.threads),
@@ -431,10 +400,12 @@ def main(argv=None) -> None:
             llama_note = f"llama.cpp skipped: {e.name} is not importable (pip install llama-cpp-python gguf)"
             print(llama_note, file=sys.stderr)
         else:
-            backends["llama_cpp"] = convert_gguf(model_dir)
+            backends["llama_cpp"] = common.convert_gguf(model_dir)
 
     def worker(name, model=None):
         extra = ["--model", str(model), "--workload", json.dumps(asdict(workload))] if model else []
+        if name == "stowage" and args.profile:
+            extra += ["--profile-to", str(args.workdir / "profile_stowage_decode.txt")]
         return common.run_worker(HERE, ["--worker", name, "--threads", str(args.threads), *extra], threads=args.threads)
 
     runtime = worker("runtime")["runtime_rss_mib"]

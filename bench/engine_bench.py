@@ -217,7 +217,9 @@ def work_llama_cpp(gguf_path: Path, threads: int, w: Workload) -> dict:
                           n_threads_batch=threads, use_mmap=True, verbose=False)
     r["load_s"] = time.perf_counter() - t
     r["private_load_mib"] = anonymous_bytes() / MiB
-    r["private_growth_mib"] = (anonymous_bytes() - anon) / MiB
+    c = common.SMOLLM2_360M  # its f16 KV cache, cleared (so resident) when the context is made
+    kv_bytes = CONTEXT_TOKENS * c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * c["hidden_size"] // c["num_attention_heads"] * 2
+    r["private_growth_mib"] = (anonymous_bytes() - anon - kv_bytes) / MiB
 
     def generate(prompt, max_tokens, fresh):
         """Token arrival times; llama-cpp-python reuses the longest cached prefix unless fresh."""
@@ -299,47 +301,55 @@ def table(res: dict, bw: dict, weight_bytes: int, runtime_mib: float, has_llama:
             r["roofline_frac"] = r["decode_tok_s"] / roofline
 
     def ratio(key, other):
-        return s[key] / other[key] if key in other and other[key] else None
+        return s[key] / other[key] if other.get(key) else None
 
-    def met(ok):
-        return "n/a" if ok is None else ("met" if ok else "**not met**")
+    def rs(key):
+        return ratio(key, h)
 
-    def both(*checks):
-        return None if any(c is None for c in checks) else all(checks)
+    def rl(key):
+        return ratio(key, l)
 
-    def cmp(value, op, bound):
-        return None if value is None else op(value, bound)
+    def verdict(*checks):
+        """'met' when every check holds; 'n/a' when one cannot be made (its figure is missing)."""
+        if any(c is None for c in checks):
+            return "n/a"
+        return "met" if all(checks) else "**not met**"
 
-    import operator as o
+    def at_least(x, bound):
+        return None if x is None else x >= bound
 
-    rs, rl = lambda k: ratio(k, h), lambda k: ratio(k, l)
-    s_speedup = s["reprefill_s"] / s["ttft2_s"]
+    def at_most(x, bound):
+        return None if x is None else x <= bound
+
+    reuse_speedup = s["reprefill_s"] / s["ttft2_s"]
+    decode_checks = [at_least(rs("decode_tok_s"), 2.5)] + ([at_least(rl("decode_tok_s"), 0.8)] if has_llama else [])
     rows = [
-        ("load s", "load_s", 2, "≤ 1.5x llama.cpp", met(cmp(rl("load_s"), o.le, 1.5))),
+        ("load s", "load_s", 2, "≤ 1.5x llama.cpp", verdict(at_most(rl("load_s"), 1.5))),
         ("peak RSS MiB", "peak_rss_mib", 0, f"≤ llama.cpp + torch runtime ({runtime_mib:,.0f} MiB)",
-         met(None if not l else s["peak_rss_mib"] <= l["peak_rss_mib"] + runtime_mib)),
+         verdict(at_most(s["peak_rss_mib"], l["peak_rss_mib"] + runtime_mib) if l else None)),
         ("private MiB after load", "private_load_mib", 0, "", ""),
-        ("private MiB growth in load", "private_growth_mib", 0, "< 10% of weights "
-         f"({weight_bytes / MiB / 10:,.0f} MiB)", met(s["private_growth_mib"] < weight_bytes / MiB / 10)),
+        ("private MiB growth in load (less KV cache)", "private_growth_mib", 0,
+         f"< 10% of weights ({weight_bytes / MiB / 10:,.0f} MiB)", verdict(s["private_growth_mib"] < weight_bytes / MiB / 10)),
         ("private MiB at end", "private_end_mib", 0, "", ""),
-        (f"prefill tok/s ({w.prompt_tokens})", "prefill_tok_s", 1, "≥ 1.0x transformers", met(cmp(rs("prefill_tok_s"), o.ge, 1.0))),
-        (f"decode tok/s ({w.decode_tokens})", "decode_tok_s", 1, "≥ 2.5x transformers, ≥ 0.8x llama.cpp",
-         met(both(cmp(rs("decode_tok_s"), o.ge, 2.5), *([cmp(rl("decode_tok_s"), o.ge, 0.8)] if has_llama else [])))),
+        (f"prefill tok/s ({w.prompt_tokens})", "prefill_tok_s", 1, "≥ 1.0x transformers",
+         verdict(at_least(rs("prefill_tok_s"), 1.0))),
+        (f"decode tok/s ({w.decode_tokens})", "decode_tok_s", 1,
+         "≥ 2.5x transformers" + (", ≥ 0.8x llama.cpp" if has_llama else ""), verdict(*decode_checks)),
         ("decode / roofline", "roofline_frac", 2, "", ""),
-        ("turn-2 TTFT s", "ttft2_s", 3, f"≥ 10x below re-prefill ({s_speedup:,.0f}x)", met(s_speedup >= 10)),
+        ("turn-2 TTFT s", "ttft2_s", 3, f"≥ 10x below re-prefill (here {reuse_speedup:,.0f}x)", verdict(reuse_speedup >= 10)),
         ("re-prefill s", "reprefill_s", 2, "", ""),
     ]
     head = "| | Stowage | transformers |" + (" llama.cpp |" if has_llama else "") + " Stowage / transformers |" + \
         (" Stowage / llama.cpp |" if has_llama else "") + " target |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for label, key, digits, target, verdict in rows:
+    for label, key, digits, target, outcome in rows:
         cells = [label, fmt(s.get(key), digits), fmt(h.get(key), digits)]
         if has_llama:
             cells.append(fmt(l.get(key), digits))
         cells.append(fmt(rs(key)) + "x" if rs(key) is not None else "—")
         if has_llama:
             cells.append(fmt(rl(key)) + "x" if rl(key) is not None else "—")
-        cells.append(f"{target}: {verdict}" if target else "")
+        cells.append(f"{target}: {outcome}" if target else "")
         lines.append("| " + " | ".join(cells) + " |")
     counters = [f"{name}: turn 2 prefilled {r['turn2_prefilled']:,.0f} tokens, reused {r['turn2_reused']:,.0f}; "
                 f"re-prefill {r['reprefill_prefilled']:,.0f}" for name, r in

@@ -352,7 +352,7 @@ def table(res: dict, bw: dict, weight_bytes: int, runtime_mib: float, has_llama:
         cells.append(f"{target}: {outcome}" if target else "")
         lines.append("| " + " | ".join(cells) + " |")
     counters = [f"{name}: turn 2 prefilled {r['turn2_prefilled']:,.0f} tokens, reused {r['turn2_reused']:,.0f}; "
-                f"re-prefill {r['reprefill_prefilled']:,.0f}" for name, r in
+                f"re-prefill {r['reprefill_prefilled']:,.0f}, same next token: {'yes' if r['turn2_same_token'] else 'no'}" for name, r in
                 (("Stowage", s), ("transformers", h), ("llama.cpp", l)) if "turn2_prefilled" in r]
     lines += ["", f"Roofline: bandwidth {bw['bandwidth_gbps']:.1f} GB/s (fp32 sum {bw['sum_gbps']:.1f}, bf16 matvec "
               f"{bw['matvec_gbps']:.1f}) / {weight_bytes / 1e6:,.0f} MB of weights per token = {roofline:.1f} tok/s.",

@@ -1,0 +1,29 @@
+import subprocess
+import sys
+
+# Far more emits than True has references in a fresh process: without the guard (or a fixed PySide6)
+# this child aborts with "bool_dealloc: deallocating True or False".
+CHILD = """
+import sys
+import app
+from PySide6.QtCore import QCoreApplication, QObject, Signal
+
+class Emitter(QObject):
+    fired = Signal(int, str)
+
+qt = QCoreApplication([])
+emitter = Emitter()
+received = []
+emitter.fired.connect(lambda n, text: received.append(n))
+count = 20_000  # a fresh process holds ~600 references to True
+for n in range(count):
+    emitter.fired.emit(n, "token")
+assert len(received) == count
+print("ok", count)
+"""
+
+
+def test_many_signal_emits_do_not_crash_the_interpreter():
+    result = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("ok")

@@ -1,8 +1,8 @@
 import subprocess
 import sys
 
-# Far more emits than True has references in a fresh process: without the guard (or a fixed PySide6)
-# this child aborts with "bool_dealloc: deallocating True or False".
+# Far more emits and void calls than True and None have references in a fresh process: without the
+# guard (or a fixed PySide6) this child aborts with "bool_dealloc" or "none_dealloc".
 CHILD = """
 import sys
 import app
@@ -17,7 +17,8 @@ received = []
 emitter.fired.connect(lambda n, text: received.append(n))
 count = 20_000  # a fresh process holds ~600 references to True
 for n in range(count):
-    emitter.fired.emit(n, "token")
+    emitter.fired.emit(n, "token")  # 6.12.0 drops a reference to True here
+    emitter.setObjectName("e")  # and one to None in every void method
 assert len(received) == count
 print("ok", count)
 """

@@ -52,3 +52,12 @@ def test_prediction_line(qtbot):
     assert graph.ram_predicted.isVisible() and graph.ram_predicted.value() == 2.0
     graph.set_prediction(None)
     assert not graph.ram_predicted.isVisible()
+
+
+def test_y_axis_moves_only_when_the_data_leaves_it():
+    from app.memory_graph import y_top
+
+    top = y_top(0.0, 3.1)
+    assert top >= 3.1 * 1.25 and top == y_top(top, 3.3)  # small changes keep the axis (and its cache)
+    assert y_top(top, top) > top  # data at the top: grow
+    assert y_top(top, 0.5) < top  # far below: shrink

@@ -162,7 +162,12 @@ class ChatPanel(QWidget):
     # -- worker signals -------------------------------------------------------------------------
     def _reply_started(self, started: ReplyStarted) -> None:
         memory_start = self._message_ids[started.first_kept] if started.first_kept else None
-        self.store.set_memory_start(started.conversation_id, memory_start)
+        try:
+            changed = self.store.conversation(started.conversation_id).memory_start_id != memory_start
+        except KeyError:  # deleted while the prompt was being prepared
+            changed = False
+        if changed:  # a write is a commit (~5-10 ms on a busy disk): only when the line moves
+            self.store.set_memory_start(started.conversation_id, memory_start)
         self._prompt_tokens = started.prompt_tokens
         self._reply_started_at = time.perf_counter()
         if started.conversation_id == self.conversation_id:

@@ -6,7 +6,7 @@ import math
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QStackedLayout, QWidget
+from PySide6.QtWidgets import QGraphicsItem, QHBoxLayout, QLabel, QStackedLayout, QWidget
 
 from .memory_stats import MemoryStats, RingBuffer, Sample
 
@@ -27,6 +27,10 @@ def _plot(title: str, history_s: float) -> pg.PlotWidget:
     plot.addLegend(offset=(5, 5), labelTextSize="8pt")
     plot.setMinimumHeight(120)
     plot.getPlotItem().setContentsMargins(0, 4, 14, 0)  # room for the "0" tick at the right edge
+    for name in ("left", "bottom"):
+        # Each new sample repaints the curve's rectangle, which touches the axes; from a pixmap cache
+        # that is a copy instead of laying out the tick text again (~3 ms per axis).
+        plot.getAxis(name).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
     return plot
 
 

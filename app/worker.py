@@ -27,7 +27,7 @@ from engine.inspect import inspect
 
 from . import context_policy
 
-ENGINE_NICE = 10  # how much lower the engine thread runs than the GUI (0..19)
+ENGINE_NICE = int(os.environ.get("STOWAGE_ENGINE_NICE", 10))  # how much lower than the GUI (0..19)
 
 
 @dataclass
@@ -119,12 +119,16 @@ class EngineWorker(QObject):
 
     @Slot()
     def lower_priority(self) -> None:
-        """Run the engine thread (and the torch threads it starts) below the GUI thread.
+        """Leave the GUI a core: one torch thread fewer than torch would use, and a lower priority.
 
-        On a machine with few cores, torch's compute threads otherwise take every core and the event loop
-        waits its turn for tens of milliseconds. Linux gives each thread its own nice value; elsewhere
-        this does nothing.
+        torch takes every core by default, and its threads spin at each barrier: on 2 cores with the
+        event loop wanting one of them, decoding the demo model fell from ~30 to ~3 tokens/s and the
+        window stalled. The nice value (Linux gives each thread its own; torch's threads inherit it)
+        keeps the event loop first in line; elsewhere it does nothing.
         """
+        import torch
+
+        torch.set_num_threads(max(1, torch.get_num_threads() - 1))
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), ENGINE_NICE)
         except (AttributeError, OSError):

@@ -138,7 +138,8 @@ class MainWindow(QMainWindow):
             return
         self.forecast = None
         self.settings_panel.show_model_error(message)
-        self.show_error(f"{Path(model_dir).name} cannot be used", message)
+        self.show_error(f"{Path(model_dir).name} cannot be used",
+                        f"{message}\n\nChoose another model, or download this one again.")
 
     def _settings_changed(self, settings) -> None:
         self.chat.settings = settings
@@ -179,7 +180,8 @@ class MainWindow(QMainWindow):
         name = Path(model_dir).name
         self.setWindowTitle(f"{TITLE} — {name}")
         self.model_label.setText(f"{name} loaded")
-        self.settings_panel.show_loaded(f"{name} loaded in {seconds:.1f} s")
+        took = f"{seconds:.1f} s" if seconds >= 1 else f"{seconds * 1000:.0f} ms"
+        self.settings_panel.show_loaded(f"{name} loaded in {took}")
         self.chat.set_model_loaded(self._loading_context)
         self.chat.input.setFocus()
 

@@ -19,7 +19,7 @@ from app.main_window import MainWindow  # noqa: E402
 from app.paths import demo_model_dir  # noqa: E402
 from engine.planner import PlanRequest, plan  # noqa: E402
 
-QUESTION = "What does Stowage do when I move the context slider?"
+QUESTIONS = ["What does Stowage do when I move the context slider?", "What if it does not fit?"]
 
 
 def when(condition, then, interval_ms=100):
@@ -48,9 +48,14 @@ def main(state: str) -> None:
         window.load()
         when(lambda: window.loaded_dir is not None, ask)
 
-    def ask():
-        window.chat.input.setPlainText(QUESTION)
-        window.chat.send()
+    pending = list(QUESTIONS)
+
+    def ask(*_):
+        if pending:
+            window.chat.input.setPlainText(pending.pop(0))
+            window.chat.send()
+
+    window.chat.reply_done.connect(ask)
 
     def overflow():
         # A RAM limit just above what 1,024 tokens need, then a context twice that: the bar runs over.

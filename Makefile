@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 
-.PHONY: run test venv bench install-desktop clean
+.PHONY: run test venv bench install-desktop bundle clean
 
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,13 @@ test: venv
 
 bench: venv
 	$(BIN)/python bench/engine_bench.py
+
+install-desktop: venv
+	packaging/install_desktop.sh
+
+bundle: venv
+	$(BIN)/pip install -q -e '.[bundle]'
+	$(BIN)/pyinstaller --noconfirm --distpath dist --workpath build/pyinstaller packaging/stowage.spec
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -37,6 +37,7 @@ SMOLLM2_360M = {
     "initializer_range": 0.02,
 }
 BUILD_VERSION = 1  # bump when the files written below change, so cached copies are rebuilt
+GGUF_VERSION = 2
 
 
 def build_model(workdir: Path, *, seed: int = 0) -> Path:
@@ -119,7 +120,8 @@ def convert_gguf(model_dir: Path) -> Path:
 
     path = model_dir.parent / "smollm2-360m-shape.bf16.gguf"
     stamp = path.with_suffix(".complete")
-    if path.exists() and stamp.exists() and stamp.read_text() == (model_dir / ".complete").read_text():
+    want = f"gguf {GGUF_VERSION} " + (model_dir / ".complete").read_text()
+    if path.exists() and stamp.exists() and stamp.read_text() == want:
         return path
     print(f"converting to {path} ...", file=sys.stderr, flush=True)
     c = SMOLLM2_360M
@@ -141,9 +143,9 @@ def convert_gguf(model_dir: Path) -> Path:
     alphabet = [chr(b) if 33 <= b <= 126 else chr(256 + b) for b in range(256)]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
-    w.add_token_list(alphabet + [f"<t{i}>" for i in range(c["vocab_size"] - 256)])
+    w.add_token_list(alphabet + ["ab"] + [f"<t{i}>" for i in range(c["vocab_size"] - 257)])
     w.add_token_types([gguf.TokenType.NORMAL] * c["vocab_size"])
-    w.add_token_merges([])
+    w.add_token_merges(["a b"])  # llama.cpp refuses a BPE vocab without merges
     w.add_bos_token_id(c["bos_token_id"])
     w.add_eos_token_id(c["eos_token_id"])
 
@@ -177,7 +179,7 @@ def convert_gguf(model_dir: Path) -> Path:
     w.write_tensors_to_file()
     w.close()
     tmp.rename(path)
-    stamp.write_text((model_dir / ".complete").read_text())
+    stamp.write_text(want)
     return path
 
 

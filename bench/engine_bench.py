@@ -224,9 +224,9 @@ def work_llama_cpp(gguf_path: Path, threads: int, w: Workload) -> dict:
     def generate(prompt, max_tokens, fresh):
         """Token arrival times; llama-cpp-python reuses the longest cached prefix unless fresh."""
         if fresh:
-            llm.reset()
+            llm.reset()  # forget what is cached: generate() then evaluates the whole prompt
         times, tokens, start = [], [], time.perf_counter()
-        for tok in llm.generate(prompt, temp=0.0, top_k=1, reset=False):
+        for tok in llm.generate(prompt, temp=0.0, top_k=1, reset=True):  # reset=True: reuse the prefix
             times.append(time.perf_counter())
             tokens.append(tok)
             if len(tokens) == max_tokens:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    from PySide6.QtCore import QTimer
     from PySide6.QtGui import QIcon, QPixmap
     from PySide6.QtWidgets import QApplication, QSplashScreen
 
@@ -32,6 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     window = MainWindow()
     window.show()
     splash.finish(window)
+    # Ctrl+C in the terminal closes the window (freeing the model) instead of being ignored: Python runs
+    # signal handlers only between bytecodes, so a timer wakes the interpreter a few times a second.
+    signal.signal(signal.SIGINT, lambda *_: window.close())
+    wake = QTimer()
+    wake.timeout.connect(lambda: None)
+    wake.start(250)
     # STOWAGE_STALL_PROBE=1 prints the longest event-loop stall at exit (the GUI must never freeze).
     probe = None
     if os.environ.get("STOWAGE_STALL_PROBE"):

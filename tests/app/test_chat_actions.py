@@ -69,3 +69,17 @@ def test_settings_are_kept_per_model(app_driver, tiny_model_dir):
     assert again.settings_panel.temperature.value() == 1.25
     assert again.settings_panel.context.tokens == 1536
     assert again.settings_panel.plan.context_tokens == 1536
+
+
+def test_window_layout_is_remembered(app_driver, tiny_model_dir):
+    window = app_driver.open(tiny_model_dir)
+    window.left.setSizes([150, 700])  # the conversation list narrower than the default 200
+    window.vertical.setSizes([520, 250])  # taller graphs
+    list_width, graph_height = window.left.sizes()[0], window.vertical.sizes()[1]
+    window.close()
+    assert not open_settings().value("window/geometry").isEmpty()
+    again = app_driver.open(tiny_model_dir)
+    # (The offscreen screen is smaller than the window, so Qt may clamp the restored geometry; the
+    # panes whose size the user chose keep it, extra room goes to the chat and the settings.)
+    assert again.left.sizes()[0] == list_width
+    assert again.vertical.sizes()[1] == graph_height

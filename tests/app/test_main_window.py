@@ -1,5 +1,6 @@
 """The whole window on a tiny real model: load, stream, stop, persist, survive a broken folder."""
 
+import weakref
 from pathlib import Path
 
 import pytest
@@ -123,11 +124,26 @@ def test_gui_never_stalls_while_loading_and_generating(window, app_driver, qtbot
 
 def test_unload_frees_the_model(window, app_driver, qtbot):
     app_driver.load(window)
+    engine = window.client.worker.engine
+    # Weak references to what the model holds: after Unload nothing in the app may keep them alive.
+    held = [weakref.ref(engine), weakref.ref(engine.cache.k_cache[0]), weakref.ref(engine.model)]
+    del engine
     qtbot.mouseClick(window.settings_panel.unload_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: window.loaded_dir is None, timeout=app_driver.timeout_ms)
     assert window.client.worker.engine is None
+    assert [ref() for ref in held] == [None, None, None]
     assert window.windowTitle() == "Stowage"
     assert not window.settings_panel.unload_button.isEnabled()
     app_driver.send(window, "anyone there?")
     assert window.chat.error.isVisible() and "No model is loaded" in window.chat.error.text()
     assert window.chat.input.toPlainText() == "anyone there?"  # kept for after the next load
+
+
+def test_loading_again_frees_the_first_model(window, app_driver, qtbot):
+    app_driver.load(window, context_tokens=1024)
+    first = weakref.ref(window.client.worker.engine)
+    window.loaded_dir = None  # what the test waits on below
+    app_driver.load(window, context_tokens=2048)
+    assert first() is None
+    assert window.client.worker.engine.options.context_tokens == 2048
+    assert f"/ {2048:,} tokens" in window.chat.counter.text()

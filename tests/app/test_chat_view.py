@@ -1,0 +1,47 @@
+from PySide6.QtGui import QTextFormat
+
+from app.chat_view import ChatView
+from app.store import Message
+
+
+def test_markdown_is_rendered_with_code_in_monospace(qtbot):
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(600, 400)
+    view.show()
+    widget = view.add_message(Message(1, "assistant", "Some **bold** text.\n\n```python\nprint('hi')\n```\n"))
+    document = widget.body.document()
+    assert "bold" in document.toPlainText() and "**" not in document.toPlainText()
+    code = [b for b in _blocks(document) if b.text() == "print('hi')"][0]
+    assert code.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence)
+    assert "monospace" in (code.charFormat().fontFamilies() or [])
+    assert widget.body.height() >= document.size().height()  # as tall as its text: no inner scrolling
+
+
+def test_streaming_reply_is_throttled_and_marker_placed(qtbot):
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.show()
+    first = view.add_message(Message(1, "user", "old question"))
+    second = view.add_message(Message(2, "user", "new question"))
+    view.begin_reply()
+    renders = []
+    view.reply_rendered.connect(renders.append)
+    for piece in ["Hel", "lo", " wor", "ld"]:
+        view.append_reply(piece)
+    assert renders == []  # nothing drawn per token
+    qtbot.waitUntil(lambda: bool(renders), timeout=1000)
+    assert renders == ["Hello world"]  # one redraw for the four pieces
+    view.end_reply(Message(3, "assistant", "Hello world", {"tokens_per_s": 9.5}))
+    assert view.widgets[-1].message.id == 3 and "9.5 tokens/s" in view.widgets[-1].note.text()
+    view.mark_memory_start(2)
+    column = view._column
+    assert column.indexOf(view.memory_marker) == column.indexOf(second) - 1
+    assert column.indexOf(first) < column.indexOf(view.memory_marker)
+
+
+def _blocks(document):
+    block = document.begin()
+    while block.isValid():
+        yield block
+        block = block.next()

@@ -133,7 +133,9 @@ def profile_decode(engine, prompt: list[int], path: Path, steps: int = 16) -> di
                     f"step {plain_ms:.2f} ms without the profiler, {wall_ms:.2f} ms with it; inside torch ops "
                     f"{ops_ms:.2f} ms, outside them (Python, dispatch, profiler) {wall_ms - ops_ms:.2f} ms\n\n"
                     + events.table(sort_by="self_cpu_time_total", row_limit=20) + "\n")
-    return {"step_ms": plain_ms, "step_ops_ms": ops_ms * plain_ms / wall_ms, "step_outside_ms": (wall_ms - ops_ms) * plain_ms / wall_ms}
+    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:5]
+    return {"step_ms": plain_ms, "step_ops_ms": ops_ms * plain_ms / wall_ms, "step_outside_ms": (wall_ms - ops_ms) * plain_ms / wall_ms,
+            "step_top_ops": ", ".join(f"{e.key} {e.self_cpu_time_total / 1e3 / steps / ops_ms:.0%} ({e.count // steps} calls)" for e in top)}
 
 
 class _Clock:
@@ -360,7 +362,8 @@ def table(res: dict, bw: dict, weight_bytes: int, runtime_mib: float, has_llama:
     if "step_ms" in s:
         lines += ["", f"Stowage decode step (torch profiler, `--profile`): {s['step_ms']:.1f} ms, of which "
                   f"{s['step_ops_ms']:.1f} ms inside torch ops and {s['step_outside_ms']:.1f} ms outside them "
-                  "(Python, dispatch); the per-op table is in the workdir's profile_stowage_decode.txt."]
+                  f"(Python, dispatch). Share of op time per step: {s['step_top_ops']}. The per-op table is in the workdir's "
+                  "profile_stowage_decode.txt."]
     return "\n".join(lines)
 
 
@@ -419,10 +422,11 @@ def main(argv=None) -> None:
         return common.run_worker(HERE, ["--worker", name, "--threads", str(args.threads), *extra], threads=args.threads)
 
     runtime = worker("runtime")["runtime_rss_mib"]
-    bw = worker("bandwidth")
-    print(f"bandwidth {bw['bandwidth_gbps']:.1f} GB/s, torch runtime {runtime:.0f} MiB", file=sys.stderr, flush=True)
-    runs = {name: [] for name in backends}
+    runs = {name: [] for name in backends} | {"bandwidth": []}
     for rep in range(args.repeats):  # interleaved, so that a burst of load hits every backend alike
+        runs["bandwidth"].append(worker("bandwidth"))
+        print(f"[{rep + 1}/{args.repeats}] bandwidth {runs['bandwidth'][-1]['bandwidth_gbps']:.1f} GB/s "
+              f"(load {common.load_average()})", file=sys.stderr, flush=True)
         for name, path in backends.items():
             t = time.perf_counter()
             runs[name].append(worker(name, path))
@@ -430,6 +434,7 @@ def main(argv=None) -> None:
                   + ", ".join(f"{k} {v:.3g}" for k, v in runs[name][-1].items() if isinstance(v, float)),
                   file=sys.stderr, flush=True)
     res = {name: common.medians(r) for name, r in runs.items()}
+    bw = res.pop("bandwidth")
     wbytes = common.weight_bytes(model_dir)
     body = table(res, bw, wbytes, runtime, "llama_cpp" in res, workload)
 
@@ -458,8 +463,12 @@ def main(argv=None) -> None:
             "- turn-2 TTFT: after turn 1 (a 2,000-token prompt, 16 tokens generated), the same conversation gets "
             "history + reply + 20 new tokens; re-prefill is that prompt in a fresh conversation (transformers: "
             "`generate` with and without turn 1's `DynamicCache`).",
-            "- roofline: torch's best read bandwidth over 1 GiB at the same thread count / all stored weight bytes "
-            "(the tied lm_head read once).",
+            "- roofline: torch's best read bandwidth over 1 GiB at the same thread count (best of 6, median over "
+            "the repeats) / all stored weight bytes (the tied lm_head read once).",
+            "- same next token: whether turn 2 with reuse picks the token a re-prefill picks. In bf16 a prompt "
+            "split differently rounds differently (logits move by a few 0.01; in fp32 they agree to ~1e-6), so "
+            "with random weights' near-flat logits a 'no' is rounding, not a reuse bug.",
+            "- the machine is shared: compare columns of one run (ratios), not runs of different days.",
         ] + ([f"- {llama_note}."] if llama_note else []))
         common.write_section(common.ROOT / "docs" / "benchmarks.md", "## Engine (CPU)", header + "\n\n" + body + "\n" + notes)
         print("wrote docs/benchmarks.md", file=sys.stderr)

@@ -33,6 +33,7 @@ from .forecast import Forecast
 from .model_catalog import ModelEntry
 from .model_settings import ModelSettings
 from .plan_bar import PlanBar
+from .sampling_form import SamplingForm
 
 KV_DTYPE_CHOICES = (("Same as the model", None), ("float16", "float16"), ("bfloat16", "bfloat16"),
                     ("float32", "float32"), ("fp8 (half the memory)", "fp8"))
@@ -144,22 +145,10 @@ class SettingsPanel(QWidget):
         self._progress_timer.timeout.connect(self._draw_progress)
 
         # -- sampling -------------------------------------------------------------------------
-        self.temperature = _double(0.0, 2.0, 0.05, 2)
-        self.top_p = _double(0.01, 1.0, 0.05, 2)
-        self.top_k = _int(0, 1000, "off")
-        self.min_p = _double(0.0, 0.99, 0.01, 2)
-        self.repetition_penalty = _double(0.5, 2.0, 0.05, 2)
-        self.max_tokens = _int(1, 1_000_000, None)
-        self.seed = _int(-1, 2**31 - 1, "random")
-        sampling_box = QGroupBox("Sampling")
-        sampling_form = QFormLayout(sampling_box)
-        sampling_form.addRow("Temperature", self.temperature)
-        sampling_form.addRow("Top-p", self.top_p)
-        sampling_form.addRow("Top-k", self.top_k)
-        sampling_form.addRow("Min-p", self.min_p)
-        sampling_form.addRow("Repetition penalty", self.repetition_penalty)
-        sampling_form.addRow("Max new tokens", self.max_tokens)
-        sampling_form.addRow("Seed", self.seed)
+        self.sampling = SamplingForm()
+        sampling_box = self.sampling
+        # The boxes by name: tests and the screenshot script set them as a user would.
+        self.temperature, self.max_tokens, self.seed = self.sampling.temperature, self.sampling.max_tokens, self.sampling.seed
 
         self.system_prompt = QPlainTextEdit()
         self.system_prompt.setPlaceholderText("Instructions the model sees before every conversation")
@@ -192,9 +181,7 @@ class SettingsPanel(QWidget):
         self.context.changed.connect(self._edited)
         self.gpu_auto.toggled.connect(self.gpu_layers.setDisabled)
         for signal in (self.gpu_auto.toggled, self.gpu_layers.valueChanged, self.kv_dtype.currentIndexChanged,
-                       self.ram_limit.valueChanged, self.policy.currentIndexChanged, self.temperature.valueChanged,
-                       self.top_p.valueChanged, self.top_k.valueChanged, self.min_p.valueChanged,
-                       self.repetition_penalty.valueChanged, self.max_tokens.valueChanged, self.seed.valueChanged,
+                       self.ram_limit.valueChanged, self.policy.currentIndexChanged, self.sampling.edited,
                        self.system_prompt.textChanged):
             signal.connect(self._edited)
         self.load_button.clicked.connect(self.load_requested)
@@ -278,13 +265,7 @@ class SettingsPanel(QWidget):
             self.kv_dtype.setCurrentIndex(max(0, self.kv_dtype.findData(s.kv_dtype)))
             self.ram_limit.setValue(s.ram_limit_gib or 0.0)
             self.policy.setCurrentIndex(max(0, self.policy.findData(s.overflow_policy)))
-            self.temperature.setValue(s.temperature)
-            self.top_p.setValue(s.top_p)
-            self.top_k.setValue(s.top_k)
-            self.min_p.setValue(s.min_p)
-            self.repetition_penalty.setValue(s.repetition_penalty)
-            self.max_tokens.setValue(s.max_tokens)
-            self.seed.setValue(-1 if s.seed is None else s.seed)
+            self.sampling.show_settings(s)
             self.system_prompt.setPlainText(s.system_prompt)
             self.settings = s
             if self.forecast is not None:
@@ -297,19 +278,12 @@ class SettingsPanel(QWidget):
 
     def _read_settings(self) -> ModelSettings:
         return replace(
-            self.settings,
+            self.sampling.read(self.settings),
             context_tokens=self.context.tokens,
             gpu_layers=None if self.gpu_auto.isChecked() else self.gpu_layers.value(),
             kv_dtype=self.kv_dtype.currentData(),
             ram_limit_gib=self.ram_limit.value() or None,
             overflow_policy=self.policy.currentData(),
-            temperature=self.temperature.value(),
-            top_p=self.top_p.value(),
-            top_k=self.top_k.value(),
-            min_p=self.min_p.value(),
-            repetition_penalty=self.repetition_penalty.value(),
-            max_tokens=self.max_tokens.value(),
-            seed=None if self.seed.value() < 0 else self.seed.value(),
             system_prompt=self.system_prompt.toPlainText(),
         )
 
@@ -398,19 +372,3 @@ def _placement(s: ModelSettings) -> tuple:
 def _limits(s: ModelSettings) -> tuple:
     """What moves the slider's top: everything but the context itself."""
     return (s.gpu_layers, s.kv_dtype, s.ram_limit_gib)
-
-
-def _double(lo: float, hi: float, step: float, decimals: int) -> QDoubleSpinBox:
-    box = QDoubleSpinBox()
-    box.setRange(lo, hi)
-    box.setSingleStep(step)
-    box.setDecimals(decimals)
-    return box
-
-
-def _int(lo: int, hi: int, special: str | None) -> QSpinBox:
-    box = QSpinBox()
-    box.setRange(lo, hi)
-    if special:
-        box.setSpecialValueText(special)
-    return box

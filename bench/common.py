@@ -214,6 +214,24 @@ def load_average() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+def source_state(packages=("engine", "kernels")) -> tuple[str, str]:
+    """(digest of the engine's source files, 'commit' or 'commit + uncommitted changes'): the run's engine version."""
+    import hashlib
+
+    digest = hashlib.sha1()
+    for package in packages:
+        for path in sorted((ROOT / package).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".so", ".o", ".pyc"):
+                digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    git = ["git", "-C", str(ROOT)]
+    try:
+        commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run([*git, "status", "--porcelain", "--", *packages], capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return digest.hexdigest()[:12], "unknown commit"
+    return digest.hexdigest()[:12], commit + (f" + uncommitted changes in {', '.join(p + '/' for p in packages)}" if dirty else "")
+
+
 def run_worker(script: Path, args: list[str], *, threads: int, timeout: float = 900) -> dict:
     """Run `script --worker ...` in a fresh interpreter; return the JSON it writes."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:

@@ -108,7 +108,7 @@ def work_stowage(model_dir: Path, threads: int, w: Workload, profile: Path | Non
 
 
 def profile_decode(engine, prompt: list[int], path: Path, steps: int = 16) -> dict:
-    """Where a decode step's time goes: torch ops (by op) and what is left outside them (Python, dispatch)."""
+    """Where a decode step's time goes: aten ops (by op) and the rest (Python, dispatch, non-aten kernels)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -130,8 +130,8 @@ def profile_decode(engine, prompt: list[int], path: Path, steps: int = 16) -> di
     ops_ms = sum(e.self_cpu_time_total for e in events) / 1e3 / steps
     path.write_text(f"Stowage decode step at {len(prompt)} tokens of context, {steps} steps, torch {torch.__version__}, "
                     f"{torch.get_num_threads()} threads\n"
-                    f"step {plain_ms:.2f} ms without the profiler, {wall_ms:.2f} ms with it; inside torch ops "
-                    f"{ops_ms:.2f} ms, outside them (Python, dispatch, profiler) {wall_ms - ops_ms:.2f} ms\n\n"
+                    f"step {plain_ms:.2f} ms without the profiler, {wall_ms:.2f} ms with it; inside aten ops "
+                    f"{ops_ms:.2f} ms, outside them (Python, dispatch, profiler, kernels that are not aten ops) {wall_ms - ops_ms:.2f} ms\n\n"
                     + events.table(sort_by="self_cpu_time_total", row_limit=20) + "\n")
     top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:5]
     return {"step_ms": plain_ms, "step_ops_ms": ops_ms * plain_ms / wall_ms, "step_outside_ms": (wall_ms - ops_ms) * plain_ms / wall_ms,
@@ -361,8 +361,8 @@ def table(res: dict, bw: dict, weight_bytes: int, runtime_mib: float, has_llama:
               "", "Prefix reuse: " + "; ".join(counters) + "."]
     if "step_ms" in s:
         lines += ["", f"Stowage decode step (torch profiler, `--profile`): {s['step_ms']:.1f} ms, of which "
-                  f"{s['step_ops_ms']:.1f} ms inside torch ops and {s['step_outside_ms']:.1f} ms outside them "
-                  f"(Python, dispatch). Share of op time per step: {s['step_top_ops']}. The per-op table is in the workdir's "
+                  f"{s['step_ops_ms']:.1f} ms inside aten ops and {s['step_ms'] - s['step_ops_ms']:.1f} ms outside them "
+                  f"(Python, dispatch, and any kernel that is not an aten op). Share of op time per step: {s['step_top_ops']}. The per-op table is in the workdir's "
                   "profile_stowage_decode.txt."]
     return "\n".join(lines)
 
@@ -422,17 +422,25 @@ def main(argv=None) -> None:
         return common.run_worker(HERE, ["--worker", name, "--threads", str(args.threads), *extra], threads=args.threads)
 
     runtime = worker("runtime")["runtime_rss_mib"]
+    digests, revision = set(), common.source_state()[1]
     runs = {name: [] for name in backends} | {"bandwidth": []}
     for rep in range(args.repeats):  # interleaved, so that a burst of load hits every backend alike
         runs["bandwidth"].append(worker("bandwidth"))
         print(f"[{rep + 1}/{args.repeats}] bandwidth {runs['bandwidth'][-1]['bandwidth_gbps']:.1f} GB/s "
               f"(load {common.load_average()})", file=sys.stderr, flush=True)
         for name, path in backends.items():
+            if name == "stowage":
+                digests.add(common.source_state()[0])
             t = time.perf_counter()
             runs[name].append(worker(name, path))
             print(f"[{rep + 1}/{args.repeats}] {name}: {time.perf_counter() - t:.0f} s (load {common.load_average()}) "
                   + ", ".join(f"{k} {v:.3g}" for k, v in runs[name][-1].items() if isinstance(v, float)),
                   file=sys.stderr, flush=True)
+    changed = ""
+    if len(digests) > 1:
+        changed = (f" **The engine's source changed during the run ({len(digests)} versions): its figures mix "
+                   "versions; run again.**")
+        print(changed.strip(" *"), file=sys.stderr)
     res = {name: common.medians(r) for name, r in runs.items()}
     bw = res.pop("bandwidth")
     wbytes = common.weight_bytes(model_dir)
@@ -444,9 +452,9 @@ def main(argv=None) -> None:
         + (f", llama-cpp-python {res['llama_cpp']['llama_cpp']}" if "llama_cpp" in res else "")
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
     command = " ".join(["python", "bench/engine_bench.py", *(argv if argv is not None else sys.argv[1:])])
-    header = (f"`{command}` — {datetime.date.today().isoformat()}, {cpu}, {args.threads} threads, {versions}; "
+    header = (f"`{command}` — {datetime.date.today().isoformat()}, engine at {revision}, {cpu}, {args.threads} threads, {versions}; "
               f"load average {load_before} before, {common.load_average()} after; medians of {args.repeats} fresh "
-              f"processes per backend; took {time.perf_counter() - started:.0f} s.")
+              f"processes per backend; took {time.perf_counter() - started:.0f} s.{changed}")
     print(header + "\n\n" + body + ("\n\n" + llama_note if llama_note else ""))
     if args.write_docs:
         notes = "\n".join([

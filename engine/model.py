@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import attention_ops
+from kernels import attention_ops, cpu_gemv
 
 from .config import ModelConfig
 from .kv_cache import KVCache, Sequence
@@ -22,8 +22,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    # x: [n, in], weight: [out, in]. mm/addmm beat F.linear for bf16 on the CPU (measured: ~15% at
-    # n=1, the decode step, and at n=512; docs/benchmarks.md), and are the same on CUDA.
+    # x: [n, in], weight: [out, in]. The decode step of bf16 weights on the CPU is memory-bound and
+    # torch's matrix-vector product reads far below the bandwidth: use our AVX512-BF16 kernel there.
+    if x.shape[0] == 1 and weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16 \
+            and x.device.type == "cpu" and cpu_gemv.is_available():  # built once, at the first decode step
+        return cpu_gemv.gemv(x, weight, bias)
+    # mm/addmm beat F.linear for bf16 on the CPU (measured: ~15%, decode and prefill), same on CUDA.
     return torch.mm(x, weight.t()) if bias is None else torch.addmm(bias, x, weight.t())
 
 

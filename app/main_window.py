@@ -8,7 +8,6 @@ from pathlib import Path
 from PySide6.QtCore import QByteArray, Qt, QTimer
 from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QSplitter
 
-from engine.units import format_bytes
 
 from .chat_panel import ChatPanel
 from .conversation_list import ConversationList

@@ -96,7 +96,6 @@ class KVCache:
         self.k_scale = [1.0] * len(layer_devices)
         self.v_scale = [1.0] * len(layer_devices)
         self.allocator = BlockAllocator(num_blocks)
-        self._tables: dict[torch.device, tuple[int, torch.Tensor]] = {}
 
     @property
     def num_bytes(self) -> int:

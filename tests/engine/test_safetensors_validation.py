@@ -3,7 +3,6 @@
 import json
 import struct
 
-import numpy as np
 import pytest
 import torch
 from factory import make_model

@@ -1,7 +1,6 @@
 """Tokenization and chat templates equal transformers' on the same files; streaming text is exact."""
 
 import json
-import warnings
 
 import pytest
 from factory import make_model, save_tokenizer

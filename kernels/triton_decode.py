@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_write import _check_inner_contiguous, _unit_stride
+from .triton_write import _check_inner_contiguous, _unit_stride, cache_strides
 
 LOG2E = 1.4426950408889634
 TILE_TOKENS = 64  # tokens per inner step; spans several blocks, gathered row by row
@@ -220,12 +220,7 @@ def decode_attention(
         split_tokens,
         query.stride(0),
         query.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
+        *cache_strides(k_cache, v_cache),
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .triton_decode import INTERPRET, LOG2E
-from .triton_write import _check_inner_contiguous, _unit_stride
+from .triton_write import _check_inner_contiguous, _unit_stride, cache_strides
 
 ROWS = 64  # query rows (tokens x group heads) per program
 TILE_N = 64  # keys per inner step
@@ -141,12 +141,7 @@ def prefill_attention(
         int(start_pos),
         query.stride(0),
         query.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
+        *cache_strides(k_cache, v_cache),
         out.stride(0),
         out.stride(1),
         HEAD_DIM=head_dim,

@@ -121,12 +121,7 @@ def write_kv(
         key.stride(1),
         value.stride(0),
         value.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
+        *cache_strides(k_cache, v_cache),
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         H_PAD=triton.next_power_of_2(num_kv_heads),
@@ -135,6 +130,11 @@ def write_kv(
         IS_FP8=is_fp8,
         FP8_LIMIT=FP8_MAX,
     )
+
+
+def cache_strides(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, ...]:
+    """Block, slot and head strides of both caches, in the order every kernel takes them."""
+    return (*k_cache.stride()[:3], *v_cache.stride()[:3])
 
 
 def _unit_stride(x: torch.Tensor) -> torch.Tensor:

@@ -36,14 +36,27 @@ class RotaryTable:
         """cos, signed sin: [n, 1, head_dim] for the given positions (all below max_positions)."""
         key = (device, dtype)
         if key not in self._cache:
-            freqs = torch.outer(torch.arange(self.max_positions, dtype=torch.float32), self.inv_freq)
-            # rotate_half(x) * sin == roll(x, half) * signed_sin, with the sign of the first half flipped
-            cos = torch.cat((freqs, freqs), dim=-1).cos()
-            signed_sin = torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
-            self._cache[key] = (cos[:, None].to(device, dtype), signed_sin[:, None].to(device, dtype))
+            self._cache[key] = self._build(dtype)
+            self._cache[key] = tuple(t.to(device) for t in self._cache[key])
         cos, sin = self._cache[key]
         positions = positions.to(device)
         return cos[positions], sin[positions]
+
+    def _build(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # Written half by half into tables of the final dtype, so the build's fp32 temporaries stay at
+        # two [positions, head_dim / 2] tensors (engine/workspace.py counts exactly these).
+        freqs = torch.outer(torch.arange(self.max_positions, dtype=torch.float32), self.inv_freq)
+        half = freqs.shape[1]
+        cos = torch.empty(self.max_positions, 1, 2 * half, dtype=dtype)
+        sin = torch.empty(self.max_positions, 1, 2 * half, dtype=dtype)
+        part = torch.cos(freqs)
+        cos[:, 0, :half] = part
+        cos[:, 0, half:] = part
+        torch.sin(freqs, out=part)
+        # rotate_half(x) * sin == roll(x, half) * signed_sin, with the sign of the first half flipped
+        sin[:, 0, half:] = part
+        sin[:, 0, :half] = part.neg_()
+        return cos, sin
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

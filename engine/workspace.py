@@ -90,9 +90,10 @@ def rope_table_bytes(config: ModelConfig, context_tokens: int, dtype: torch.dtyp
 
 
 def rope_build_bytes(config: ModelConfig, context_tokens: int) -> int:
-    """The fp32 temporaries on the CPU while a table is built: positions x frequencies, their concatenation, cos."""
+    """The fp32 temporaries on the CPU while a rotary table is built (engine/rope.py RotaryTable._build)."""
     rows = rope_rows(context_tokens)
-    return rows * 4 + rows * config.head_dim * (2 + 4 + 4)
+    # positions (fp32), the angles [rows, head_dim / 2] and one cos/sin temporary of the same size
+    return rows * 4 + 2 * rows * (config.head_dim // 2) * 4
 
 
 def device_workspace(config: ModelConfig, *, device_type: str, runs_layers: bool, holds_head: bool,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from .engine import DTYPES, Engine
 from .memory import rss_bytes
 from .planner import Plan
 from .units import format_bytes
@@ -49,12 +50,12 @@ class DeviceCheck:
 
 def check_plan(model_dir: str | Path, plan: Plan) -> list[DeviceCheck]:
     """Load under `plan`, prefill one chunk at the end of the full context, and compare per device."""
-    from .engine import Engine
 
     gc.collect()
     cuda_devices = sorted({d for d in plan.layer_devices if d.startswith("cuda")} |
                           ({plan.head_device} if plan.head_device.startswith("cuda") else set()))
     nvml_before = {d: _nvml_used(d) for d in cuda_devices}  # before torch creates a CUDA context
+    _warm_up(DTYPES.get(plan.dtype, torch.float32))
     _reset_peak_rss()
     rss_before = rss_bytes()
     for d in cuda_devices:
@@ -80,6 +81,22 @@ def check_plan(model_dir: str | Path, plan: Plan) -> list[DeviceCheck]:
                                   peak, allocated, reserved))
     engine.close()
     return checks
+
+
+def _warm_up(dtype: torch.dtype) -> None:
+    # The first matmul, attention and norm page in library code and JIT kernels (tens of MiB, once per
+    # process, whatever the model). That is the runtime's fixed footprint, not the plan's memory, so
+    # it happens before the baseline.
+    import torch.nn.functional as F
+
+    x = torch.randn(64, 64, dtype=dtype)
+    torch.mm(x, x.t())
+    F.rms_norm(x, (64,), torch.ones(64, dtype=dtype))
+    q = torch.randn(1, 2, 64, 64, dtype=dtype)
+    F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(64, 64, dtype=torch.bool).tril())
+    F.silu(x).index_select(0, torch.arange(8))
+    gc.collect()
 
 
 def _run_heaviest_chunk(engine, plan: Plan) -> None:

@@ -59,10 +59,13 @@ def _build() -> Path | None:
 def _library():
     if os.environ.get("STOWAGE_FORCE_REFERENCE", "") not in ("", "0") or not _cpu_has_avx512_bf16():
         return None
-    path = _build()
-    if path is None:
+    try:
+        path = _build()
+        lib = ctypes.CDLL(str(path)) if path is not None else None
+    except OSError:  # no writable cache folder, or a library the loader refuses: torch's mm serves
         return None
-    lib = ctypes.CDLL(str(path))
+    if lib is None:
+        return None
     lib.gemv_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
     lib.gemv_bf16.restype = None
     return lib

@@ -114,8 +114,7 @@ class Engine:
             tail.tensors["lm_head"] = head["embed"]  # tied: share the one tensor
         head.tensors |= tail.tensors
         head.copied_bytes += tail.copied_bytes
-        layers = load_layers(checkpoint, config, layer_devices, dtype,
-                             lambda f, m: report(f, m), is_cancelled)
+        layers = load_layers(checkpoint, config, layer_devices, dtype, report, is_cancelled)
         model = Transformer(config, head, layers, head_device, cache.max_tokens)
         report(1.0, "loaded")
         return cls(model_dir, config, tokenizer, model, cache, options, checkpoint)

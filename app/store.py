@@ -10,6 +10,7 @@ from pathlib import Path
 
 from . import paths
 
+FILE_NAME = "conversations.sqlite3"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY,
@@ -28,6 +29,8 @@ CREATE TABLE IF NOT EXISTS messages (
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 """
+# Files SQLite keeps beside the database; they belong to it and move with it.
+_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
 @dataclass(frozen=True)
@@ -46,21 +49,179 @@ class Message:
     meta: dict = field(default_factory=dict)  # tokens/s, finish reason, ... of an assistant reply
 
 
-class ConversationStore:
-    """Conversations and their messages; every write is committed at once."""
+class _UnreadableHistory(Exception):
+    """The history file is not a database Stowage can read: corrupt, cut short, another file, a folder."""
 
-    def __init__(self, path: str | Path | None = None):
-        self.path = Path(path) if path is not None else paths.data_dir() / "conversations.sqlite3"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path)
-        self._db.execute("PRAGMA foreign_keys = ON")
+
+def _table_columns(db: sqlite3.Connection) -> dict[str, set[str]]:
+    tables = [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    return {t: {row[1] for row in db.execute(f"PRAGMA table_info('{t}')")} for t in tables}
+
+
+def _expected_columns() -> dict[str, set[str]]:
+    db = sqlite3.connect(":memory:")
+    db.executescript(SCHEMA)
+    columns = _table_columns(db)
+    db.close()
+    return {t: cols for t, cols in columns.items() if not t.startswith("sqlite_")}
+
+
+_COLUMNS = _expected_columns()  # read from SCHEMA itself, so the check cannot drift from it
+
+
+def _check(db: sqlite3.Connection) -> None:
+    """Raise _UnreadableHistory unless `db` passes quick_check and its tables have SCHEMA's columns; reads only."""
+    try:
+        result = db.execute("PRAGMA quick_check").fetchall()
+        if result != [("ok",)]:
+            raise _UnreadableHistory(f"it fails SQLite's integrity check: {str(result[0][0]).splitlines()[-1]}")
+        found = _table_columns(db)
+    except sqlite3.DatabaseError as e:
+        name = getattr(e, "sqlite_errorname", "")
+        if name.startswith("SQLITE_CORRUPT") or name == "SQLITE_NOTADB":
+            raise _UnreadableHistory(f"{e}") from e
+        raise
+    for table, columns in _COLUMNS.items():
+        # A later schema change must add its columns (ALTER TABLE) before this check, or old files are moved aside.
+        if table in found and not columns <= found[table]:
+            missing = ", ".join(sorted(columns - found[table]))
+            raise _UnreadableHistory(f"it is not a Stowage history (table {table} lacks {missing})")
+
+
+def _open_read_only(path: Path, query: str = "mode=ro") -> sqlite3.Connection:
+    return sqlite3.connect(f"{path.resolve().as_uri()}?{query}", uri=True)
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    """The history file, checked and writable; _UnreadableHistory, sqlite3.Error or OSError if not."""
+    if path.is_dir():
+        raise _UnreadableHistory("it is a folder, not a file")
+    if path.exists():
+        # Checked read-only first: closing a read-write connection to a broken file would fold its -wal
+        # into it and delete the -wal, and the file moved aside must be what was on disk.
+        probe = _open_read_only(path)
+        try:
+            _check(probe)
+        finally:
+            probe.close()
+    db = sqlite3.connect(path)
+    try:
+        db.execute("PRAGMA foreign_keys = ON")
+        db.executescript(SCHEMA)
         # WAL: a kill mid-write leaves the last committed state, and readers never block the writer.
-        self._db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA journal_mode = WAL")
         # NORMAL in WAL mode survives a crash or kill of the app (only a power loss can drop the last
         # commit) and skips an fsync per message that froze the GUI for tens of milliseconds.
-        self._db.execute("PRAGMA synchronous = NORMAL")
-        self._db.executescript(SCHEMA)
-        self._db.commit()
+        db.execute("PRAGMA synchronous = NORMAL")
+        db.commit()
+        # A read-only file opens and reads fine; find out now, not at the first message sent.
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        db.execute("BEGIN IMMEDIATE")
+        db.execute(f"PRAGMA user_version = {int(version)}")
+        db.rollback()
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _copy_into_memory(path: Path) -> sqlite3.Connection | None:
+    """The history at `path` copied into memory, or None when it cannot be read."""
+    # A read-only folder refuses even a read-only open of a WAL file (no -shm can be made there);
+    # immutable then reads the file as it is on disk, without the -wal.
+    for query in ("mode=ro", "immutable=1"):
+        db = sqlite3.connect(":memory:")
+        try:
+            source = _open_read_only(path, query)
+            try:
+                _check(source)
+                source.backup(db)
+                return db
+            finally:
+                source.close()
+        except (sqlite3.Error, _UnreadableHistory, OSError):
+            db.close()
+    return None
+
+
+def _in_memory(path: Path | None) -> tuple[sqlite3.Connection, bool]:
+    """A history in memory with SCHEMA, holding a copy of the file's when it can be read; (db, copied)."""
+    db = _copy_into_memory(path) if path is not None and path.is_file() else None
+    copied = db is not None
+    db = db or sqlite3.connect(":memory:")
+    db.execute("PRAGMA foreign_keys = ON")
+    db.executescript(SCHEMA)
+    db.commit()
+    return db, copied
+
+
+def _move_aside(path: Path) -> Path:
+    """Rename `path` (and its -wal/-shm) to conversations.sqlite3.broken-YYYYmmdd-HHMMSS; never deletes it."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = path.with_name(f"{path.name}.broken-{stamp}")
+    n = 1
+    while any(target.with_name(target.name + s).exists() for s in ("", *_SIDE_FILES)):
+        n += 1
+        target = path.with_name(f"{path.name}.broken-{stamp}-{n}")
+    path.rename(target)
+    for suffix in _SIDE_FILES:
+        side = path.with_name(path.name + suffix)
+        if side.exists():
+            side.rename(target.with_name(target.name + suffix))
+    return target
+
+
+class ConversationStore:
+    """Conversations and their messages; every write is committed at once.
+
+    `warning` is None when the history file opened normally. Otherwise it is one or two sentences for the
+    user (the GUI shows it in a dialog at start): the file could not be read and was moved aside (kept, never
+    deleted) and a new one started; or the file or folder cannot be written, so this session's history is
+    kept in memory only and is lost at exit. The store works in every case; nothing here raises at start.
+    """
+
+    def __init__(self, path: str | Path | None = None):
+        self.warning: str | None = None
+        self.path: Path | None = Path(path) if path is not None else None  # None: the data folder cannot be made
+        self._db = self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            if self.path is None:
+                self.path = paths.data_dir() / FILE_NAME
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return self._open_or_replace(self.path)
+        except (sqlite3.Error, OSError, _UnreadableHistory) as e:
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            where = self.path if self.path is not None else getattr(e, "filename", None) or "the data folder"
+            db, copied = _in_memory(self.path)
+            kept = "Past conversations are shown, but" if copied else "This session starts with no history, and"
+            self.warning = " ".join(filter(None, [self.warning, (
+                f"Conversations will not be saved: {where} cannot be written ({reason}). {kept} what you do in "
+                "this session is lost when Stowage closes. Make it writable (or free disk space) and restart "
+                "Stowage."
+            )]))
+            return db
+
+    def _open_or_replace(self, path: Path) -> sqlite3.Connection:
+        try:
+            return _connect(path)
+        except _UnreadableHistory as e:
+            reason = e
+        try:
+            moved = _move_aside(path)
+        except OSError as e:
+            self.warning = (
+                f"The conversation history at {path} could not be read ({reason}), and it could not be moved "
+                f"aside ({e.strerror or e}). This session keeps its conversations in memory only; they are lost "
+                "when Stowage closes."
+            )
+            return _in_memory(None)[0]
+        self.warning = (
+            f"The conversation history at {path} could not be read ({reason}); it was moved to {moved} and a "
+            "new one was started."
+        )
+        return _connect(path)
 
     def close(self) -> None:
         self._db.close()

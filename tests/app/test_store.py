@@ -38,3 +38,29 @@ def test_default_path_is_in_the_data_dir(isolated_user_files):
     store = ConversationStore()
     assert store.path.parent == isolated_user_files
     store.close()
+
+
+def last_message(path, conversation_id):
+    """The last message as another process opening the file would see it."""
+    store = ConversationStore(path)
+    try:
+        return store.messages(conversation_id)[-1]
+    finally:
+        store.close()
+
+
+def test_streamed_reply_is_saved_as_it_grows(tmp_path):
+    path = tmp_path / "c.sqlite3"
+    store = ConversationStore(path)
+    assert store.warning is None
+    cid = store.create()
+    store.add_message(cid, "user", "Count to three")
+    reply = store.add_message(cid, "assistant", "")
+    for partial in ("One", "One, two", "One, two, three"):
+        store.update_message(reply, partial)
+        # Another connection sees each step: a kill mid-reply keeps what was streamed so far.
+        assert last_message(path, cid).content == partial
+    store.update_message(reply, "One, two, three.", {"finish_reason": "stop"})
+    store.close()
+    last = last_message(path, cid)
+    assert (last.id, last.content, last.meta) == (reply, "One, two, three.", {"finish_reason": "stop"})

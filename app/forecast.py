@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.budgets import Budgets
-from engine.inspect import ModelInfo
-from engine.planner import PlanRequest, max_context, plan
+from engine.planning.budgets import Budgets
+from engine.planning.inspect import ModelInfo
+from engine.planning.plan import PlanRequest, max_context, plan
 
 from .model_settings import ModelSettings
 from .plan_bar import DeviceBar

@@ -8,6 +8,7 @@ from pathlib import Path
 from PySide6.QtCore import QByteArray, Qt, QTimer
 from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QSplitter
 
+from engine.planning.report import summary
 
 from .chat_panel import ChatPanel
 from .conversation_list import ConversationList
@@ -155,7 +156,7 @@ class MainWindow(QMainWindow):
         if plan is None:
             self.plan_label.setText("")
         elif plan.fits:
-            self.plan_label.setText(plan.summary())
+            self.plan_label.setText(summary(plan))
         else:
             self.plan_label.setText(f"{plan.context_tokens:,} tokens do not fit; the largest context that fits is "
                                     f"{plan.max_context_tokens:,} tokens")
@@ -170,9 +171,9 @@ class MainWindow(QMainWindow):
         self.loaded_plan = plan
         self._predict(plan, baseline=True)
         self._loading_dir = self.model_dir
-        self._loading_context = plan.load_options().context_tokens
+        self._loading_context = plan.context_tokens
         self.settings_panel.show_loading(0.0, "Starting")
-        self.client.load(self.model_dir, plan.load_options())
+        self.client.load(self.model_dir, plan)
 
     def _loaded(self, model_dir: str, seconds: float) -> None:
         self.loaded_dir = model_dir

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import psutil
 
+from engine.gpus import NvmlGpus
+
 
 @dataclass(frozen=True)
 class GpuInfo:
@@ -54,28 +56,12 @@ class MemoryStats:
     def __init__(self):
         self._process = psutil.Process(os.getpid())
         self.ram_total_bytes = psutil.virtual_memory().total
-        self.gpus: list[GpuInfo] = []
         self.gpu_note = ""
-        self._handles = []
-        self._nvml = None
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            for index in range(pynvml.nvmlDeviceGetCount()):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-                name = pynvml.nvmlDeviceGetName(handle)
-                name = name.decode() if isinstance(name, bytes) else name
-                total = pynvml.nvmlDeviceGetMemoryInfo(handle).total
-                self.gpus.append(GpuInfo(index, name, int(total)))
-                self._handles.append(handle)
-            self._nvml = pynvml
-            if not self.gpus:
-                self.gpu_note = "No NVIDIA GPU found"
-        except ImportError:
-            self.gpu_note = "No NVIDIA GPU: nvidia-ml-py is not installed"
-        except Exception as e:  # pynvml.NVMLError and its subclasses: no driver, no library, ...
-            self.gpu_note = f"No NVIDIA GPU: {_nvml_reason(e)}"
+        # GPUs in CUDA's numbering (engine.gpus), so "cuda:N" in a plan is GpuInfo index N here
+        self._nvml = NvmlGpus()
+        self.gpus: list[GpuInfo] = [GpuInfo(g.cuda_index, g.name, g.total_bytes) for g in self._nvml.gpus]
+        if not self.gpus:
+            self.gpu_note = "No NVIDIA GPU: " + self._nvml.note
 
     def device_summary(self) -> str:
         """For the status bar: "GPU 0: NVIDIA GeForce RTX 4090, 24 GiB" or "CPU only: no NVIDIA driver found"."""
@@ -85,12 +71,7 @@ class MemoryStats:
 
     def sample(self) -> Sample:
         vm = psutil.virtual_memory()
-        gpu_used = []
-        for handle in self._handles:
-            try:
-                gpu_used.append(int(self._nvml.nvmlDeviceGetMemoryInfo(handle).used))
-            except Exception:  # a GPU that fell off the bus reads as empty rather than killing the graph
-                gpu_used.append(0)
+        gpu_used = [self._nvml.used_bytes(g.index) for g in self.gpus]
         return Sample(
             time_s=time.monotonic(),
             ram_used_bytes=int(vm.total - vm.available),
@@ -98,9 +79,3 @@ class MemoryStats:
             gpu_used_bytes=tuple(gpu_used),
         )
 
-
-def _nvml_reason(error: Exception) -> str:
-    name = type(error).__name__
-    if "LibraryNotFound" in name or "DriverNotLoaded" in name:
-        return "no NVIDIA driver found"
-    return str(error) or name

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.planning.report import summary
 from engine.units import format_bytes, format_tokens
 
 from . import context_policy
@@ -318,7 +319,7 @@ class SettingsPanel(QWidget):
         self.plan_bar.set_bars(self.forecast.bars(self.plan, self.settings))
         if self.plan.fits:
             self.plan_message.setStyleSheet("color: #1b5e20;")
-            self.plan_message.setText(self.plan.summary())
+            self.plan_message.setText(summary(self.plan))
         else:
             self.plan_message.setStyleSheet(ERROR_STYLE)
             self.plan_message.setText(self.plan.error)

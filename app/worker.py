@@ -20,10 +20,10 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 # Imported here, on the GUI thread before the window shows, not lazily in the engine thread: an import
 # holds the GIL and the import lock for hundreds of milliseconds (tokenizers, jinja2, kernels), and
 # the GUI would freeze on them during the first load.
-from engine.budgets import detect_budgets
+from engine.planning.budgets import detect_budgets
 from engine.engine import Engine
 from engine.errors import GenerationCancelled, StowageError
-from engine.inspect import inspect
+from engine.planning.inspect import inspect
 
 from . import context_policy
 
@@ -146,15 +146,15 @@ class EngineWorker(QObject):
         self.inspected.emit(model_dir, info, budgets)
 
     @Slot(str, object, object)
-    def load(self, model_dir: str, options, cancel: threading.Event) -> None:
+    def load(self, model_dir: str, plan, cancel: threading.Event) -> None:
         self._unload()  # one model at a time: loading another frees the first
         start = time.perf_counter()
         try:
             self.engine = Engine.load(
-                Path(model_dir), options, progress=lambda f, m: self.load_progress.emit(float(f), str(m)), cancel=cancel
+                Path(model_dir), plan, progress=lambda f, m: self.load_progress.emit(float(f), str(m)), cancel=cancel
             )
             self.conversation = self.engine.new_conversation()
-            self.context_tokens = options.context_tokens
+            self.context_tokens = plan.context_tokens
         except Exception as e:
             self.engine = self.conversation = None
             release_freed_memory()
@@ -254,9 +254,9 @@ class EngineClient(QObject):
     def inspect(self, model_dir: str, **budget_args) -> None:
         self._inspect.emit(model_dir, budget_args)
 
-    def load(self, model_dir: str, options) -> None:
+    def load(self, model_dir: str, plan) -> None:
         self._load_cancel = threading.Event()
-        self._load.emit(model_dir, options, self._load_cancel)
+        self._load.emit(model_dir, plan, self._load_cancel)
 
     def cancel_load(self) -> None:
         if self._load_cancel is not None:

@@ -197,7 +197,7 @@ def peak_rss_bytes() -> int:
 
 def anonymous_bytes() -> int:
     sys.path.insert(0, str(ROOT))
-    from engine.memory import anonymous_bytes as anon
+    from bench.memory import anonymous_bytes as anon
 
     return anon()
 

@@ -60,15 +60,16 @@ def work_stowage(model_dir: Path, threads: int, w: Workload, profile: Path | Non
     t = time.perf_counter()
     import torch
 
-    from engine.engine import Engine, LoadOptions
-    from engine.memory import anonymous_bytes
+    from bench.memory import anonymous_bytes
+    from engine.engine import Engine
+    from engine.planning import plan_for
     from engine.sampler import SamplingParams
 
     common.set_threads(threads)
     r = {"import_s": time.perf_counter() - t, "torch": torch.__version__}
     anon = anonymous_bytes()
     t = time.perf_counter()
-    engine = Engine.load(model_dir, LoadOptions(context_tokens=CONTEXT_TOKENS))
+    engine = Engine.load(model_dir, plan_for(model_dir, CONTEXT_TOKENS))
     r["load_s"] = time.perf_counter() - t
     r["private_load_mib"] = anonymous_bytes() / MiB
     kv_bytes = sum(d["kv_cache"] for d in engine.memory_report().values())
@@ -160,7 +161,7 @@ def work_transformers(model_dir: Path, threads: int, w: Workload) -> dict:
     import transformers
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    from engine.memory import anonymous_bytes
+    from bench.memory import anonymous_bytes
 
     common.set_threads(threads)
     r = {"import_s": time.perf_counter() - t, "torch": torch.__version__, "transformers": transformers.__version__}
@@ -210,7 +211,7 @@ def work_llama_cpp(gguf_path: Path, threads: int, w: Workload) -> dict:
     t = time.perf_counter()
     import llama_cpp
 
-    from engine.memory import anonymous_bytes
+    from bench.memory import anonymous_bytes
 
     r = {"import_s": time.perf_counter() - t, "llama_cpp": llama_cpp.__version__}
     anon = anonymous_bytes()
@@ -460,7 +461,7 @@ def main(argv=None) -> None:
         notes = "\n".join([
             "",
             "What each figure is (a SmolLM2-360M-shaped Llama, random bf16 weights, token ids fed directly):",
-            "- load: `Engine.load(dir, LoadOptions(context_tokens=4096))` vs `AutoModelForCausalLM.from_pretrained"
+            "- load: `Engine.load(dir, plan_for(dir, 4096))` vs `AutoModelForCausalLM.from_pretrained"
             "(dir, dtype=torch.bfloat16)` vs `llama_cpp.Llama(gguf, n_ctx=4096)`; imports excluded, page cache warm.",
             "- peak RSS: the process's VmHWM at the end (mapped weights count once touched); private: `Anonymous` in "
             "`/proc/self/smaps_rollup`.",

@@ -23,7 +23,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.engine import Engine, LoadOptions  # noqa: E402
+from engine.engine import Engine
+from engine.planning import plan_for  # noqa: E402
 
 FP8_MAX = 448.0
 PROMPTS = [
@@ -120,13 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = random_model_dir(Path(tmp.name))
 
     def load(kv_dtype):
-        probe = Engine.load(model_dir, LoadOptions(context_tokens=16, kv_dtype=kv_dtype))
-        num_layers = probe.config.num_layers
-        probe.close()
-        devices = tuple([args.device] * num_layers)
-        head = args.device
-        return Engine.load(model_dir, LoadOptions(context_tokens=1024, kv_dtype=kv_dtype, layer_devices=devices,
-                                                  embed_device=head, head_device=head))
+        # every layer on args.device: 0 GPU layers for the CPU, all of them (more than any model has) for a GPU
+        gpu_layers = 0 if args.device == "cpu" else 1 << 20
+        return Engine.load(model_dir, plan_for(model_dir, 1024, kv_dtype=kv_dtype, gpu_layers=gpu_layers))
 
     base = load(args.baseline)
     variants = {name: load(kv) for name, kv in [("bfloat16", "bfloat16"), ("fp8 scale 1", "fp8"),

@@ -49,10 +49,10 @@ def long_context_copy(model_dir: Path) -> Path:
 def worker(model_dir: str, scenario: str, result: str) -> None:
     import torch
 
-    from engine.budgets import Budgets, detect_gpus, detect_ram, gpu_budget
-    from engine.inspect import inspect
-    from engine.plan_check import check_plan
-    from engine.planner import PlanRequest, plan
+    from engine.planning.budgets import Budgets, detect_gpus, detect_ram, gpu_budget
+    from engine.planning.inspect import inspect
+    from bench.plan_check import check_plan
+    from engine.planning.plan import PlanRequest, plan
 
     info = inspect(model_dir)
     gpus, note = detect_gpus()

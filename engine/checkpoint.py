@@ -20,7 +20,8 @@ class Checkpoint:
     def __init__(self, model_dir: str | Path):
         self.model_dir = Path(model_dir)
         self.specs: dict[str, TensorSpec] = {}
-        for path in weight_files(self.model_dir):
+        self.files = weight_files(self.model_dir)
+        for path in self.files:
             for name, spec in read_header(path).items():
                 if name in self.specs:
                     raise ModelFormatError(f"{path.name}: tensor {name!r} also appears in {self.specs[name].path.name}")
@@ -29,12 +30,6 @@ class Checkpoint:
 
     def __contains__(self, name: str) -> bool:
         return name in self.specs
-
-    def require(self, names: list[str]) -> None:
-        missing = [n for n in names if n not in self.specs]
-        if missing:
-            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            raise ModelFormatError(f"{self.model_dir.name}: the architecture needs tensors that are missing: {shown}")
 
     def tensor(self, name: str) -> torch.Tensor:
         """The named tensor as a view of the mapped file (no copy)."""

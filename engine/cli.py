@@ -1,4 +1,4 @@
-"""The `stowage` command: the GUI with no arguments; `chat`, `generate` and `plan` for the terminal."""
+"""The engine's commands: `chat`, `generate` and `plan` (stowage_entry.py sends `stowage` with no command to the GUI)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import sys
 import threading
 from pathlib import Path
 
+from .defaults import DEFAULT_CONTEXT
+from .dtypes import COMPUTE, KV
 from .errors import StowageError
+from .planning.cli import add_plan_parser
 from .sampler import SamplingParams
 
 
@@ -29,9 +32,9 @@ def _add_sampling(p: argparse.ArgumentParser, temperature: float) -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+    p.add_argument("--dtype", choices=sorted(COMPUTE), default=None,
                    help="weights dtype (default: as stored, used in place)")
-    p.add_argument("--kv-dtype", choices=["float32", "bfloat16", "float16", "fp8"], default=None)
+    p.add_argument("--kv-dtype", choices=sorted(KV), default=None)
 
 
 def _sampling(args) -> SamplingParams:
@@ -42,10 +45,11 @@ def _sampling(args) -> SamplingParams:
 
 def _load(args, context_tokens: int):
     from .engine import Engine
-    from .launch import load_options_for
+    from .planning import plan_for
 
-    options = load_options_for(Path(args.model_dir), context_tokens, dtype=args.dtype, kv_dtype=args.kv_dtype)
-    return Engine.load(args.model_dir, options, progress=_progress)
+    # Planned against this machine first: a shortage is an error before anything is allocated.
+    plan = plan_for(args.model_dir, context_tokens, dtype=args.dtype, kv_dtype=args.kv_dtype)
+    return Engine.load(args.model_dir, plan, progress=_progress)
 
 
 def run_generate(args) -> int:
@@ -80,7 +84,7 @@ def run_chat(args) -> int:
     if args.context is None:
         from .config import ModelConfig
 
-        args.context = min(4096, ModelConfig.from_dir(args.model_dir).max_position_embeddings)
+        args.context = min(DEFAULT_CONTEXT, ModelConfig.from_dir(args.model_dir).max_position_embeddings)
     engine = _load(args, args.context)
     conv = engine.new_conversation()
     messages = [{"role": "system", "content": args.system}] if args.system else []
@@ -113,7 +117,7 @@ def run_chat(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stowage", description="Run language models locally. "
                                      "With no command, opens the desktop app.")
-    sub = parser.add_subparsers(dest="command")
+    sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate a reply to one prompt")
     gen.add_argument("model_dir")
     gen.add_argument("--prompt", required=True)
@@ -128,21 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", default=None, help="system prompt")
     _add_sampling(chat, temperature=0.7)
     chat.set_defaults(func=run_chat)
-    try:
-        from .plan_cli import add_plan_parser
-    except ImportError:  # the planner's command arrives with engine/plan_cli.py
-        pass
-    else:
-        add_plan_parser(sub)
+    add_plan_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command is None:
-        from app.main import main as gui_main
-
-        return gui_main()
     try:
         return args.func(args)
     except StowageError as e:

@@ -4,46 +4,27 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from kernels import attention_ops
+
 from .checkpoint import Checkpoint
 from .config import ModelConfig
-from .errors import InsufficientMemoryError
-from .generation import Generation
-from .kv_cache import KV_DTYPES, CacheSpec, KVCache, Sequence
+from .dtypes import COMPUTE, KV
+from .errors import InsufficientMemoryError, ModelFormatError
+from .generation import Conversation, Generation
+from .kv_cache import CacheSpec, KVCache
+from .layout import ModelLayout
 from .model import Transformer
+from .planning.plan import Plan
 from .sampler import SamplingParams
 from .tokenizer import Tokenizer
-from .weights import head_tensor_names, layer_tensor_names, load_layers, place
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-STORED_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+from .weights import TensorSet, load_layers, place
 
 Progress = Callable[[float, str], None]
-
-
-@dataclass(frozen=True)
-class LoadOptions:
-    context_tokens: int = 4096
-    dtype: str | None = None  # weights/compute dtype; None keeps the stored dtype (no copy on the CPU)
-    kv_dtype: str | None = None  # None: the compute dtype
-    block_size: int = 16
-    prefill_chunk: int = 512
-    num_seqs: int = 1
-    layer_devices: tuple[str, ...] | None = None  # one per layer; None: all on the CPU
-    embed_device: str = "cpu"
-    head_device: str | None = None  # final norm + lm_head; None: the last layer's device
-
-    def __post_init__(self):
-        if self.context_tokens < 1 or self.block_size < 1 or self.prefill_chunk < 1:
-            raise ValueError("context_tokens, block_size and prefill_chunk must be positive")
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:
-            raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
 
 
 @dataclass
@@ -53,71 +34,72 @@ class EngineStats:
     generated_tokens: int = 0
 
 
-@dataclass
-class Conversation:
-    """A chat whose K/V stay cached between turns."""
-
-    seq: Sequence = field(default_factory=Sequence)
-    last_used: float = 0.0
-
-    @property
-    def num_tokens(self) -> int:
-        return self.seq.num_tokens
-
-
 class Engine:
     def __init__(self, model_dir: Path, config: ModelConfig, tokenizer: Tokenizer, model: Transformer,
-                 cache: KVCache, options: LoadOptions, checkpoint: Checkpoint):
+                 cache: KVCache, plan: Plan, checkpoint: Checkpoint, devices: dict[str, torch.device]):
         self.model_dir = model_dir
         self.name = model_dir.name
         self.config = config
         self.tokenizer = tokenizer
         self.model = model
         self.cache = cache
-        self.options = options
+        self.plan = plan
+        self.prefill_chunk = plan.prefill_chunk
         self.stats = EngineStats()
         self._checkpoint = checkpoint
+        self._devices = devices  # the plan's device names -> where their tensors live
         self._conversations: list[Conversation] = []
         self.eos_ids = set(config.eos_token_ids) | ({tokenizer.token_id(tokenizer.eos_token)} - {None})
 
     @classmethod
-    def load(cls, model_dir: str | Path, options: LoadOptions = LoadOptions(),
-             progress: Progress | None = None, cancel: threading.Event | None = None) -> "Engine":
+    def load(cls, model_dir: str | Path, plan: Plan, progress: Progress | None = None,
+             cancel: threading.Event | None = None, *, simulate: dict[str, str] | None = None) -> "Engine":
+        """Load exactly what `plan` says: the KV cache first, then the embeddings, head and layers on their devices.
+
+        `simulate` maps plan devices to real ones (e.g. {"cuda:0": "cpu"}) for checks of the per-device accounting
+        on a machine without them; memory is still reported under the plan's names."""
         model_dir = Path(model_dir)
+        plan.require_fit()
         report = progress or (lambda fraction, message: None)
         is_cancelled = cancel.is_set if cancel is not None else (lambda: False)
         report(0.0, "reading config and headers")
         config = ModelConfig.from_dir(model_dir)
         checkpoint = Checkpoint(model_dir)
+        layout = ModelLayout.of(config, checkpoint.specs, model_dir.name)
         tokenizer = Tokenizer(model_dir)
-        head_names = head_tensor_names(config, checkpoint.specs)
-        checkpoint.require(list(head_names.values()) + [
-            n for i in range(config.num_layers) for n in layer_tensor_names(config, i).values()])
-        dtype = DTYPES[options.dtype] if options.dtype else None
-        compute_dtype = dtype or DTYPES.get(STORED_DTYPES.get(checkpoint.specs[head_names["embed"]].dtype), torch.float32)
-        layer_devices = [torch.device(d) for d in (options.layer_devices or ["cpu"] * config.num_layers)]
-        if len(layer_devices) != config.num_layers:
-            raise ValueError(f"layer_devices names {len(layer_devices)} devices for {config.num_layers} layers")
-        head_device = torch.device(options.head_device) if options.head_device else layer_devices[-1]
-        spec = CacheSpec(config.num_kv_heads, config.head_dim,
-                         KV_DTYPES[options.kv_dtype] if options.kv_dtype else compute_dtype, options.block_size)
+        if plan.num_layers != layout.num_layers or layout.compute_dtype(plan.forced_dtype) != plan.dtype:
+            raise ModelFormatError(f"{model_dir.name}: the plan was made for another model ({plan.num_layers} layers, "
+                                   f"{plan.dtype}); plan again for this folder")
+        names = set(plan.layer_devices) | {plan.embed_device, plan.head_device}
+        devices = {name: torch.device((simulate or {}).get(name, name)) for name in names}
+        layer_devices = [devices[d] for d in plan.layer_devices]
+        for name in set(plan.layer_devices):
+            cls._check_kernel(plan, name, devices[name], simulated=name in (simulate or {}))
+        dtype = COMPUTE[plan.forced_dtype] if plan.forced_dtype else None
+        spec = CacheSpec(config.num_kv_heads, config.head_dim, KV[plan.kv_dtype], plan.block_size)
         # The KV cache first: it is what the user asked for, and a shortage should show before weights move.
-        report(0.0, f"allocating KV cache for {options.context_tokens:,} tokens")
+        report(0.0, f"allocating KV cache for {plan.context_tokens:,} tokens")
         try:
-            cache = KVCache(spec, layer_devices, options.context_tokens, options.num_seqs)
+            cache = KVCache(spec, layer_devices, plan.context_tokens, plan.num_seqs)
         except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
-            raise InsufficientMemoryError(f"cannot allocate the KV cache for {options.context_tokens:,} tokens: {e}") from e
-        embed_device = torch.device(options.embed_device)
-        head = place(checkpoint, {"embed": head_names["embed"]}, embed_device, dtype)
-        tail = place(checkpoint, {k: v for k, v in head_names.items() if k != "embed"}, head_device, dtype)
-        if tail.device == head.device and head_names["lm_head"] == head_names["embed"]:
-            tail.tensors["lm_head"] = head["embed"]  # tied: share the one tensor
-        head.tensors |= tail.tensors
-        head.copied_bytes += tail.copied_bytes
-        layers = load_layers(checkpoint, config, layer_devices, dtype, report, is_cancelled)
-        model = Transformer(config, head, layers, head_device, cache.max_tokens)
+            raise InsufficientMemoryError(f"cannot allocate the KV cache for {plan.context_tokens:,} tokens: {e}") from e
+        embed = place(checkpoint, {"embed": layout.embed}, devices[plan.embed_device], dtype, plan.embed_device)
+        shared = embed if layout.tied and plan.head_device == plan.embed_device else None
+        head = place(checkpoint, layout.head_names(), devices[plan.head_device], dtype, plan.head_device, shared)
+        layers = load_layers(checkpoint, layout.layers, layer_devices, plan.layer_devices, dtype, report,
+                             is_cancelled)
+        model = Transformer(config, embed, head, layers, cache.max_tokens)
         report(1.0, "loaded")
-        return cls(model_dir, config, tokenizer, model, cache, options, checkpoint)
+        return cls(model_dir, config, tokenizer, model, cache, plan, checkpoint, devices)
+
+    @staticmethod
+    def _check_kernel(plan: Plan, name: str, device: torch.device, simulated: bool) -> None:
+        # The planner charged the workspace of the kernel it expected on this device; the same must run.
+        planned, running = plan.device(name).attention, attention_ops(device).NAME
+        if planned != running and not simulated:
+            raise InsufficientMemoryError(
+                f"the plan charged {name} for the {planned!r} attention kernel, but {running!r} would run there "
+                "(a plan made on another machine, or STOWAGE_FORCE_REFERENCE changed since); plan again")
 
     # -- conversations -------------------------------------------------------------------------
     def new_conversation(self) -> Conversation:
@@ -159,16 +141,22 @@ class Engine:
         return self.generate(conv, self.tokenizer.apply_chat_template(messages), sampling, cancel=cancel)
 
     def memory_report(self) -> dict[str, dict[str, int]]:
-        """Bytes the engine holds per device: weights copied onto it, weights mapped in place, KV cache."""
+        """Bytes the engine holds per plan device: weights copied onto it, weights mapped in place, KV cache."""
         report: dict[str, dict[str, int]] = {}
-        def add(device, key, n):
-            d = report.setdefault(str(device), {"weights_copied": 0, "weights_mapped": 0, "kv_cache": 0})
+
+        def add(device: str, key: str, n: int) -> None:
+            d = report.setdefault(device, {"weights_copied": 0, "weights_mapped": 0, "kv_cache": 0})
             d[key] += n
-        for ts in [self.model.head, *self.model.layers]:
-            add(ts.device, "weights_copied", ts.copied_bytes)
-            add(ts.device, "weights_mapped", ts.num_bytes - ts.copied_bytes)
-        for t in self.cache.k_cache + self.cache.v_cache:
-            add(t.device, "kv_cache", t.numel() * t.element_size())
+
+        # a tied head on the embeddings' device shares their storage: count it once there (on another
+        # device it is a copy of its own, even where a simulated device maps the same file pages)
+        seen: dict[str, set[int]] = {}
+        for ts in [self.model.embed, self.model.head, *self.model.layers]:
+            mapped = ts.bytes_excluding(seen.setdefault(ts.label, set())) - ts.copied_bytes
+            add(ts.label, "weights_copied", ts.copied_bytes)
+            add(ts.label, "weights_mapped", mapped)
+        for name, k, v in zip(self.plan.layer_devices, self.cache.k_cache, self.cache.v_cache):
+            add(name, "kv_cache", k.numel() * k.element_size() + v.numel() * v.element_size())
         return report
 
     def close(self) -> None:

@@ -6,14 +6,38 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
+from .kv_cache import KVCache, Sequence
 from .sampler import Sampler, SamplingParams
+from .tokenizer import Tokenizer
 
-if TYPE_CHECKING:
-    from .engine import Conversation, Engine
+
+@dataclass
+class Conversation:
+    """A chat whose K/V stay cached between turns."""
+
+    seq: Sequence = field(default_factory=Sequence)
+    last_used: float = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.seq.num_tokens
+
+
+class Host(Protocol):
+    """What a generation needs of the engine that runs it (engine/engine.py Engine)."""
+
+    model: object  # engine.model.Transformer: forward(token_ids, seq, cache) -> logits
+    cache: KVCache
+    tokenizer: Tokenizer
+    eos_ids: set[int]
+    stats: object  # EngineStats: prefilled_tokens, reused_tokens, generated_tokens
+    prefill_chunk: int
+
+    def make_room(self, conv: Conversation, num_tokens: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -56,7 +80,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class Generation:
     """Iterate for TokenEvents; `result` fills in as it goes and is final when iteration ends."""
 
-    def __init__(self, engine: "Engine", conv: "Conversation", prompt_ids: list[int],
+    def __init__(self, engine: Host, conv: Conversation, prompt_ids: list[int],
                  sampling: SamplingParams, cancel: threading.Event | None):
         self.engine, self.conv, self.prompt_ids = engine, conv, prompt_ids
         self.sampling, self.cancel = sampling, cancel
@@ -86,7 +110,7 @@ class Generation:
         r = self.result
         r.reused_tokens = reuse
         start = time.perf_counter()
-        chunk = engine.options.prefill_chunk
+        chunk = engine.prefill_chunk
         logits = None
         for i in range(reuse, len(prompt), chunk):
             if self._cancelled():

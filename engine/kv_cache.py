@@ -6,14 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .defaults import BLOCK_SIZE
 from .errors import OutOfBlocksError
-
-KV_DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "fp8": torch.float8_e4m3fn,
-}
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -27,7 +21,7 @@ class CacheSpec:
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
-    block_size: int = 16
+    block_size: int = BLOCK_SIZE
 
     @property
     def bytes_per_token(self) -> int:

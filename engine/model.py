@@ -46,15 +46,20 @@ class StepInputs:
 class Transformer:
     """Runs one sequence's new tokens through every layer, each on its own device."""
 
-    def __init__(self, config: ModelConfig, head: TensorSet, layers: list[TensorSet], head_device: torch.device,
+    def __init__(self, config: ModelConfig, embed: TensorSet, head: TensorSet, layers: list[TensorSet],
                  max_positions: int):
         self.config = config
-        self.head = head  # embed on head.device; norm and lm_head on head_device
+        self.embed = embed  # the embeddings, on their device
+        self.head = head  # the final norm and lm_head, on the head's device
         self.layers = layers
-        self.head_device = head_device
+        self.head_device = head.device
         self.rotary = RotaryTable(config, max_positions)
         self.scale = config.head_dim**-0.5
-        self.dtype = layers[0]["q"].dtype if layers else head["embed"].dtype
+        self.dtype = layers[0]["q"].dtype if layers else embed["embed"].dtype
+
+    def attention_kernels(self) -> dict[str, str]:
+        """The attention implementation each device's layers run, by the plan's device name."""
+        return {layer.label: attention_ops(layer.device).NAME for layer in self.layers}
 
     @torch.inference_mode()
     def forward(self, token_ids: list[int], seq: Sequence, cache: KVCache, all_logits: bool = False) -> torch.Tensor:
@@ -65,7 +70,7 @@ class Transformer:
         block_table = cache.block_table_tensor(seq)
         context_lens = torch.tensor([start + n], dtype=torch.int32)
         steps: dict[torch.device, StepInputs] = {}
-        h = F.embedding(torch.tensor(token_ids, device=self.head.device), self.head["embed"])
+        h = F.embedding(torch.tensor(token_ids, device=self.embed.device), self.embed["embed"])
         for i, layer in enumerate(self.layers):
             dev = layer.device
             step = steps.get(dev)

@@ -13,23 +13,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .dtypes import SAFETENSORS as DTYPES
+from .dtypes import name_of
 from .errors import ModelFormatError
 
-# safetensors dtype -> (bytes per element, numpy dtype to view the bytes, torch dtype to reinterpret as)
-DTYPES: dict[str, tuple[int, np.dtype, torch.dtype]] = {
-    "F64": (8, np.dtype("<f8"), torch.float64),
-    "F32": (4, np.dtype("<f4"), torch.float32),
-    "F16": (2, np.dtype("<f2"), torch.float16),
-    "BF16": (2, np.dtype("<i2"), torch.bfloat16),
-    "I64": (8, np.dtype("<i8"), torch.int64),
-    "I32": (4, np.dtype("<i4"), torch.int32),
-    "I16": (2, np.dtype("<i2"), torch.int16),
-    "I8": (1, np.dtype("i1"), torch.int8),
-    "U8": (1, np.dtype("u1"), torch.uint8),
-    "BOOL": (1, np.dtype("u1"), torch.bool),
-    "F8_E4M3": (1, np.dtype("u1"), torch.float8_e4m3fn),
-    "F8_E5M2": (1, np.dtype("u1"), torch.float8_e5m2),
-}
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
@@ -51,6 +38,15 @@ class TensorSpec:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype][2]
+
+    @property
+    def dtype_name(self) -> str:
+        """The torch name of the stored dtype ("bfloat16"); what the model layout and the planner read."""
+        return name_of(self.torch_dtype)
+
+    @property
+    def numel(self) -> int:
+        return self.nbytes // DTYPES[self.dtype][0]
 
 
 def read_header(path: str | os.PathLike) -> dict[str, TensorSpec]:

@@ -1,12 +1,15 @@
-"""Paged attention: a torch reference (runs anywhere) and Triton kernels (CUDA).
+"""Our compute: paged attention (a torch reference, Triton kernels for CUDA) and CPU matrix products.
 
-`attention_ops(device)` picks the implementation. Triton is imported only there, lazily, so that
-a test can set TRITON_INTERPRET before any kernel is decorated.
+`attention_ops(device)` picks the attention implementation that runs on a device: an object (a module)
+with `NAME`, `write_kv`, `decode_attention`, `prefill_attention`, and `workspace_bytes(...)`, its peak
+scratch, which the planner charges. Triton is imported only when a kernel is first called, so a test
+can set TRITON_INTERPRET before any kernel is decorated, and planning never imports it.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 from types import ModuleType
 
@@ -17,10 +20,14 @@ from . import reference
 FORCE_REFERENCE_ENV = "STOWAGE_FORCE_REFERENCE"
 
 
+def forced_reference() -> bool:
+    return os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0")
+
+
 def attention_ops(device: torch.device | str) -> ModuleType:
-    """The module whose write_kv / decode_attention / prefill_attention serve tensors on device."""
+    """The attention implementation that runs on `device` (also asked when planning for a GPU not present)."""
     device = torch.device(device)
-    if device.type != "cuda" or os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
+    if device.type != "cuda" or forced_reference():
         return reference
     return _cuda_ops(device.index)
 
@@ -28,13 +35,12 @@ def attention_ops(device: torch.device | str) -> ModuleType:
 @functools.lru_cache(maxsize=None)
 def _cuda_ops(index: int | None) -> ModuleType:
     # Cached per GPU: the engine asks once per layer per token.
-    if not torch.cuda.is_available():  # no CUDA tensor can exist; nothing to accelerate
+    if importlib.util.find_spec("triton") is None:  # an optional extra; the reference is correct, only slower
         return reference
-    try:
-        from . import triton_attention
-    except ImportError:  # triton is an optional extra; the reference is correct, only slower
+    # Triton's CUDA backend wants compute capability 7.5 or newer (Turing on). Without CUDA here (a plan for
+    # a GPU budget made on another machine), plan for the kernel a supported GPU would run.
+    if torch.cuda.is_available() and torch.cuda.get_device_capability(index) < (7, 5):
         return reference
-    # Triton's CUDA backend wants compute capability 7.5 or newer (Turing on).
-    if torch.cuda.get_device_capability(index) < (7, 5):
-        return reference
+    from . import triton_attention
+
     return triton_attention

@@ -1,30 +1,56 @@
-"""The Triton attention ops, with the reference's signatures: what `attention_ops("cuda")` returns."""
+"""The Triton attention ops, with the reference's signatures: what `attention_ops("cuda")` returns.
+
+The kernel modules import triton; they are imported on the first call, so planning for a GPU (which
+asks only `workspace_bytes`) never imports triton.
+"""
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 
-from . import reference, triton_decode, triton_prefill, triton_write
+from . import reference
 
-__all__ = ["write_kv", "decode_attention", "prefill_attention"]
+NAME = "triton"
+# Split-K decode (kernels/triton_decode.py): partials exist only past 2 * MIN_SPLIT_TOKENS of context.
+MIN_SPLIT_TOKENS = 512  # below this a split's fixed cost outweighs the parallelism it buys
+MAX_SPLITS = 64
+
+
+def _kernel(name: str):
+    return importlib.import_module(f"{__package__}.{name}")
 
 
 def write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0) -> None:
     """Store each token's K and V in its cache slot (Triton; reference for fp8 on pre-Ada GPUs)."""
-    ops = reference if _fp8_unsupported(k_cache) else triton_write
+    ops = reference if _fp8_unsupported(k_cache) else _kernel("triton_write")
     ops.write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 
 def decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, k_scale=1.0, v_scale=1.0):
     """One new query token per sequence attends to its whole cached context (Triton)."""
-    ops = reference if _fp8_unsupported(k_cache) else triton_decode
+    ops = reference if _fp8_unsupported(k_cache) else _kernel("triton_decode")
     return ops.decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale)
 
 
 def prefill_attention(query, k_cache, v_cache, block_table, start_pos, scale, k_scale=1.0, v_scale=1.0):
     """A chunk of new tokens (their K/V already written) attends causally to the cache (Triton)."""
-    ops = reference if _fp8_unsupported(k_cache) else triton_prefill
+    ops = reference if _fp8_unsupported(k_cache) else _kernel("triton_prefill")
     return ops.prefill_attention(query, k_cache, v_cache, block_table, start_pos, scale, k_scale, v_scale)
+
+
+def workspace_bytes(*, num_tokens: int, context_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                    dtype: torch.dtype, cache_dtype: torch.dtype, block_size: int, num_seqs: int = 1) -> int:
+    """Peak bytes one call allocates: its output, and for a long decode the split-K partials (fp32 output and
+    log-sum-exp per split). Prefill streams K/V through registers and allocates only its output. An fp8 cache on
+    a pre-Ada GPU falls back to the reference, which the planner does not model: plan with an fp16 cache there."""
+    n = min(num_tokens, context_tokens)
+    out = num_seqs * n * num_heads * head_dim * dtype.itemsize
+    if n > 1 or context_tokens < 2 * MIN_SPLIT_TOKENS:
+        return out
+    splits = min(context_tokens // MIN_SPLIT_TOKENS, MAX_SPLITS)  # the most choose_num_splits picks
+    return out + num_seqs * num_heads * splits * (head_dim + 1) * 4
 
 
 def _fp8_unsupported(cache: torch.Tensor) -> bool:

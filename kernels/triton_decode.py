@@ -17,12 +17,11 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_attention import MAX_SPLITS, MIN_SPLIT_TOKENS
 from .triton_write import _check_inner_contiguous, _unit_stride, cache_strides
 
 LOG2E = 1.4426950408889634
 TILE_TOKENS = 64  # tokens per inner step; spans several blocks, gathered row by row
-MIN_SPLIT_TOKENS = 512  # below this a split's fixed cost outweighs the parallelism it buys
-MAX_SPLITS = 64
 # Read when the kernels below are decorated, as triton.jit does (triton.knobs is 3.4+).
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 

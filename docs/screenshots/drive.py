@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QApplication  # noqa: E402
 
 from app.main_window import MainWindow  # noqa: E402
 from app.paths import demo_model_dir  # noqa: E402
-from engine.planner import PlanRequest, plan  # noqa: E402
+from engine.planning.plan import PlanRequest, plan  # noqa: E402
 
 QUESTIONS = ["What does Stowage do when I move the context slider?", "What if it does not fit?"]
 

@@ -145,5 +145,5 @@ def test_loading_again_frees_the_first_model(window, app_driver, qtbot):
     window.loaded_dir = None  # what the test waits on below
     app_driver.load(window, context_tokens=2048)
     assert first() is None
-    assert window.client.worker.engine.options.context_tokens == 2048
+    assert window.client.worker.engine.plan.context_tokens == 2048
     assert f"/ {2048:,} tokens" in window.chat.counter.text()

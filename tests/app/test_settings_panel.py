@@ -8,9 +8,9 @@ from app.context_scale import SLIDER_STEPS
 from app.forecast import Forecast
 from app.model_settings import ModelSettings
 from app.settings_panel import SettingsPanel
-from engine.budgets import given_budgets
-from engine.inspect import inspect
-from engine.planner import PlanRequest, max_context, plan
+from engine.planning.budgets import given_budgets
+from engine.planning.inspect import inspect
+from engine.planning.plan import PlanRequest, max_context, plan
 
 
 @pytest.fixture
@@ -69,12 +69,12 @@ def test_a_context_beyond_the_fit_is_shown_as_not_fitting(panel, qtbot):
 
 def test_ram_limit_lowers_the_slider_top(panel, forecast):
     before = panel.max_fit_tokens
-    # The box steps in 0.01 GiB; the step just under the 512-token plan leaves no context that fits.
-    at_512 = plan(forecast.info, PlanRequest(512), forecast.detected).devices[-1].total_bytes
-    limit_gib = math.floor(at_512 / 1024**3 * 100) / 100
+    # The box steps in 0.01 GiB; the step just under the one-block (16-token) plan leaves no context that fits.
+    at_16 = plan(forecast.info, PlanRequest(16), forecast.detected).devices[-1].total_bytes
+    limit_gib = math.floor(at_16 / 1024**3 * 100) / 100
     panel.ram_limit.setValue(limit_gib)
     assert panel.settings.ram_limit_gib == pytest.approx(limit_gib)
-    expected = max_context(forecast.info, PlanRequest(512), forecast.budgets(panel.settings))
+    expected = max_context(forecast.info, PlanRequest(16), forecast.budgets(panel.settings))
     assert panel.max_fit_tokens == expected < before
     assert expected == 0
     assert "No context fits" in panel.max_label.text()

@@ -3,10 +3,10 @@
 import psutil
 import pytest
 
-from engine.budgets import (
+from engine.planning.budgets import (
     DeviceBudget, default_gpu_safety, default_ram_reserve, detect_budgets, given_budgets, gpu_budget, ram_budget,
-    visible_order,
 )
+from engine.gpus import visible_order
 from engine.units import GiB, MiB
 
 

@@ -7,7 +7,8 @@ import sys
 import pytest
 from factory import make_model
 
-from engine.engine import Engine, LoadOptions
+from engine.engine import Engine
+from factory import cpu_plan
 from engine.sampler import SamplingParams
 
 
@@ -24,7 +25,7 @@ def test_generate_json_matches_the_engine(model_dir):
     out = stowage("generate", model_dir, "--prompt", "Stowage plans memory", "--max-tokens", 12, "--json")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    engine = Engine.load(model_dir, LoadOptions(context_tokens=64))
+    engine = Engine.load(model_dir, cpu_plan(model_dir, 64))
     ids = engine.tokenizer.encode("Stowage plans memory")
     expected = engine.generate(engine.new_conversation(), ids, SamplingParams(temperature=0, max_tokens=12)).run()
     assert result["token_ids"] == expected.token_ids

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.engine import Engine, LoadOptions
+from engine.engine import Engine
+from factory import cpu_plan
 from engine.sampler import SamplingParams
 
 DEMO_MODEL_DIR = Path(__file__).resolve().parents[2] / "assets" / "demo-model"
@@ -23,7 +24,7 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def engine():
-    engine = Engine.load(DEMO_MODEL_DIR, LoadOptions(context_tokens=512))
+    engine = Engine.load(DEMO_MODEL_DIR, cpu_plan(DEMO_MODEL_DIR, 512))
     yield engine
     engine.close()
 

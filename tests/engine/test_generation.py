@@ -6,7 +6,8 @@ import pytest
 import torch
 from factory import make_model
 
-from engine.engine import Engine, LoadOptions
+from engine.engine import Engine
+from factory import cpu_plan
 from engine.generation import StopMatcher
 from engine.sampler import Sampler, SamplingParams
 
@@ -14,7 +15,7 @@ from engine.sampler import Sampler, SamplingParams
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     d = make_model(tmp_path_factory.mktemp("gen"), "llama", initializer_range=0.2)
-    return Engine.load(d, LoadOptions(context_tokens=512))
+    return Engine.load(d, cpu_plan(d, 512))
 
 
 def prompt(engine):
@@ -87,7 +88,7 @@ def test_cancel_stops_mid_generation(engine):
 
 def test_context_full_ends_the_reply(tmp_path):
     d = make_model(tmp_path, "llama", initializer_range=0.2)
-    engine = Engine.load(d, LoadOptions(context_tokens=20, block_size=4))
+    engine = Engine.load(d, cpu_plan(d, 20, block_size=4))
     r = engine.generate(engine.new_conversation(), engine.tokenizer.encode("Stowage plans memory"),
                         SamplingParams(temperature=0, max_tokens=100)).run()
     assert r.finish_reason == "context_full"

@@ -5,7 +5,8 @@ import torch
 from factory import make_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.engine import Engine, LoadOptions
+from engine.engine import Engine
+from factory import cpu_plan
 from engine.sampler import SamplingParams
 
 PROMPTS = [
@@ -37,7 +38,7 @@ def reference(model_dir):
 
 
 def test_logits_match_for_a_batch_of_prompts(model_dir, reference):
-    engine = Engine.load(model_dir, LoadOptions(context_tokens=512, prefill_chunk=5))
+    engine = Engine.load(model_dir, cpu_plan(model_dir, 512, prefill_chunk=5))
     hf_tok = AutoTokenizer.from_pretrained(model_dir)
     for prompt in PROMPTS:
         ids = engine.tokenizer.encode(prompt)
@@ -52,7 +53,7 @@ def test_logits_match_for_a_batch_of_prompts(model_dir, reference):
 
 
 def test_64_greedy_tokens_identical(model_dir, reference):
-    engine = Engine.load(model_dir, LoadOptions(context_tokens=256, prefill_chunk=16))
+    engine = Engine.load(model_dir, cpu_plan(model_dir, 256, prefill_chunk=16))
     ids = engine.tokenizer.encode(PROMPTS[1])
     result = engine.generate(engine.new_conversation(), ids, SamplingParams(temperature=0, max_tokens=64)).run()
     with torch.no_grad():
@@ -65,7 +66,7 @@ def test_64_greedy_tokens_identical(model_dir, reference):
 
 
 def test_prefix_reuse_gives_the_same_tokens_as_recomputing(model_dir):
-    engine = Engine.load(model_dir, LoadOptions(context_tokens=512))
+    engine = Engine.load(model_dir, cpu_plan(model_dir, 512))
     greedy = SamplingParams(temperature=0, max_tokens=24)
     history = [{"role": "user", "content": PROMPTS[1]}]
     conv = engine.new_conversation()

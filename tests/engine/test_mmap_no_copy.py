@@ -1,21 +1,21 @@
 """Loading a model whose weights stay on the CPU in their stored dtype copies nothing."""
 
 import json
-import subprocess
-import sys
 
 import torch
+from factory import run_fresh
 from safetensors.torch import save_file
 
-from engine.weights import layer_tensor_names
+from engine.layout import layer_tensor_names
 
 SCRIPT = r"""
 import json, sys, torch
 torch.set_num_threads(1)
-from engine.memory import anonymous_bytes
-from engine.engine import Engine, LoadOptions
+from bench.memory import anonymous_bytes
+from engine.engine import Engine
+from factory import cpu_plan
 before = anonymous_bytes()
-engine = Engine.load(sys.argv[1], LoadOptions(context_tokens=64))
+engine = Engine.load(sys.argv[1], cpu_plan(sys.argv[1], 64))
 after_load = anonymous_bytes()
 report = engine.memory_report()["cpu"]
 engine.generate(engine.new_conversation(), [1, 2, 3, 4], __import__("engine.sampler").sampler.SamplingParams(temperature=0, max_tokens=4)).run()
@@ -51,7 +51,8 @@ def write_bf16_model(d, layers=6, hidden=1024, inter=2816, vocab=8192):
 def test_cpu_load_maps_weights_in_place(tmp_path):
     weight_bytes = write_bf16_model(tmp_path)
     assert weight_bytes > 140 * 2**20
-    out = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True, check=True)
+    out = run_fresh(SCRIPT, tmp_path)
+    assert out.returncode == 0, out.stderr
     measured = json.loads(out.stdout.strip().splitlines()[-1])
     # the engine's own accounting: every weight byte is mapped, none copied
     assert measured["report"]["weights_copied"] == 0

@@ -26,11 +26,11 @@ def test_table_from_the_console_command(model_dir):
          "--gpu-budget", "8GiB", "--ram-budget", "16GiB"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].endswith("32 layers, bfloat16 weights, float16 KV cache, 32,768 tokens (block 16, prefill chunk 64)")
+    assert lines[0].endswith("32 layers, bfloat16 weights, float16 KV cache, 32,768 tokens (block 16, prefill chunk 512)")
     assert lines[1].split()[:3] == ["device", "layers", "weights"]
-    assert lines[2].split()[:3] == ["cuda:0", "(GPU)", "0-8"]
-    assert lines[3].split()[:3] == ["cpu", "(RAM)", "9-31"]
-    assert lines[-1].startswith("fits: 9/32 layers on GPU 0, 23/32 on CPU")
+    assert lines[2].split()[:3] == ["cuda:0", "(GPU)", "0-11"]
+    assert lines[3].split()[:3] == ["cpu", "(RAM)", "12-31"]
+    assert lines[-1].startswith("fits: 12/32 layers on GPU 0, 20/32 on CPU")
 
 
 def test_json_when_it_does_not_fit(model_dir, capsys):
@@ -51,7 +51,7 @@ def test_json_when_it_fits_with_two_gpus(model_dir, capsys):
                           "--gpu-budget", "12GiB", "--gpu-budget", "8GiB", "--ram-budget", "16GiB")
     assert status == 0 and d["fits"] and d["error"] is None
     assert [dev["device"] for dev in d["devices"]] == ["cuda:0", "cuda:1", "cpu"]
-    assert [len(dev["layers"]) for dev in d["devices"]] == [17, 9, 6]
+    assert [len(dev["layers"]) for dev in d["devices"]] == [20, 11, 1]
     for dev in d["devices"]:
         assert dev["total_bytes"] == dev["weights_bytes"] + dev["kv_bytes"] + dev["workspace_bytes"]
         assert dev["total_bytes"] <= dev["budget_bytes"]
@@ -68,7 +68,7 @@ def test_cpu_only_and_decimal_sizes(model_dir, capsys):
 
 def test_without_context_plans_the_largest_that_fits(model_dir, capsys):
     status, d = plan_json(capsys, model_dir, "--kv-dtype", "fp16", "--ram-budget", "32GiB", "--gpu-layers", 0)
-    assert status == 0 and d["context_tokens"] == d["max_context_tokens"] == 116_864  # test_planner.py
+    assert status == 0 and d["context_tokens"] == d["max_context_tokens"] == 116_432  # test_planner.py
 
 
 def test_ram_limit_option(model_dir, capsys):

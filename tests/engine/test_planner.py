@@ -6,16 +6,19 @@ Shared arithmetic (bf16 weights, fp16 KV, 32,768 tokens, block 16, prefill chunk
   GPU cost of a layer  436,224,000 + 134,217,728 = 570,441,728
   embeddings           128,256 x 4,096 x 2 = 1,050,673,152  (always on the CPU)
   head                 final norm 8,192 + lm_head 1,050,673,152 = 1,050,681,344  (with the last layer)
-Workspace (engine/workspace.py; c = 512 tokens, a = 2 bytes, T = 32,768):
-  residual 3*c*4096*a = 12,582,912; q/k/v, rotations, output c*128*a*(48+40+32) = 15,728,640
-  rotary tables 2 * 32,768 rows * 128 * a = 16,777,216
-  CUDA attention: gathered K/V 2*T*8*128*a = 134,217,728; K/V repeated to 32 heads in fp32 2*T*32*128*4
-    = 1,073,741,824; scores + probabilities capped at 536,870,912; mask min(c*T, 512 MiB/256)*5 = 10,485,760
-    -> layer peak 12,582,912 + 15,728,640 + 1,755,316,224 + 16,777,216 = 1,800,404,992
-    + CUDA overhead 671,088,640 = 2,471,493,632; with the head's logits (128,256 x 6) 2,472,263,168
-  CPU attention: gathered 134,217,728 + packed copy 134,217,728 + mask c*T*3 = 50,331,648
-    -> layer peak 12,582,912 + 15,728,640 + 318,767,104 + 16,777,216 = 363,855,872
-    + embedded chunk c*4096*a 4,194,304 + logits 769,536 + overhead 33,554,432 = 402,374,144
+Workspace (engine/planning/workspace.py; c = 512 tokens, a = 2 bytes, T = 32,768):
+  residual 3*c*4096*a = 12,582,912; q/k/v c*48*128*a = 6,291,456 and their rotations c*40*128*a = 5,242,880
+  rotary tables 2 * 32,768 rows * 128 * a = 16,777,216; MLP 3*c*14,336*a = 44,040,192
+  CUDA attention (kernels/triton_attention.py): the output c*32*128*a = 4,194,304 (prefill streams K/V);
+    decode's split-K partials 32 heads * 64 splits * 129 * 4 = 1,056,768 are smaller
+    -> attention phase 6,291,456 + 5,242,880 + 4,194,304 = 15,728,640 < MLP 44,040,192
+    -> layer peak 12,582,912 + 44,040,192 + 16,777,216 = 73,400,320
+    + CUDA overhead 671,088,640 = 744,488,960; with the head's logits (128,256 x 6) 745,258,496
+  CPU attention (kernels/reference.py, fp32): rows = 32,768 x 8 x 128 = 33,554,432 per K (or V)
+    K held in fp32 (4 B) while V is gathered (2 B) and copied to fp32 (4 B): rows x 10 = 335,544,320,
+    + output 4,194,304 = 339,738,624 (the scores tile, 2 queries x 32 heads x T x 8 B, is smaller)
+    -> layer peak 12,582,912 + (11,534,336 + 339,738,624) + 16,777,216 = 380,633,088
+    + embedded chunk c*4096*a 4,194,304 + logits 769,536 + overhead 33,554,432 = 419,151,360
   CPU with the embeddings only: max(4,194,304, rotary build 32,768*4 + 2*32,768*64*4 = 16,908,288)
     + 33,554,432 = 50,462,720
 Budgets: GPU free - max(512 MiB, 2%); RAM available - max(1 GiB, 5%). 16 GiB RAM -> 16,106,127,360.
@@ -25,10 +28,11 @@ import time
 
 import pytest
 
-from engine.budgets import given_budgets
+from engine.planning.budgets import given_budgets
 from engine.errors import InsufficientMemoryError
-from engine.inspect import inspect
-from engine.planner import PlanRequest, check, max_context, plan
+from engine.planning.inspect import inspect
+from engine.planning.plan import PlanRequest, check, max_context, plan
+from engine.planning.report import format_table, summary, to_dict
 from engine.units import GiB
 from sparse_models import LLAMA_3_1_8B, LLAMA_3_1_70B, QWEN3_0_6B, write_sparse_model
 
@@ -36,9 +40,9 @@ LAYER = 436_224_000
 KV = 134_217_728
 EMBED = 1_050_673_152
 HEAD = 1_050_681_344
-GPU_WS = 2_471_493_632
-GPU_WS_HEAD = 2_472_263_168
-CPU_WS = 402_374_144
+GPU_WS = 744_488_960
+GPU_WS_HEAD = 745_258_496
+CPU_WS = 419_151_360
 CPU_WS_EMBED_ONLY = 50_462_720
 RAM_16 = 16 * GiB - GiB
 REQUEST = PlanRequest(32768, kv_dtype="float16")
@@ -57,33 +61,34 @@ def test_32k_fp16_kv_is_exactly_4_gib(info):
 def test_8_gib_gpu(info):
     p = plan(info, REQUEST, given_budgets([8 * GiB], 16 * GiB))
     gpu, cpu = p.devices
-    # (8 GiB - 512 MiB - 2,471,493,632) / 570,441,728 = 9.78 -> 9 layers
+    # (8 GiB - 512 MiB - 744,488,960) / 570,441,728 = 12.81 -> 12 layers
     assert gpu.budget_bytes == 8 * GiB - 512 * 2**20 == 8_053_063_680
-    assert gpu.layers == tuple(range(9))
-    assert (gpu.weights_bytes, gpu.kv_bytes, gpu.workspace_bytes) == (9 * LAYER, 9 * KV, GPU_WS)
-    assert gpu.total_bytes == 7_605_469_184
-    assert gpu.headroom_bytes == 447_594_496
-    # CPU: 23 layers, the embeddings and the head
-    assert cpu.layers == tuple(range(9, 32))
-    assert cpu.weights_bytes == 23 * LAYER + EMBED + HEAD == 12_134_506_496
-    assert (cpu.kv_bytes, cpu.workspace_bytes) == (23 * KV, CPU_WS)
-    assert cpu.total_bytes == 15_623_888_384 <= cpu.budget_bytes == RAM_16
+    assert gpu.layers == tuple(range(12))
+    assert (gpu.weights_bytes, gpu.kv_bytes, gpu.workspace_bytes) == (12 * LAYER, 12 * KV, GPU_WS)
+    assert gpu.total_bytes == 7_589_789_696
+    assert gpu.headroom_bytes == 463_273_984
+    # CPU: 20 layers, the embeddings and the head
+    assert cpu.layers == tuple(range(12, 32))
+    assert cpu.weights_bytes == 20 * LAYER + EMBED + HEAD == 10_825_834_496
+    assert (cpu.kv_bytes, cpu.workspace_bytes) == (20 * KV, CPU_WS)
+    assert cpu.total_bytes == 13_929_340_416 <= cpu.budget_bytes == RAM_16
     assert p.fits and p.error is None
-    assert p.layer_devices == ("cuda:0",) * 9 + ("cpu",) * 23
+    assert p.layer_devices == ("cuda:0",) * 12 + ("cpu",) * 20
     assert (p.embed_device, p.head_device) == ("cpu", "cpu")
-    assert p.summary() == "9/32 layers on GPU 0, 23/32 on CPU, 32,768-token KV cache (4.0 GiB float16)"
-    # 512 MiB / (2 * 32 heads * 32,768 * 4 B) = 64 queries per chunk keeps the CUDA scores bounded
-    assert p.prefill_chunk == 64
+    assert summary(p) == "12/32 layers on GPU 0, 20/32 on CPU, 32,768-token KV cache (4.0 GiB float16)"
+    # the Triton prefill kernel streams K/V, so the chunk need not shrink as the context grows
+    assert p.prefill_chunk == 512
+    assert (gpu.attention, cpu.attention) == ("triton", "reference")
 
 
 def test_12_gib_gpu(info):
     p = plan(info, REQUEST, given_budgets([12 * GiB], 16 * GiB))
     gpu, cpu = p.devices
-    # (12 GiB - 512 MiB - 2,471,493,632) / 570,441,728 = 17.31 -> 17 layers
-    assert gpu.layers == tuple(range(17))
-    assert gpu.total_bytes == 17 * 570_441_728 + GPU_WS == 12_169_003_008
-    assert cpu.weights_bytes == 15 * LAYER + EMBED + HEAD == 8_644_714_496
-    assert cpu.total_bytes == 8_644_714_496 + 15 * KV + CPU_WS == 11_060_354_560
+    # (12 GiB - 512 MiB - 744,488,960) / 570,441,728 = 20.34 -> 20 layers
+    assert gpu.layers == tuple(range(20))
+    assert gpu.total_bytes == 20 * 570_441_728 + GPU_WS == 12_153_323_520
+    assert cpu.weights_bytes == 12 * LAYER + EMBED + HEAD == 7_336_042_496
+    assert cpu.total_bytes == 7_336_042_496 + 12 * KV + CPU_WS == 9_365_806_592
     assert p.fits
 
 
@@ -92,7 +97,7 @@ def test_24_gib_gpu_takes_every_layer_and_the_head(info):
     gpu, cpu = p.devices
     assert gpu.layers == tuple(range(32))
     assert gpu.holds == ("norm", "lm_head")
-    assert gpu.total_bytes == 32 * 570_441_728 + HEAD + GPU_WS_HEAD == 21_777_079_808
+    assert gpu.total_bytes == 32 * 570_441_728 + HEAD + GPU_WS_HEAD == 20_050_075_136
     assert gpu.budget_bytes == 24 * GiB - 512 * 2**20
     assert (cpu.layers, cpu.holds) == ((), ("embed",))
     assert cpu.total_bytes == EMBED + CPU_WS_EMBED_ONLY == 1_101_135_872
@@ -100,9 +105,9 @@ def test_24_gib_gpu_takes_every_layer_and_the_head(info):
 
 
 def test_last_layer_goes_to_the_cpu_when_it_does_not_fit_with_the_head(info):
-    # 31 layers: 31 * 570,441,728 + 2,471,493,632 = 20,155,187,200 fits in 21e9;
-    # all 32 with the head need 21,777,079,808, which does not
-    p = plan(info, REQUEST, given_budgets([21_000_000_000], 16 * GiB, gpu_safety_bytes=0))
+    # 32 layers without the head: 32 * 570,441,728 + 744,488,960 = 18,998,624,256 would fit in 19e9;
+    # but the last layer brings the head: 20,050,075,136, which does not
+    p = plan(info, REQUEST, given_budgets([19_000_000_000], 16 * GiB, gpu_safety_bytes=0))
     assert p.devices[0].layers == tuple(range(31))
     assert p.devices[1].layers == (31,)
     assert p.head_device == "cpu"
@@ -111,12 +116,13 @@ def test_last_layer_goes_to_the_cpu_when_it_does_not_fit_with_the_head(info):
 def test_two_gpus(info):
     p = plan(info, REQUEST, given_budgets([12 * GiB, 8 * GiB], 16 * GiB))
     gpu0, gpu1, cpu = p.devices
-    assert gpu0.layers == tuple(range(17))
-    assert gpu1.layers == tuple(range(17, 26))  # 9 layers, as on the lone 8 GiB GPU
-    assert gpu1.total_bytes == 7_605_469_184
-    assert cpu.layers == tuple(range(26, 32))
-    assert cpu.total_bytes == 6 * LAYER + EMBED + HEAD + 6 * KV + CPU_WS == 5_926_379_008
-    assert p.summary().startswith("17/32 layers on GPU 0, 9/32 on GPU 1, 6/32 on CPU")
+    assert gpu0.layers == tuple(range(20))
+    # 12 layers would fit as on the lone 8 GiB GPU, but the 12th is the last and brings the head
+    assert gpu1.layers == tuple(range(20, 31))
+    assert gpu1.total_bytes == 11 * 570_441_728 + GPU_WS == 7_019_347_968
+    assert cpu.layers == (31,)
+    assert cpu.total_bytes == LAYER + EMBED + HEAD + KV + CPU_WS == 3_090_947_584
+    assert summary(p).startswith("20/32 layers on GPU 0, 11/32 on GPU 1, 1/32 on CPU")
 
 
 def test_no_gpu(info):
@@ -125,12 +131,13 @@ def test_no_gpu(info):
     (cpu,) = p.devices
     # 32 GiB - 5% (1,717,986,918) = 32,641,751,450 usable
     assert cpu.budget_bytes == 32_641_751_450
-    assert cpu.total_bytes == 16_060_522_496 + 4 * GiB + CPU_WS == 20_757_863_936
+    assert cpu.total_bytes == 16_060_522_496 + 4 * GiB + CPU_WS == 20_774_641_152
     assert p.fits and p.prefill_chunk == 512 and p.layer_devices == ("cpu",) * 32
-    # max context, in closed form: total(T) = 16,127,352,320 + 140,800 T + 512 R, R = rotary rows = T
-    # so T <= (32,641,751,450 - 16,127,352,320) / 141,312 = 116,864.8 -> 116,864 (whole blocks of 16)
-    assert max_context(info, REQUEST, budgets) == 116_864
-    assert p.max_context_tokens == 116_864
+    # max context, in closed form: total(T) = 16,127,352,320 + 131,072 T (KV) + 10,240 T (attention's
+    # gathered K/V) + 512 T (rotary rows), so T <= (32,641,751,450 - 16,127,352,320) / 141,824 = 116,443.3
+    # -> 116,432 (whole blocks of 16)
+    assert max_context(info, REQUEST, budgets) == 116_432
+    assert p.max_context_tokens == 116_432
 
 
 def test_a_context_that_fits_nowhere(info):
@@ -138,12 +145,12 @@ def test_a_context_that_fits_nowhere(info):
     p = plan(info, REQUEST.with_context(131072), budgets)
     assert not p.fits
     assert "a 131,072-token context needs 16.0 GiB of KV cache (float16)" in p.error
-    assert "the largest context that fits is 116,864 tokens" in p.error
+    assert "the largest context that fits is 116,432 tokens" in p.error
     assert "RAM would hold" in p.error and "32.0 GiB free minus a 1.6 GiB reserve" in p.error
-    with pytest.raises(InsufficientMemoryError, match="largest context that fits is 116,864 tokens"):
+    with pytest.raises(InsufficientMemoryError, match="largest context that fits is 116,432 tokens"):
         check(info, REQUEST.with_context(131072), budgets)
     with pytest.raises(InsufficientMemoryError):
-        p.load_options()
+        p.require_fit()
 
 
 def test_gpu_and_ram_too_small_for_128k(info):
@@ -162,12 +169,12 @@ def test_gpu_and_ram_too_small_for_128k(info):
 def test_ram_limit_forces_an_error_not_swap(info):
     budgets = given_budgets([], 64 * GiB, ram_limit_bytes=20 * GiB)
     assert budgets.ram.budget_bytes == 20 * GiB
-    assert plan(info, REQUEST, budgets).fits  # 20,757,863,936 <= 21,474,836,480
+    assert plan(info, REQUEST, budgets).fits  # 20,774,641,152 <= 21,474,836,480
     p = plan(info, REQUEST.with_context(65536), budgets)
     assert not p.fits
     assert "capped by the 20.0 GiB RAM limit" in p.error and "never plans into swap" in p.error
-    # (21,474,836,480 - 16,127,352,320) / (140,800 + 512) = 37,841.9 -> 37,840 (whole blocks of 16)
-    assert p.max_context_tokens == 37_840
+    # (21,474,836,480 - 16,127,352,320) / 141,824 = 37,704.9 -> 37,696 (whole blocks of 16)
+    assert p.max_context_tokens == 37_696
 
 
 def test_weights_alone_too_big(info):
@@ -180,10 +187,10 @@ def test_manual_gpu_layers(info):
     budgets = given_budgets([8 * GiB], 32 * GiB)
     p = plan(info, PlanRequest(32768, kv_dtype="float16", gpu_layers=4), budgets)
     assert p.devices[0].layers == (0, 1, 2, 3) and p.fits
-    over = plan(info, PlanRequest(32768, kv_dtype="float16", gpu_layers=12), budgets)
-    assert over.devices[0].layers == tuple(range(12))  # placed as asked, and shown over budget
+    over = plan(info, PlanRequest(32768, kv_dtype="float16", gpu_layers=16), budgets)
+    assert over.devices[0].layers == tuple(range(16))  # placed as asked, and shown over budget
     assert not over.fits and over.devices[0].headroom_bytes < 0
-    assert "fewer GPU layers (at most 9 fit with this context)" in over.error
+    assert "fewer GPU layers (at most 12 fit with this context)" in over.error
     cpu_only = plan(info, PlanRequest(32768, kv_dtype="float16", gpu_layers=0), budgets)
     assert cpu_only.layer_devices == ("cpu",) * 32 and cpu_only.devices[0].total_bytes == 0
     everything = plan(info, PlanRequest(1024, gpu_layers=99), given_budgets([24 * GiB], 16 * GiB))
@@ -208,18 +215,19 @@ def test_kv_dtype_defaults_to_the_compute_dtype_and_fp8_halves_it(info):
 
 
 def test_json_shape(info):
-    d = plan(info, REQUEST, given_budgets([8 * GiB], 16 * GiB)).to_dict()
+    d = to_dict(plan(info, REQUEST, given_budgets([8 * GiB], 16 * GiB)))
     assert {"fits", "context_tokens", "max_context_tokens", "kv_dtype", "block_size", "error", "devices"} <= d.keys()
     for dev in d["devices"]:
         assert dev["total_bytes"] == dev["weights_bytes"] + dev["kv_bytes"] + dev["workspace_bytes"]
         assert dev["total_bytes"] <= dev["budget_bytes"]
-    assert d["devices"][0]["layers"] == list(range(9)) and d["devices"][0]["reserve_bytes"] == 512 * 2**20
+    assert d["devices"][0]["layers"] == list(range(12)) and d["devices"][0]["reserve_bytes"] == 512 * 2**20
+    assert [dev["attention"] for dev in d["devices"]] == ["triton", "reference"]
 
 
 def test_table_lists_every_device(info):
-    table = plan(info, REQUEST, given_budgets([12 * GiB, 8 * GiB], 16 * GiB)).format_table()
+    table = format_table(plan(info, REQUEST, given_budgets([12 * GiB, 8 * GiB], 16 * GiB)))
     assert "cuda:0" in table and "cuda:1" in table and "cpu" in table
-    assert "0-16" in table and "17-25" in table and "26-31 +embed,norm,lm_head" in table
+    assert "0-19" in table and "20-30" in table and "31 +embed,norm,lm_head" in table
 
 
 def test_tied_embeddings_are_copied_to_the_head_device(tmp_path):
@@ -244,11 +252,3 @@ def test_plan_is_fast_enough_for_a_slider(tmp_path):
         timings.append(time.perf_counter() - start)
     # min over the sweep: immune to other processes on a shared machine
     assert min(timings) < 0.020, f"plan() took {min(timings) * 1000:.1f} ms at best"
-
-
-def test_load_options_follow_the_plan(info):
-    p = plan(info, REQUEST, given_budgets([8 * GiB], 16 * GiB))
-    options = p.load_options()
-    assert options.context_tokens == 32768 and options.kv_dtype == "float16"
-    assert list(options.layer_devices) == ["cuda:0"] * 9 + ["cpu"] * 23
-    assert (options.embed_device, options.head_device, options.prefill_chunk) == ("cpu", "cpu", 64)

@@ -8,7 +8,8 @@ import torch
 from factory import make_model
 
 from engine.checkpoint import Checkpoint
-from engine.engine import Engine, LoadOptions
+from engine.engine import Engine
+from factory import cpu_plan
 from engine.errors import ModelFormatError, UnsupportedModelError
 from engine.safetensors import MappedFile, read_header
 
@@ -68,7 +69,7 @@ def test_truncated_real_model_names_the_tensor(tmp_path):
     with open(f, "r+b") as fh:
         fh.truncate(f.stat().st_size - 100)
     with pytest.raises(ModelFormatError, match=r"model.safetensors: tensor '.*'.*outside the data area"):
-        Engine.load(d, LoadOptions(context_tokens=32))
+        Engine.load(d, cpu_plan(d, 32))
 
 
 def test_missing_tensor_is_named(tmp_path):
@@ -78,7 +79,7 @@ def test_missing_tensor_is_named(tmp_path):
     del tensors["model.layers.1.mlp.up_proj.weight"]
     save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ModelFormatError, match=r"model.layers.1.mlp.up_proj.weight"):
-        Engine.load(d, LoadOptions(context_tokens=32))
+        Engine.load(d, cpu_plan(d, 32))
 
 
 def test_sharded_model_and_missing_shard(tmp_path):
@@ -116,4 +117,4 @@ def test_unknown_architecture_lists_supported(tmp_path):
     cfg["model_type"], cfg["architectures"] = "gpt_neox", ["GPTNeoXForCausalLM"]
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedModelError, match="llama.*mistral.*qwen2.*qwen3"):
-        Engine.load(d, LoadOptions(context_tokens=32))
+        Engine.load(d, cpu_plan(d, 32))

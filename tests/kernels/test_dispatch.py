@@ -22,9 +22,11 @@ def test_force_reference_switch(monkeypatch):
     assert kernels.attention_ops("cuda") is reference
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback on a machine without CUDA")
-def test_cuda_without_a_gpu_gets_the_reference():
-    assert kernels.attention_ops("cuda") is reference
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks planning for a GPU on a machine without one")
+def test_a_gpu_that_is_not_here_is_planned_with_the_kernel_it_would_run(monkeypatch):
+    # a plan for a 24 GB GPU made on a laptop charges the workspace of the kernel that GPU will run
+    monkeypatch.delenv(kernels.FORCE_REFERENCE_ENV, raising=False)
+    assert kernels.attention_ops("cuda").NAME == "triton"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -47,6 +49,9 @@ def test_ops_share_the_reference_signatures():
 
 def test_importing_kernels_leaves_triton_alone():
     # A fresh interpreter: TRITON_INTERPRET only works if no kernel is decorated before it is set.
-    code = "import sys, kernels, engine.model; kernels.attention_ops('cpu'); print('triton' in sys.modules)"
+    # Planning for a GPU asks its kernel's workspace_bytes, which must not import triton either.
+    code = ("import sys, kernels, engine.model; kernels.attention_ops('cpu'); "
+            "import engine.planning.plan; kernels.attention_ops('cuda').workspace_bytes; "
+            "print('triton' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -20,9 +20,10 @@ def _dense(q, k, v, scale, first_pos):
 
 
 def _contiguous_kv(paged, seq, n):
+    # gather_kv is head-major and padded to whole blocks: [KVH, blocks * block_size, D] -> [n, KVH, D]
     k = reference.gather_kv(paged.k_cache, paged.block_tables[seq], n, paged.k_scale, torch.float32)
     v = reference.gather_kv(paged.v_cache, paged.block_tables[seq], n, paged.v_scale, torch.float32)
-    return k, v
+    return k.transpose(0, 1)[:n], v.transpose(0, 1)[:n]
 
 
 @pytest.mark.parametrize("start_pos", [0, 21])

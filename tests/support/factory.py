@@ -75,3 +75,26 @@ def make_model(model_dir: Path, arch: str = "llama", *, dtype=torch.float32, see
     model.save_pretrained(model_dir)
     save_tokenizer(model_dir)
     return model_dir
+
+
+def cpu_plan(model_dir, context_tokens: int, **request):
+    """A CPU-only plan for a test load (a roomy given budget, so it fits whatever the machine has free)."""
+    from engine.planning import plan_for
+    from engine.planning.budgets import given_budgets
+    from engine.units import GiB
+
+    return plan_for(model_dir, context_tokens, given_budgets([], 64 * GiB), **request)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_fresh(code: str, *args: str, timeout: float = 600):
+    """Run `code` in a fresh interpreter that imports the project and tests/support (for memory measurements)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "support")])}
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=timeout)

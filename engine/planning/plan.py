@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-import torch
+from kernels import attention_ops
 
+from ..defaults import BLOCK_SIZE, PREFILL_CHUNK
+from ..dtypes import COMPUTE, KV, compute_dtype, kv_dtype
+from ..errors import InsufficientMemoryError
+from ..units import format_bytes
 from .budgets import Budgets, DeviceBudget
-from .errors import InsufficientMemoryError
-from .inspect import WEIGHT_DTYPES, ModelInfo
-from .kv_cache import KV_DTYPES
-from .plan_report import error_text, format_table, summary, to_dict
-from .workspace import Workspace, device_workspace, prefill_chunk_for
+from .inspect import ModelInfo
+from .workspace import Workspace, device_workspace
 
 
 @dataclass(frozen=True)
@@ -27,9 +28,9 @@ class PlanRequest:
     kv_dtype: str | None = None  # None: the compute dtype
     dtype: str | None = None  # convert floating weights to this dtype (a copy, counted); None keeps them as stored
     gpu_layers: int | None = None  # None: as many as fit; 0: CPU only; more than the model has: all of them
-    block_size: int = 16
-    prefill_chunk: int = 512
-    num_seqs: int = 1
+    block_size: int = BLOCK_SIZE
+    prefill_chunk: int = PREFILL_CHUNK
+    num_seqs: int = 1  # sequences whose KV cache is held at once (each of context_tokens)
 
     def __post_init__(self):
         for name in ("context_tokens", "block_size", "prefill_chunk", "num_seqs"):
@@ -37,14 +38,13 @@ class PlanRequest:
                 raise ValueError(f"PlanRequest.{name} must be at least 1, got {getattr(self, name)}")
         if self.gpu_layers is not None and self.gpu_layers < 0:
             raise ValueError(f"PlanRequest.gpu_layers must be None (auto) or at least 0, got {self.gpu_layers}")
-        if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:
-            raise ValueError(f"KV dtype {self.kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
-        if self.dtype is not None and self.dtype not in WEIGHT_DTYPES:
-            raise ValueError(f"weights dtype {self.dtype!r} is not one of {', '.join(WEIGHT_DTYPES)}")
+        if self.kv_dtype is not None:
+            kv_dtype(self.kv_dtype)  # raises ValueError naming the choices
+        if self.dtype is not None:
+            compute_dtype(self.dtype)
 
     def with_context(self, context_tokens: int) -> "PlanRequest":
-        return PlanRequest(context_tokens, self.kv_dtype, self.dtype, self.gpu_layers, self.block_size,
-                           self.prefill_chunk, self.num_seqs)
+        return replace(self, context_tokens=context_tokens)
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ class DevicePlan:
     budget_bytes: int  # usable: free minus reserve_bytes (and capped by a RAM limit)
     reserve_bytes: int
     holds: tuple[str, ...] = ()  # non-layer tensors placed here: "embed", "norm", "lm_head"
+    attention: str = ""  # the attention implementation its layers run (kernels.attention_ops(device).NAME)
 
     @property
     def workspace_bytes(self) -> int:
@@ -97,7 +98,7 @@ class Plan:
     dtype: str  # the compute dtype
     kv_dtype: str
     block_size: int
-    prefill_chunk: int  # may be smaller than requested, to bound the CUDA workspace
+    prefill_chunk: int  # the requested chunk, at most the context
     devices: tuple[DevicePlan, ...]  # GPUs in order, then the CPU
     layer_devices: tuple[str, ...]
     embed_device: str
@@ -122,26 +123,14 @@ class Plan:
             raise InsufficientMemoryError(self.error)
         return self
 
-    def summary(self) -> str:
-        """One line: "28/32 layers on GPU 0, 4/32 on CPU, 16,384-token KV cache (2.0 GiB float16)"."""
-        return summary(self)
+    @property
+    def num_seqs(self) -> int:
+        return self.request.num_seqs
 
-    def format_table(self) -> str:
-        return format_table(self)
-
-    def to_dict(self) -> dict:
-        """The JSON object `stowage plan --json` prints."""
-        return to_dict(self)
-
-    def load_options(self):
-        """engine.engine.LoadOptions that load exactly this plan; raises if it does not fit."""
-        from .engine import LoadOptions  # lazily: the planner must not need the engine to import
-
-        self.require_fit()
-        return LoadOptions(context_tokens=self.context_tokens, dtype=self.request.dtype, kv_dtype=self.kv_dtype,
-                           block_size=self.block_size, prefill_chunk=self.prefill_chunk,
-                           num_seqs=self.request.num_seqs, layer_devices=self.layer_devices,
-                           embed_device=self.embed_device, head_device=self.head_device)
+    @property
+    def forced_dtype(self) -> str | None:
+        """The dtype the weights are converted to (None: used as stored)."""
+        return self.request.dtype
 
 
 class _Costs:
@@ -150,9 +139,10 @@ class _Costs:
     def __init__(self, info: ModelInfo, request: PlanRequest):
         self.info, self.request = info, request
         self.dtype_name = request.dtype or info.compute_dtype
-        self.dtype = getattr(torch, self.dtype_name)
+        self.dtype = COMPUTE[self.dtype_name]
         self.kv_dtype = request.kv_dtype or self.dtype_name
         self.kv_spec = info.kv_spec(self.kv_dtype, request.block_size)
+        self.chunk = request.prefill_chunk
         self.layer_bytes = info.layer_bytes(request.dtype)
         self.embed_bytes = info.embed.nbytes(request.dtype)
         self.norm_bytes = info.norm.nbytes(request.dtype)
@@ -166,9 +156,9 @@ class _Costs:
     def workspace(self, device: str, context_tokens: int, *, runs_layers: bool, holds_head: bool,
                   holds_embed: bool) -> Workspace:
         return device_workspace(
-            self.info.config, device_type="cuda" if device.startswith("cuda") else "cpu", runs_layers=runs_layers,
-            holds_head=holds_head, holds_embed=holds_embed, context_tokens=context_tokens,
-            chunk=self.request.prefill_chunk, dtype=self.dtype, block_size=self.request.block_size,
+            self.info.config, attention_ops(device), device_type="cuda" if device.startswith("cuda") else "cpu",
+            runs_layers=runs_layers, holds_head=holds_head, holds_embed=holds_embed, context_tokens=context_tokens,
+            chunk=self.chunk, dtype=self.dtype, cache_dtype=KV[self.kv_dtype], block_size=self.request.block_size,
             num_seqs=self.request.num_seqs)
 
 
@@ -183,7 +173,7 @@ def _place(costs: _Costs, budgets: Budgets, context_tokens: int, gpu_layers: int
     gpus = budgets.gpus if gpu_layers != 0 else ()
     wanted = num_layers if gpu_layers is None else min(gpu_layers, num_layers)
     # every GPU runs the same kind of layer, so its workspace is the same but for the head's logits
-    ws_body, ws_last = (costs.workspace("cuda", context_tokens, runs_layers=True, holds_head=h, holds_embed=False)
+    ws_body, ws_last = (costs.workspace(gpus[0].device if gpus else "cuda:0", context_tokens, runs_layers=True, holds_head=h, holds_embed=False)
                         .total_bytes for h in (False, True))
     assigned: list[list[int]] = []
     layer = 0
@@ -220,7 +210,7 @@ def _device_plan(costs: _Costs, budget: DeviceBudget, layers: tuple[int, ...], k
     ws = costs.workspace(budget.device, context_tokens, runs_layers=bool(layers), holds_head=holds_head,
                          holds_embed=holds_embed)
     return DevicePlan(budget.device, budget.name, layers, weights, len(layers) * kv, ws, budget.budget_bytes,
-                      budget.reserve_bytes, holds)
+                      budget.reserve_bytes, holds, attention_ops(budget.device).NAME if layers else "")
 
 
 def _fits(devices: tuple[DevicePlan, ...]) -> bool:
@@ -264,7 +254,6 @@ def plan(info: ModelInfo, request: PlanRequest, budgets: Budgets) -> Plan:
     for d in devices:
         for i in d.layers:
             layer_devices[i] = d.device
-    uses_cuda = any(d.layers for d in devices if d.device != "cpu")
     fits = _fits(devices) and tokens <= info.max_position_embeddings
     if request.gpu_layers and not budgets.gpus:
         fits = False
@@ -272,7 +261,7 @@ def plan(info: ModelInfo, request: PlanRequest, budgets: Budgets) -> Plan:
         fits=fits, error=None, request=request, context_tokens=tokens, max_context_tokens=largest,
         num_layers=info.num_layers, max_position_embeddings=info.max_position_embeddings, dtype=costs.dtype_name,
         kv_dtype=costs.kv_dtype, block_size=request.block_size,
-        prefill_chunk=prefill_chunk_for(request.prefill_chunk, tokens, info.config.num_heads, uses_cuda),
+        prefill_chunk=min(request.prefill_chunk, tokens),
         devices=devices, layer_devices=tuple(layer_devices), embed_device=EMBED_DEVICE,
         head_device=layer_devices[-1], note=budgets.note, model_name=info.model_dir.name,
     )
@@ -289,3 +278,52 @@ def check(info: ModelInfo, request: PlanRequest, budgets: Budgets) -> Plan:
     return plan(info, request, budgets).require_fit()
 
 
+def error_text(plan: Plan, budgets: Budgets, reference: tuple, max_gpu_layers: int) -> str:
+    """Why a plan does not fit: what it needs, what each device has, the largest context that fits, what to do.
+
+    `reference`: the device plans of the largest context that fits (this plan's own when none does).
+    """
+    request, tokens = plan.request, plan.context_tokens
+    limit = plan.max_position_embeddings
+    clauses: list[str] = []
+    advice: list[str] = []
+    if tokens > limit:
+        clauses.append(f"a {tokens:,}-token context is longer than the model's {limit:,} positions "
+                       "(max_position_embeddings in config.json)")
+        advice.append(f"at most {limit:,} tokens")
+    elif request.gpu_layers and not budgets.gpus:
+        clauses.append(f"{request.gpu_layers} GPU layers were asked for, but there is no GPU ({budgets.note})")
+        advice.append("plan for the CPU alone (GPU layers: 0, or auto)")
+    else:
+        # What is left for the cache once the weights sit where they would for the largest context that fits
+        # (or, when none fits, where this request put them).
+        left = [(d.label, max(0, d.budget_bytes - d.weights_bytes - d.workspace_bytes))
+                for d in reference if d.layers or d.budget_bytes]
+        where = " and ".join(format_bytes(n) + (" in RAM" if label == "RAM" else f" on {label}") for label, n in left)
+        clauses.append(f"a {tokens:,}-token context needs {format_bytes(plan.kv_bytes)} of KV cache ({plan.kv_dtype}); "
+                       f"after the weights and workspace, {format_bytes(sum(n for _, n in left))} is left for it"
+                       + (f": {where}" if len(left) > 1 else f" {where.split(' ', 2)[2]}"))
+        by_device = {b.device: b for b in budgets.devices}
+        for d in plan.devices:
+            if not d.fits:
+                clauses.append(f"{d.label} would hold {format_bytes(d.total_bytes)} ({format_bytes(d.weights_bytes)} "
+                               f"weights, {format_bytes(d.kv_bytes)} KV cache, {format_bytes(d.workspace_bytes)} "
+                               f"workspace) but has {by_device[d.device].describe()}")
+        advice.append("a shorter context")
+        if plan.kv_dtype != "fp8":
+            advice.append("a smaller KV dtype (fp8 takes 1 byte per value)")
+        if request.gpu_layers and any(not d.fits for d in plan.devices if d.device != "cpu"):
+            advice.append(f"fewer GPU layers (at most {max_gpu_layers} fit with this context)")
+        if not plan.device("cpu").fits:
+            advice.append("more free RAM (close programs, or raise the RAM budget or limit; "
+                          "Stowage never plans into swap)")
+    if plan.max_context_tokens:
+        clauses.append(f"the largest context that fits is {plan.max_context_tokens:,} tokens")
+    else:
+        clauses.append("no context fits: the weights and workspace alone exceed the memory available")
+        advice.append("a smaller weights dtype or more memory")
+    return "; ".join(clauses) + ". Choose " + _or(advice) + "."
+
+
+def _or(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]

@@ -7,16 +7,17 @@ CUDA: torch.cuda.max_memory_allocated (torch's tensors) and NVML's used memory (
 from __future__ import annotations
 
 import gc
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .engine import DTYPES, Engine
-from .memory import rss_bytes
-from .planner import Plan
-from .units import format_bytes
+from bench.memory import rss_bytes
+from engine.dtypes import COMPUTE
+from engine.engine import Engine
+from engine.gpus import used_bytes
+from engine.planning.plan import Plan
+from engine.units import format_bytes
 
 
 @dataclass(frozen=True)
@@ -54,13 +55,13 @@ def check_plan(model_dir: str | Path, plan: Plan) -> list[DeviceCheck]:
     gc.collect()
     cuda_devices = sorted({d for d in plan.layer_devices if d.startswith("cuda")} |
                           ({plan.head_device} if plan.head_device.startswith("cuda") else set()))
-    nvml_before = {d: _nvml_used(d) for d in cuda_devices}  # before torch creates a CUDA context
-    _warm_up(DTYPES.get(plan.dtype, torch.float32))
+    nvml_before = {d: used_bytes(d) for d in cuda_devices}  # before torch creates a CUDA context
+    _warm_up(COMPUTE[plan.dtype])
     _reset_peak_rss()
     rss_before = rss_bytes()
     for d in cuda_devices:
         torch.cuda.reset_peak_memory_stats(d)
-    engine = Engine.load(model_dir, plan.load_options())
+    engine = Engine.load(model_dir, plan)
     _run_heaviest_chunk(engine, plan)
     for d in cuda_devices:
         torch.cuda.synchronize(d)
@@ -74,7 +75,7 @@ def check_plan(model_dir: str | Path, plan: Plan) -> list[DeviceCheck]:
         if d.device == "cpu":
             peak, allocated, reserved = _peak_rss() - rss_before, 0, 0
         else:
-            peak = _nvml_used(d.device) - nvml_before[d.device]
+            peak = used_bytes(d.device) - nvml_before[d.device]
             allocated = torch.cuda.max_memory_allocated(d.device)
             reserved = torch.cuda.max_memory_reserved(d.device)
         checks.append(DeviceCheck(d.device, d.total_bytes, d.kv_bytes, d.weights_bytes, held["kv_cache"], weights,
@@ -111,6 +112,14 @@ def _run_heaviest_chunk(engine, plan: Plan) -> None:
 
 
 def _reset_peak_rss() -> None:
+    # Freed heap that malloc keeps would be reused without growing the RSS and hide part of the peak:
+    # hand it back first (glibc), so the baseline is what is really in use.
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # resets VmHWM to the current RSS (Linux)
@@ -127,18 +136,3 @@ def _peak_rss() -> int:
     except OSError:
         pass
     return rss_bytes()  # no peak where /proc is missing: the current figure is the best there is
-
-
-def _nvml_used(device: str) -> int:
-    import pynvml
-
-    from .budgets import visible_order
-
-    pynvml.nvmlInit()
-    try:
-        uuids = [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
-        uuids = [u.decode() if isinstance(u, bytes) else u for u in uuids]
-        index = visible_order(uuids, os.environ.get("CUDA_VISIBLE_DEVICES"))[int(device.split(":")[1])]
-        return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).used
-    finally:
-        pynvml.nvmlShutdown()

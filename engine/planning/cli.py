@@ -7,14 +7,14 @@ import json
 import sys
 from pathlib import Path
 
+from ..defaults import BLOCK_SIZE, PREFILL_CHUNK
+from ..dtypes import COMPUTE, KV, KV_ALIASES
+from ..errors import StowageError
+from ..units import parse_size
 from .budgets import Budgets, detect_gpus, detect_ram, gpu_budget, ram_budget
-from .errors import StowageError
-from .inspect import WEIGHT_DTYPES, inspect
-from .kv_cache import KV_DTYPES
-from .planner import PlanRequest, max_context, plan
-from .units import parse_size
-
-KV_ALIASES = {"auto": None, "fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8_e4m3": "fp8"}
+from .inspect import inspect
+from .plan import PlanRequest, max_context, plan
+from .report import format_table, to_dict
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_MODEL = 0, 1, 2
 
 
@@ -42,9 +42,9 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("model_dir", metavar="MODEL_DIR", type=Path, help="folder with config.json and *.safetensors")
     p.add_argument("--context", metavar="N", type=int,
                    help="context tokens (default: the largest that fits, up to the model's maximum)")
-    p.add_argument("--kv-dtype", default="auto", choices=sorted(KV_DTYPES) + sorted(KV_ALIASES),
+    p.add_argument("--kv-dtype", default="auto", choices=sorted(KV) + sorted(KV_ALIASES),
                    help="KV cache dtype (default auto: the compute dtype)")
-    p.add_argument("--dtype", choices=WEIGHT_DTYPES, help="convert the weights to this dtype (a counted copy)")
+    p.add_argument("--dtype", choices=sorted(COMPUTE), help="convert the weights to this dtype (a counted copy)")
     p.add_argument("--gpu-budget", metavar="SIZE", type=_size, action="append",
                    help="plan as if a GPU had SIZE free (e.g. 24GiB); repeat for more GPUs; the safety buffer "
                         "max(512MiB, 2%%) still comes off it. Default: every NVIDIA GPU's free memory")
@@ -55,8 +55,9 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--gpu-safety", metavar="SIZE", type=_size, help="GPU safety buffer (default max(512MiB, 2%%))")
     p.add_argument("--gpu-layers", metavar="N", type=_gpu_layers, default=None,
                    help="layers on the GPUs: a number (0 = CPU only) or auto (default)")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
-    p.add_argument("--prefill-chunk", type=int, default=512, help="prompt tokens per forward pass (default 512)")
+    p.add_argument("--block-size", type=int, default=BLOCK_SIZE, help=f"tokens per KV block (default {BLOCK_SIZE})")
+    p.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
+                   help=f"prompt tokens per forward pass (default {PREFILL_CHUNK})")
     p.add_argument("--json", action="store_true", help="print one JSON object, whether or not it fits")
     p.set_defaults(func=run_plan)
     return p
@@ -94,17 +95,5 @@ def run_plan(args: argparse.Namespace, out=None) -> int:
     if args.context is None:
         request = request.with_context(max_context(info, request, budgets) or request.block_size)
     result = plan(info, request, budgets)
-    print(json.dumps(result.to_dict(), indent=2) if args.json else result.format_table(), file=out)
+    print(json.dumps(to_dict(result), indent=2) if args.json else format_table(result), file=out)
     return EXIT_FITS if result.fits else EXIT_DOES_NOT_FIT
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m engine.plan_cli plan ...` until engine/cli.py wires `stowage plan`."""
-    parser = argparse.ArgumentParser(prog="stowage")
-    add_plan_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

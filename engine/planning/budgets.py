@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from .units import GiB, MiB, format_bytes
+from ..gpus import NvmlGpus
+from ..units import GiB, MiB, format_bytes
 
 MIN_GPU_SAFETY_BYTES = 512 * MiB
 GPU_SAFETY_FRACTION = 0.02
@@ -118,62 +118,16 @@ def detect_ram(reserve_bytes: int | None = None, limit_bytes: int | None = None)
 
 def detect_gpus(safety_bytes: int | None = None) -> tuple[tuple[DeviceBudget, ...], str]:
     """The GPUs CUDA will number cuda:0, cuda:1, ...; and a note saying what was found or why none."""
-    import pynvml
-
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:  # the base class: library missing, driver not loaded, ...
-        return (), f"CPU only: no NVIDIA driver found ({e})"
-    try:
-        found = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            found.append((_text(pynvml.nvmlDeviceGetUUID(handle)), _text(pynvml.nvmlDeviceGetName(handle)), mem.total, mem.free))
-    except pynvml.NVMLError as e:
-        return (), f"CPU only: the NVIDIA driver did not answer ({e})"
-    finally:
-        pynvml.nvmlShutdown()
-    if not found:
-        return (), "CPU only: the NVIDIA driver reports no GPU"
+    nvml = NvmlGpus()
+    nvml.close()
+    if not nvml.gpus:
+        return (), f"CPU only: {nvml.note}"
     import torch
 
     if torch.version.cuda is None:
-        return (), (f"CPU only: {len(found)} NVIDIA GPU(s) found, but this torch build has no CUDA; "
+        return (), (f"CPU only: {len(nvml.gpus)} NVIDIA GPU(s) found, but this torch build has no CUDA; "
                     "install a CUDA build of torch to use them")
-    visible = visible_order([uuid for uuid, *_ in found], os.environ.get("CUDA_VISIBLE_DEVICES"))
-    if not visible:
-        return (), "CPU only: CUDA_VISIBLE_DEVICES hides every GPU"
-    gpus = tuple(
-        gpu_budget(cuda_index, found[nvml_index][3], total_bytes=found[nvml_index][2], name=found[nvml_index][1],
-                   safety_bytes=safety_bytes)
-        for cuda_index, nvml_index in enumerate(visible)
-    )
+    gpus = tuple(gpu_budget(g.cuda_index, g.free_bytes, total_bytes=g.total_bytes, name=g.name,
+                            safety_bytes=safety_bytes) for g in nvml.gpus)
     names = ", ".join(f"{g.name} ({g.device})" for g in gpus)
     return gpus, f"{len(gpus)} NVIDIA GPU(s): {names}"
-
-
-def visible_order(uuids: list[str], cuda_visible_devices: str | None) -> list[int]:
-    """NVML indices in CUDA's numbering, following CUDA_VISIBLE_DEVICES (indices or UUID prefixes)."""
-    # NVML numbers GPUs by PCI bus, as CUDA does with CUDA_DEVICE_ORDER=PCI_BUS_ID; on machines mixing GPU
-    # models CUDA's default order (fastest first) can differ; docs/planner.md says so.
-    if cuda_visible_devices is None:
-        return list(range(len(uuids)))
-    order: list[int] = []
-    for entry in cuda_visible_devices.split(","):
-        entry = entry.strip()
-        if entry.isdigit() and int(entry) < len(uuids):
-            index = int(entry)
-        else:
-            matches = [i for i, u in enumerate(uuids) if entry and u.startswith(entry)]
-            if len(matches) != 1:
-                break  # CUDA itself ignores everything from the first entry it cannot resolve
-            index = matches[0]
-        if index in order:
-            break
-        order.append(index)
-    return order
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

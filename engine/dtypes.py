@@ -1,0 +1,47 @@
+"""Every dtype name Stowage reads or writes, in one table: stored (safetensors), compute, and KV cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# safetensors dtype code -> (bytes per element, numpy dtype to view the bytes, torch dtype to reinterpret as)
+SAFETENSORS: dict[str, tuple[int, np.dtype, torch.dtype]] = {
+    "F64": (8, np.dtype("<f8"), torch.float64),
+    "F32": (4, np.dtype("<f4"), torch.float32),
+    "F16": (2, np.dtype("<f2"), torch.float16),
+    "BF16": (2, np.dtype("<i2"), torch.bfloat16),
+    "I64": (8, np.dtype("<i8"), torch.int64),
+    "I32": (4, np.dtype("<i4"), torch.int32),
+    "I16": (2, np.dtype("<i2"), torch.int16),
+    "I8": (1, np.dtype("i1"), torch.int8),
+    "U8": (1, np.dtype("u1"), torch.uint8),
+    "BOOL": (1, np.dtype("u1"), torch.bool),
+    "F8_E4M3": (1, np.dtype("u1"), torch.float8_e4m3fn),
+    "F8_E5M2": (1, np.dtype("u1"), torch.float8_e5m2),
+}
+
+# What the model may compute in (and what `dtype=` may convert floating weights to).
+COMPUTE: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# What the KV cache may store; fp8 keeps value / scale (docs/kernels.md).
+KV: dict[str, torch.dtype] = {**COMPUTE, "fp8": torch.float8_e4m3fn}
+# Spellings users type for a KV dtype ("auto": the compute dtype).
+KV_ALIASES: dict[str, str | None] = {"auto": None, "fp32": "float32", "fp16": "float16", "bf16": "bfloat16",
+                                     "fp8_e4m3": "fp8"}
+
+
+def name_of(dtype: torch.dtype) -> str:
+    """torch.bfloat16 -> "bfloat16"."""
+    return str(dtype).removeprefix("torch.")
+
+
+def compute_dtype(name: str) -> torch.dtype:
+    if name not in COMPUTE:
+        raise ValueError(f"dtype {name!r} is not one of {', '.join(COMPUTE)}")
+    return COMPUTE[name]
+
+
+def kv_dtype(name: str) -> torch.dtype:
+    if name not in KV:
+        raise ValueError(f"KV dtype {name!r} is not one of {', '.join(KV)}")
+    return KV[name]

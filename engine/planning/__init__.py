@@ -1,0 +1,19 @@
+"""Planning, in the order it flows: inspect (headers) -> budgets (devices) -> workspace (kernels' scratch)
+-> plan (placement) -> report (words). Nothing here allocates; `plan_for` is the usual way in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .budgets import Budgets, detect_budgets
+from .inspect import ModelInfo, inspect
+from .plan import Plan, PlanRequest, check, max_context, plan
+
+
+def plan_for(model_dir: str | Path, context_tokens: int, budgets: Budgets | None = None, **request) -> Plan:
+    """A plan that fits for `context_tokens` (budgets None: this machine's now); raises InsufficientMemoryError."""
+    return check(inspect(model_dir), PlanRequest(context_tokens, **request), budgets or detect_budgets())
+
+
+__all__ = ["Budgets", "ModelInfo", "Plan", "PlanRequest", "check", "detect_budgets", "inspect", "max_context",
+           "plan", "plan_for"]

@@ -1,0 +1,117 @@
+"""What a model costs in memory, from its config and the weight files' headers alone (no tensor data)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..checkpoint import Checkpoint
+from ..config import ModelConfig
+from ..defaults import BLOCK_SIZE
+from ..dtypes import COMPUTE, kv_dtype
+from ..kv_cache import CacheSpec
+from ..layout import ModelLayout, TensorInfo
+
+# Stored dtypes that `dtype=` converts (the loader converts floating tensors only; block formats stay as stored).
+_CONVERTIBLE = frozenset(COMPUTE) | {"float64", "float8_e4m3fn", "float8_e5m2"}
+
+
+@dataclass(frozen=True)
+class WeightGroup:
+    """A set of tensors by stored dtype: (dtype name, elements, stored bytes); bytes follow from the dtype they will have."""
+
+    by_dtype: tuple[tuple[str, int, int], ...] = ()
+
+    @classmethod
+    def of(cls, specs: Iterable[TensorInfo]) -> "WeightGroup":
+        totals: dict[str, tuple[int, int]] = {}
+        for s in specs:
+            numel, nbytes = totals.get(s.dtype_name, (0, 0))
+            totals[s.dtype_name] = (numel + s.numel, nbytes + s.nbytes)
+        return cls(tuple(sorted((d, n, b) for d, (n, b) in totals.items())))
+
+    def nbytes(self, dtype: str | None = None) -> int:
+        """Bytes once loaded; `dtype` converts the floating tensors (as the loader does), None keeps them."""
+        if dtype is None:
+            return sum(b for _, _, b in self.by_dtype)
+        itemsize = COMPUTE[dtype].itemsize
+        return sum(n * itemsize if d in _CONVERTIBLE else b for d, n, b in self.by_dtype)
+
+    @property
+    def bytes_by_dtype(self) -> dict[str, int]:
+        """Stored bytes per dtype name, e.g. {"bfloat16": 436207616}."""
+        return {d: b for d, _, b in self.by_dtype}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Per-layer and non-layer weight bytes of a model, and its KV cost per token; nothing is loaded."""
+
+    model_dir: Path
+    layout: ModelLayout
+    layers: tuple[WeightGroup, ...]  # one per decoder layer
+    embed: WeightGroup  # the input embeddings
+    norm: WeightGroup  # the final norm
+    lm_head: WeightGroup  # the output head; the embeddings again when tied
+    other: WeightGroup  # tensors nothing reads: never loaded, never counted
+    file_bytes: int  # the weight files' sizes, headers included
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.layout.config
+
+    @property
+    def tied_embeddings(self) -> bool:
+        return self.layout.tied
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def max_position_embeddings(self) -> int:
+        return self.config.max_position_embeddings
+
+    @property
+    def compute_dtype(self) -> str:
+        """What the model computes in when no dtype is forced (ModelLayout.compute_dtype)."""
+        return self.layout.compute_dtype()
+
+    def layer_bytes(self, dtype: str | None = None) -> tuple[int, ...]:
+        """Weight bytes of each layer in the dtype it will have (None: as stored)."""
+        return tuple(layer.nbytes(dtype) for layer in self.layers)
+
+    def weights_bytes(self, dtype: str | None = None) -> int:
+        """Every weight the loader reads, once (tied embeddings counted once)."""
+        head = 0 if self.tied_embeddings else self.lm_head.nbytes(dtype)
+        return sum(self.layer_bytes(dtype)) + self.embed.nbytes(dtype) + self.norm.nbytes(dtype) + head
+
+    def kv_spec(self, kv_dtype_name: str | None = None, block_size: int = BLOCK_SIZE) -> CacheSpec:
+        """One layer's cache shape; kv_dtype None means the compute dtype."""
+        return CacheSpec(self.config.num_kv_heads, self.config.head_dim,
+                         kv_dtype(kv_dtype_name or self.compute_dtype), block_size)
+
+    def kv_bytes_per_token(self, kv_dtype_name: str | None = None) -> int:
+        """K and V of one token in one layer: 2 * kv_heads * head_dim * bytes."""
+        return self.kv_spec(kv_dtype_name).bytes_per_token
+
+
+def inspect(model_dir: str | Path) -> ModelInfo:
+    """Read config.json and every weight file's header (no tensor data) into a ModelInfo."""
+    model_dir = Path(model_dir)
+    config = ModelConfig.from_dir(model_dir)
+    checkpoint = Checkpoint(model_dir)
+    specs = checkpoint.specs
+    layout = ModelLayout.of(config, specs, model_dir.name)
+    group = lambda names: WeightGroup.of(specs[n] for n in names)  # noqa: E731
+    return ModelInfo(
+        model_dir=model_dir,
+        layout=layout,
+        layers=tuple(group(layer.values()) for layer in layout.layers),
+        embed=group([layout.embed]),
+        norm=group([layout.norm]),
+        lm_head=group([layout.lm_head]),
+        other=group(layout.unused),
+        file_bytes=sum(p.stat().st_size for p in checkpoint.files),
+    )

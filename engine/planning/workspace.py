@@ -1,0 +1,99 @@
+"""Transient memory of one prefill chunk on a device: activations, attention scratch, logits, backend overhead.
+
+The attention scratch is the kernel's own statement (`workspace_bytes` of the ops `kernels.attention_ops`
+picks for the device), so the forecast follows whichever implementation will run there. The rest follows
+what engine/model.py allocates; docs/planner.md derives each term.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from ..config import ModelConfig
+from ..units import MiB
+
+# The CUDA context and kernel images (outside torch's allocator, seen by NVML) plus cuBLAS workspaces.
+# Not yet measured on a GPU: bench/gpu_plan_check.py prints the number to put here.
+CUDA_OVERHEAD_BYTES = 640 * MiB
+# CPU: per-thread scratch of the matrix products and the allocator's slack (docs/planner.md).
+CPU_OVERHEAD_BYTES = 32 * MiB
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Peak transient bytes of one device, by cause."""
+
+    activations_bytes: int = 0  # residual stream and the larger of the attention and MLP phases
+    logits_bytes: int = 0  # the last position's logits, on the head's device
+    overhead_bytes: int = 0  # the backend's own: CUDA context, cuBLAS, CPU kernel scratch
+
+    @property
+    def total_bytes(self) -> int:
+        return self.activations_bytes + self.logits_bytes + self.overhead_bytes
+
+
+def attention_bytes(config: ModelConfig, attention: ModuleType, *, context_tokens: int, chunk: int,
+                    dtype: torch.dtype, cache_dtype: torch.dtype, block_size: int, num_seqs: int) -> int:
+    """The attention kernel's scratch: the larger of a prefill chunk and a decode step of every sequence."""
+    shape = dict(context_tokens=context_tokens, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
+                 head_dim=config.head_dim, dtype=dtype, cache_dtype=cache_dtype, block_size=block_size)
+    return max(attention.workspace_bytes(num_tokens=chunk, **shape),
+               attention.workspace_bytes(num_tokens=1, num_seqs=num_seqs, **shape))
+
+
+def layer_activation_bytes(config: ModelConfig, attention: ModuleType, *, context_tokens: int, chunk: int,
+                           dtype: torch.dtype, cache_dtype: torch.dtype, block_size: int, num_seqs: int = 1) -> int:
+    """Peak live bytes while one layer runs a chunk of `chunk` tokens against `context_tokens` of context."""
+    c, a = min(chunk, context_tokens), dtype.itemsize
+    h, inter = config.hidden_size, config.intermediate_size
+    heads, kv_heads, d = config.num_heads, config.num_kv_heads, config.head_dim
+    # residual, its normed copy, and the sum that replaces it
+    residual = 3 * c * h * a
+    # q, k, v, their normed (Qwen3) and rotated copies; the attention output is the kernel's
+    copies = 2 if config.qk_norm else 1
+    projections = c * (heads + 2 * kv_heads) * d * a + copies * c * (heads + kv_heads) * d * a
+    attention_scratch = attention_bytes(config, attention, context_tokens=context_tokens, chunk=c, dtype=dtype,
+                                        cache_dtype=cache_dtype, block_size=block_size, num_seqs=num_seqs)
+    mlp = 3 * c * inter * a  # silu(gate), up, and their product
+    return residual + max(projections + attention_scratch, mlp) + rope_table_bytes(config, context_tokens, dtype)
+
+
+def rope_rows(context_tokens: int) -> int:
+    """Rows of the rotary cos/sin tables: engine/rope.py builds one row per position the cache holds."""
+    return context_tokens
+
+
+def rope_table_bytes(config: ModelConfig, context_tokens: int, dtype: torch.dtype) -> int:
+    """cos and sin, kept on every device that runs layers."""
+    return 2 * rope_rows(context_tokens) * config.head_dim * dtype.itemsize
+
+
+def rope_build_bytes(config: ModelConfig, context_tokens: int) -> int:
+    """The fp32 temporaries on the CPU while a rotary table is built (engine/rope.py RotaryTable._build)."""
+    rows = rope_rows(context_tokens)
+    # positions (fp32), the angles [rows, head_dim / 2] and one cos/sin temporary of the same size
+    return rows * 4 + 2 * rows * (config.head_dim // 2) * 4
+
+
+def device_workspace(config: ModelConfig, attention: ModuleType, *, device_type: str, runs_layers: bool,
+                     holds_head: bool, holds_embed: bool, context_tokens: int, chunk: int, dtype: torch.dtype,
+                     cache_dtype: torch.dtype, block_size: int, num_seqs: int = 1) -> Workspace:
+    """The workspace one device needs, given what the plan puts there and the attention ops that run there."""
+    if not (runs_layers or holds_head or holds_embed):
+        return Workspace()
+    # the embedded chunk before it moves to the first layer's device
+    activations = min(chunk, context_tokens) * config.hidden_size * dtype.itemsize if holds_embed else 0
+    if runs_layers:
+        activations += layer_activation_bytes(config, attention, context_tokens=context_tokens, chunk=chunk,
+                                              dtype=dtype, cache_dtype=cache_dtype, block_size=block_size,
+                                              num_seqs=num_seqs)
+    if device_type == "cpu":
+        # every device's rotary table is built on the CPU, before any layer runs: a separate, earlier peak
+        activations = max(activations, rope_build_bytes(config, context_tokens))
+    # lm_head output for the last position of each sequence, then its fp32 copy for sampling
+    logits = num_seqs * config.vocab_size * (dtype.itemsize + 4) if holds_head else 0
+    overhead = CUDA_OVERHEAD_BYTES if device_type == "cuda" else CPU_OVERHEAD_BYTES
+    return Workspace(activations, logits, overhead)

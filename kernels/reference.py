@@ -100,30 +100,41 @@ def prefill_attention(
     out = torch.empty_like(query)
     k = gather_kv(k_cache, block_table, ctx, k_scale, ACC_DTYPE)
     v = gather_kv(v_cache, block_table, ctx, v_scale, ACC_DTYPE)
+    keys_t, values = k[:, :ctx].transpose(1, 2), v[:, :ctx]  # [KVH, D, ctx], [KVH, ctx, D]
     tile = query_tile(n, ctx, num_heads)
+    rows = tile * group  # query rows per KV head in one tile, ordered (token, head in group)
+    # One set of buffers for every tile, always against the whole context (the causal part is masked): the
+    # same shapes each time, so no allocation per tile and no heap fragmentation over tiles of growing length.
+    device = query.device
+    q = torch.zeros(num_kv_heads, rows, head_dim, dtype=ACC_DTYPE, device=device)
+    scores = torch.empty(num_kv_heads, rows, ctx, dtype=ACC_DTYPE, device=device)  # then exp(scores - max)
+    o = torch.empty(num_kv_heads, rows, head_dim, dtype=ACC_DTYPE, device=device)
+    causal = torch.ones(tile, tile, dtype=torch.bool, device=device).triu(1)[None, :, None, :]
     for i0 in range(0, n, tile):
         t = min(tile, n - i0)
-        keys = start_pos + i0 + t  # the tile's last query sees keys 0 .. keys-1
-        # [t, H, D] -> [KVH, t * group, D]: each KV head's query rows, ordered (token, head in group)
-        q = query[i0 : i0 + t].to(ACC_DTYPE).view(t, num_kv_heads, group, head_dim).transpose(0, 1)
-        q = q.reshape(num_kv_heads, t * group, head_dim)
-        scores = torch.bmm(q, k[:, :keys].transpose(1, 2)).mul_(scale)  # [KVH, t * group, keys]
-        del q
-        if t > 1:  # the tile's own tokens: query j sees keys up to its own position
-            band = scores.view(num_kv_heads, t, group, keys)[..., keys - t :]
-            band.masked_fill_(torch.ones(t, t, dtype=torch.bool, device=query.device).triu(1)[None, :, None, :],
-                              float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        del scores
-        o = torch.bmm(probs, v[:, :keys])  # [KVH, t * group, D]
-        del probs
-        out[i0 : i0 + t] = o.view(num_kv_heads, t, group, head_dim).transpose(0, 1).reshape(t, num_heads, head_dim)
+        first = start_pos + i0  # the tile's first query position; query j sees keys 0 .. first + j
+        q[:, : t * group].view(num_kv_heads, t, group, head_dim).copy_(
+            query[i0 : i0 + t].view(t, num_kv_heads, group, head_dim).transpose(0, 1))
+        if t < tile:
+            q[:, t * group :].zero_()  # rows past the last query: computed, never read
+        torch.bmm(q, keys_t, out=scores)
+        scores.mul_(scale)
+        per_token = scores.view(num_kv_heads, tile, group, ctx)
+        per_token[..., first + tile :].fill_(float("-inf"))
+        band = per_token[..., first : first + tile]
+        band.masked_fill_(causal[..., : band.shape[-1]], float("-inf"))
+        scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
+        total = scores.sum(dim=-1, keepdim=True)
+        torch.bmm(scores, values, out=o)
+        o.div_(total)
+        out[i0 : i0 + t].view(t, num_kv_heads, group, head_dim).copy_(
+            o[:, : t * group].view(num_kv_heads, t, group, head_dim).transpose(0, 1))
     return out
 
 
 def query_tile(num_new: int, context_tokens: int, num_heads: int) -> int:
-    """Queries per tile: the fp32 scores and probabilities of a tile stay under SCORES_BYTES."""
-    per_query = num_heads * context_tokens * 2 * ACC_DTYPE.itemsize
+    """Queries per tile: the fp32 scores of a tile against the context stay under SCORES_BYTES."""
+    per_query = num_heads * context_tokens * ACC_DTYPE.itemsize
     return max(1, min(num_new, SCORES_BYTES // per_query))
 
 
@@ -138,8 +149,8 @@ def workspace_bytes(*, num_tokens: int, context_tokens: int, num_heads: int, num
     gather_peak = rows * (c + f)
     kv = 2 * rows * f  # K and V, gathered, in fp32
     t = query_tile(n, ctx, num_heads)
-    # scores and probabilities; the tile's queries (converted and regrouped) or its output (and its regrouped copy)
-    tile = 2 * t * num_heads * ctx * f + 2 * t * num_heads * head_dim * f + t * t
+    # the scores buffer, the tile's queries and output, the row maxima and sums, the causal mask
+    tile = t * num_heads * ctx * f + 2 * t * num_heads * head_dim * f + 2 * t * num_heads * f + t * t
     return out + max(kv // 2 + gather_peak, kv + tile)
 
 

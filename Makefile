@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 
-.PHONY: run test venv bench install-desktop bundle clean
+.PHONY: run test venv bench bench-gui install-desktop bundle clean
 
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,9 @@ test: venv
 
 bench: venv
 	$(BIN)/python bench/engine_bench.py
+
+bench-gui: venv
+	QT_QPA_PLATFORM=offscreen $(BIN)/python bench/gui_bench.py
 
 install-desktop: venv
 	packaging/install_desktop.sh

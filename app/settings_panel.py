@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -56,7 +55,6 @@ class SettingsPanel(QWidget):
         self.forecast: Forecast | None = None
         self.plan = None
         self.settings = ModelSettings()
-        self.last_plan_seconds = 0.0
         self.max_fit_tokens = 0
         self._updating = False
 
@@ -313,9 +311,7 @@ class SettingsPanel(QWidget):
             )
 
     def _replan(self) -> None:
-        start = time.perf_counter()
         self.plan = self.forecast.plan(self.settings)
-        self.last_plan_seconds = time.perf_counter() - start
         self.plan_bar.set_bars(self.forecast.bars(self.plan, self.settings))
         if self.plan.fits:
             self.plan_message.setStyleSheet("color: #1b5e20;")

@@ -24,8 +24,6 @@ Workspace (engine/planning/workspace.py; c = 512 tokens, a = 2 bytes, T = 32,768
 Budgets: GPU free - max(512 MiB, 2%); RAM available - max(1 GiB, 5%). 16 GiB RAM -> 16,106,127,360.
 """
 
-import time
-
 import pytest
 
 from engine.planning.budgets import given_budgets
@@ -34,7 +32,7 @@ from engine.planning.inspect import inspect
 from engine.planning.plan import PlanRequest, check, max_context, plan
 from engine.planning.report import format_table, summary, to_dict
 from engine.units import GiB
-from sparse_models import LLAMA_3_1_8B, LLAMA_3_1_70B, QWEN3_0_6B, write_sparse_model
+from sparse_models import LLAMA_3_1_8B, QWEN3_0_6B, write_sparse_model
 
 LAYER = 436_224_000
 KV = 134_217_728
@@ -240,15 +238,3 @@ def test_tied_embeddings_are_copied_to_the_head_device(tmp_path):
     assert cpu.weights_bytes == embed
     cpu_plan = plan(qwen, PlanRequest(4096, gpu_layers=0), given_budgets([8 * GiB], 16 * GiB))
     assert cpu_plan.devices[1].weights_bytes == qwen.weights_bytes() == sum(qwen.layer_bytes()) + embed + 2048
-
-
-def test_plan_is_fast_enough_for_a_slider(tmp_path):
-    big = inspect(write_sparse_model(tmp_path, LLAMA_3_1_70B, num_shards=8))
-    budgets = given_budgets([24 * GiB, 24 * GiB], 64 * GiB)
-    timings = []
-    for tokens in range(4096, 131073, 8192):
-        start = time.perf_counter()
-        plan(big, PlanRequest(tokens), budgets)
-        timings.append(time.perf_counter() - start)
-    # min over the sweep: immune to other processes on a shared machine
-    assert min(timings) < 0.020, f"plan() took {min(timings) * 1000:.1f} ms at best"

@@ -37,6 +37,7 @@ class MainWindow(QMainWindow):
         self.loaded_plan = None
         self.forecast: Forecast | None = None
         self.error_box: QMessageBox | None = None
+        self.history_box: QMessageBox | None = None  # the store's warning at start; model errors do not replace it
         self._closed = False
         self._unsaved = None  # (model_dir, ModelSettings) waiting for the save timer
         self._save_timer = QTimer(self)
@@ -110,6 +111,9 @@ class MainWindow(QMainWindow):
         if start_model:
             panel.select_model_dir(start_model)
             QTimer.singleShot(0, lambda: self.choose_model(start_model))
+        if self.store.warning:
+            # Once the window is up (a dialog before it would float alone); the app runs on behind it.
+            QTimer.singleShot(0, lambda: self._show_history_warning(self.store.warning))
         # torch, Qt and pyqtgraph leave ~200,000 long-lived objects; a full garbage collection walks them
         # all (~100-250 ms) while holding the GIL, in whichever thread happens to allocate, and froze the
         # window during loads. Frozen, they are never walked again.
@@ -215,10 +219,18 @@ class MainWindow(QMainWindow):
         """A dialog that does not block the event loop: the engine thread keeps reporting behind it."""
         if self.error_box is not None:
             self.error_box.close()
-        self.error_box = QMessageBox(QMessageBox.Icon.Warning, title, f"<b>{title}</b>", QMessageBox.StandardButton.Ok, self)
-        self.error_box.setInformativeText(message)
-        self.error_box.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.error_box.open()
+        self.error_box = self._open_warning(title, message)
+
+    def _show_history_warning(self, message: str) -> None:
+        if not self._closed:
+            self.history_box = self._open_warning("Conversation history", message)
+
+    def _open_warning(self, title: str, message: str) -> QMessageBox:
+        box = QMessageBox(QMessageBox.Icon.Warning, title, f"<b>{title}</b>", QMessageBox.StandardButton.Ok, self)
+        box.setInformativeText(message)
+        box.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        box.open()
+        return box
 
     # -- layout memory ---------------------------------------------------------------------------
     def _restore_layout(self) -> None:

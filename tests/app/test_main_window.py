@@ -173,3 +173,19 @@ def test_loading_again_frees_the_first_model(window, app_driver, qtbot):
     assert first() is None
     assert window.client.worker.engine.plan.context_tokens == 2048
     assert f"/ {2048:,} tokens" in window.chat.counter.text()
+
+
+def test_a_corrupt_history_is_moved_aside_and_said_so_at_start(app_driver, tiny_model_dir, isolated_user_files, qtbot):
+    isolated_user_files.mkdir(parents=True, exist_ok=True)
+    (isolated_user_files / "conversations.sqlite3").write_bytes(b"not a database, " * 512)
+    window = app_driver.open(tiny_model_dir)
+    [moved] = isolated_user_files.glob("conversations.sqlite3.broken-*")
+    qtbot.waitUntil(lambda: window.history_box is not None and window.history_box.isVisible())
+    assert moved.name in window.history_box.informativeText()
+    assert "new one was started" in window.history_box.informativeText()
+    assert window.isVisible()
+    # The window keeps working behind the dialog, on a fresh history.
+    app_driver.load(window)
+    window.settings_panel.max_tokens.setValue(4)
+    app_driver.reply(window, lambda: app_driver.send(window, "after the move"))
+    assert [m.content for m in window.store.messages(window.chat.conversation_id)][0] == "after the move"

@@ -1,8 +1,15 @@
-"""Model configuration read from a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3)."""
+"""Model configuration read from a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3), every value checked.
+
+Types are checked where config.json is read (`from_dict`), ranges in `__post_init__`. RoPE: transformers 5
+writes `rope_parameters`, older files `rope_scaling` and a top-level `rope_theta`. Given both dicts,
+transformers keeps `rope_scaling` and silently drops `rope_parameters`; Stowage merges them and refuses
+a file in which two of them give one key different values, since either guess could be wrong.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +22,11 @@ SUPPORTED = {
     "qwen2": ("Qwen2ForCausalLM",),
     "qwen3": ("Qwen3ForCausalLM",),
 }
+# transformers' head_dim when config.json has none: hidden_size // num_attention_heads, except Qwen3Config's 128.
+_DEFAULT_HEAD_DIM = {"qwen3": 128}
+# Larger than any real config, tokenizer_config.json (chat templates included) or shard index.
+MAX_JSON_BYTES = 64 * 1024 * 1024
+_MISSING = object()
 
 
 @dataclass(frozen=True)
@@ -25,6 +37,17 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+
+    def __post_init__(self):
+        _require(math.isfinite(self.theta) and self.theta > 0, f"rope_theta must be a positive number, got {self.theta}")
+        if self.kind == "llama3":
+            _require(math.isfinite(self.factor) and self.factor > 0,
+                     f"rope factor must be a positive number, got {self.factor}")
+            _require(math.isfinite(self.high_freq_factor) and 0 < self.low_freq_factor < self.high_freq_factor,
+                     f"llama3 rope needs 0 < low_freq_factor < high_freq_factor, got {self.low_freq_factor} "
+                     f"and {self.high_freq_factor}")
+            _require(self.original_max_position > 0,
+                     f"original_max_position_embeddings must be positive, got {self.original_max_position}")
 
 
 @dataclass(frozen=True)
@@ -48,111 +71,233 @@ class ModelConfig:
     torch_dtype: str | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # config.json keys that were absent, with how their value was derived (the layout's errors quote it)
+    implied: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
-            if getattr(self, name) <= 0:
-                raise ModelFormatError(f"config.json: {name} must be positive, got {getattr(self, name)}")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "max_position_embeddings"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value > 0, f"{name} must be a positive integer, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise ModelFormatError(
                 f"config.json: num_attention_heads ({self.num_heads}) is not a multiple of "
                 f"num_key_value_heads ({self.num_kv_heads})"
             )
+        # rotary embeddings rotate pairs of dimensions (engine/rope.py)
+        _require(self.head_dim % 2 == 0, f"head_dim must be even, got {self.head_dim}")
+        _require(math.isfinite(self.rms_norm_eps) and self.rms_norm_eps > 0,
+                 f"rms_norm_eps must be a positive number, got {self.rms_norm_eps}")
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
-        path = Path(model_dir) / "config.json"
-        if not Path(model_dir).is_dir():
+        model_dir = Path(model_dir)
+        if not model_dir.is_dir():
             raise ModelFormatError(f"{model_dir}: not a folder; choose a model folder (config.json, *.safetensors)")
-        try:
-            raw = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ModelFormatError(f"{model_dir}: no config.json; a model folder holds config.json and *.safetensors") from None
-        except json.JSONDecodeError as e:
-            raise ModelFormatError(f"{path}: not valid JSON ({e})") from e
-        gen = Path(model_dir) / "generation_config.json"
-        gen_raw = {}
-        if gen.exists():
-            try:
-                gen_raw = json.loads(gen.read_text())
-            except json.JSONDecodeError as e:
-                raise ModelFormatError(f"{gen}: not valid JSON ({e})") from e
-        return cls.from_dict(raw, gen_raw)
+        path = model_dir / "config.json"
+        if not path.exists():
+            raise ModelFormatError(f"{model_dir}: no config.json; a model folder holds config.json and *.safetensors")
+        gen = model_dir / "generation_config.json"
+        return cls.from_dict(read_json_object(path), read_json_object(gen) if gen.exists() else None)
 
     @classmethod
     def from_dict(cls, raw: dict, generation: dict | None = None) -> "ModelConfig":
-        model_type = raw.get("model_type")
-        archs = raw.get("architectures") or []
-        if model_type not in SUPPORTED:
-            by_arch = [t for t, names in SUPPORTED.items() if any(a in names for a in archs)]
-            if not by_arch:
-                supported = ", ".join(f"{t} ({'/'.join(n)})" for t, n in SUPPORTED.items())
-                raise UnsupportedModelError(
-                    f"unsupported architecture: model_type={model_type!r}, architectures={archs}; "
-                    f"Stowage supports {supported}"
-                )
-            model_type = by_arch[0]
-        try:
-            hidden = int(raw["hidden_size"])
-            num_heads = int(raw["num_attention_heads"])
-            return cls(
-                model_type=model_type,
-                vocab_size=int(raw["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(raw["intermediate_size"]),
-                num_layers=int(raw["num_hidden_layers"]),
-                num_heads=num_heads,
-                num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
-                head_dim=int(raw.get("head_dim") or hidden // num_heads),
-                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                rope=_rope(raw),
-                max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
-                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-                qkv_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
-                o_bias=model_type != "qwen2" and bool(raw.get("attention_bias", False)),
-                mlp_bias=bool(raw.get("mlp_bias", False)),
-                qk_norm=model_type == "qwen3",
-                torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
-                bos_token_id=_first(raw.get("bos_token_id")),
-                eos_token_ids=_eos_ids(raw, generation or {}),
-            )
-        except KeyError as e:
-            raise ModelFormatError(f"config.json: missing required key {e.args[0]!r}") from None
-        except (TypeError, ValueError) as e:
-            raise ModelFormatError(f"config.json: bad value ({e})") from e
+        if not isinstance(raw, dict):
+            raise ModelFormatError(f"config.json: holds {_kind(raw)}, not an object")
+        model_type = _model_type(raw)
+        hidden = _int(raw, "hidden_size")
+        num_heads = _int(raw, "num_attention_heads")
+        implied = {}
+        num_kv_heads = _int(raw, "num_key_value_heads", None)
+        if num_kv_heads is None:
+            num_kv_heads = num_heads
+            implied["num_key_value_heads"] = "num_attention_heads, as transformers defaults it"
+        head_dim = _int(raw, "head_dim", None)
+        if head_dim is None:
+            if model_type in _DEFAULT_HEAD_DIM:
+                head_dim = _DEFAULT_HEAD_DIM[model_type]
+                implied["head_dim"] = f"transformers' default for {model_type}"
+            else:
+                if num_heads > 0 and hidden % num_heads:
+                    raise ModelFormatError(
+                        f"config.json: hidden_size ({hidden}) is not a multiple of num_attention_heads ({num_heads}) "
+                        "and there is no head_dim to say how wide a head is")
+                head_dim = hidden // num_heads if num_heads > 0 else 0
+                implied["head_dim"] = "hidden_size/num_attention_heads"
+        attention_bias = _bool(raw, "attention_bias")
+        return cls(
+            model_type=model_type,
+            vocab_size=_int(raw, "vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=_int(raw, "intermediate_size"),
+            num_layers=_int(raw, "num_hidden_layers"),
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=_float(raw, "rms_norm_eps", 1e-6),
+            rope=_rope(raw),
+            max_position_embeddings=_int(raw, "max_position_embeddings", 4096),
+            tie_word_embeddings=_bool(raw, "tie_word_embeddings"),
+            qkv_bias=model_type == "qwen2" or attention_bias,
+            o_bias=model_type != "qwen2" and attention_bias,
+            mlp_bias=_bool(raw, "mlp_bias"),
+            qk_norm=model_type == "qwen3",
+            torch_dtype=_str(raw.get("torch_dtype") or raw.get("dtype")),
+            bos_token_id=next(iter(_token_ids(raw.get("bos_token_id"))), None),
+            eos_token_ids=_eos_ids(raw, generation or {}),
+            implied=implied,
+        )
 
 
-def _first(value):
-    if isinstance(value, list):
-        return value[0] if value else None
+def read_json_object(path: Path) -> dict:
+    """The JSON object a model folder's file holds; ModelFormatError naming the file when it holds anything else."""
+    # is_file() follows symlinks: a link into a Hugging Face cache's blobs is fine; a FIFO or a device is not
+    # opened at all (reading one would wait forever or never end).
+    if not path.is_file():
+        raise ModelFormatError(f"{path}: not a regular file")
+    try:
+        size = path.stat().st_size
+        if size > MAX_JSON_BYTES:
+            raise ModelFormatError(f"{path}: {size:,} bytes is far larger than such a file can be; it is not one")
+        data = path.read_bytes()
+    except OSError as e:
+        raise ModelFormatError(f"{path}: cannot read ({e.strerror})") from e
+    try:
+        value = json.loads(data.decode("utf-8-sig"))
+    except UnicodeDecodeError as e:
+        raise ModelFormatError(f"{path}: not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})") from None
+    except RecursionError:
+        raise ModelFormatError(f"{path}: JSON nested too deeply") from None
+    except ValueError as e:  # json.JSONDecodeError, or an integer of more digits than Python converts
+        raise ModelFormatError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ModelFormatError(f"{path}: holds {_kind(value)}, not a JSON object")
     return value
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ModelFormatError(f"config.json: {message}")
+
+
+def _kind(value) -> str:
+    return {list: "a list", type(None): "null", str: "a string", bool: "a boolean"}.get(type(value), "a number")
+
+
+def _model_type(raw: dict) -> str:
+    model_type, archs = raw.get("model_type"), raw.get("architectures") or []
+    if not isinstance(archs, list):
+        raise ModelFormatError(f"config.json: architectures must be a list of class names, got {archs!r:.80}")
+    if isinstance(model_type, str) and model_type in SUPPORTED:
+        return model_type
+    if model_type is not None and not isinstance(model_type, str):
+        raise ModelFormatError(f"config.json: model_type must be a string, got {model_type!r:.80}")
+    by_arch = [t for t, names in SUPPORTED.items() if any(a in names for a in archs if isinstance(a, str))]
+    if not by_arch:
+        supported = ", ".join(f"{t} ({'/'.join(n)})" for t, n in SUPPORTED.items())
+        raise UnsupportedModelError(
+            f"unsupported architecture: model_type={model_type!r}, architectures={archs!r:.200}; "
+            f"Stowage supports {supported}"
+        )
+    return by_arch[0]
+
+
+def _get(raw: dict, key: str, default):
+    value = raw.get(key)
+    if value is None:  # absent or null: transformers treats both as "not given"
+        if default is _MISSING:
+            raise ModelFormatError(f"config.json: missing required key {key!r}")
+        return default
+    return value
+
+
+def _int(raw: dict, key: str, default=_MISSING) -> int | None:
+    value = _get(raw, key, default)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 4096.0: a writer that only has floats
+    if value is not default and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ModelFormatError(f"config.json: {key} must be an integer, got {value!r:.80}")
+    return value
+
+
+def _float(raw: dict, key: str, default: float, where: str = "config.json") -> float:
+    value = _get(raw, key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ModelFormatError(f"{where}: {key} must be a number, got {value!r:.80}")
+    try:
+        return float(value)
+    except OverflowError:  # an integer past float range
+        raise ModelFormatError(f"{where}: {key} is out of range ({value:.3e})") from None
+
+
+def _bool(raw: dict, key: str) -> bool:
+    value = _get(raw, key, False)
+    if not isinstance(value, bool):
+        raise ModelFormatError(f"config.json: {key} must be true or false, got {value!r:.80}")
+    return value
+
+
+def _str(value) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _token_ids(value) -> list[int]:
+    """An id or a list of ids as config files write them; anything else names no token."""
+    values = value if isinstance(value, list) else [value]
+    return [i for i in values if isinstance(i, int) and not isinstance(i, bool) and i >= 0]
 
 
 def _eos_ids(raw: dict, generation: dict) -> tuple[int, ...]:
     ids: list[int] = []
     for source in (generation.get("eos_token_id"), raw.get("eos_token_id")):
-        for i in source if isinstance(source, list) else [source]:
-            if isinstance(i, int) and i not in ids:
+        for i in _token_ids(source):
+            if i not in ids:
                 ids.append(i)
     return tuple(ids)
 
 
+def _rope_dict(raw: dict, key: str) -> dict:
+    value = raw.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ModelFormatError(f"config.json: {key} must be an object, got {value!r:.80}")
+    if any(isinstance(v, dict) for v in value.values()):
+        raise UnsupportedModelError(f"config.json: {key} per layer type is not supported (one set for every layer is)")
+    value = dict(value)
+    if "type" in value and "rope_type" not in value:  # the older spelling
+        value["rope_type"] = value.pop("type")
+    value.pop("type", None)
+    return value
+
+
 def _rope(raw: dict) -> RopeConfig:
-    # transformers 5 may keep rope_theta only under rope_parameters; older files use rope_scaling.
-    params = raw.get("rope_parameters") or {}
-    scaling = raw.get("rope_scaling") or {}
-    theta = raw.get("rope_theta", params.get("rope_theta", 10000.0))
-    merged = {**params, **scaling} if scaling else params
-    kind = merged.get("rope_type") or merged.get("type") or "default"
+    sources = {"rope_parameters": _rope_dict(raw, "rope_parameters"), "rope_scaling": _rope_dict(raw, "rope_scaling")}
+    if raw.get("rope_theta") is not None:
+        sources["rope_theta"] = {"rope_theta": raw["rope_theta"]}
+    merged: dict = {}
+    origin: dict[str, str] = {}
+    for source, values in sources.items():
+        for key, value in values.items():
+            if key in merged and merged[key] != value:
+                raise ModelFormatError(
+                    f"config.json: {origin[key]} and {source} disagree on {key} ({merged[key]!r:.40} vs "
+                    f"{value!r:.40}); remove the stale one (transformers would use rope_scaling and ignore "
+                    "rope_parameters)")
+            merged[key], origin[key] = value, source
+    kind = merged.get("rope_type") or "default"
+    if not isinstance(kind, str):
+        raise ModelFormatError(f"config.json: rope_type must be a string, got {kind!r:.80}")
     if kind not in ("default", "llama3"):
-        raise UnsupportedModelError(f"config.json: rope type {kind!r} is not supported (supported: default, llama3)")
+        raise UnsupportedModelError(f"config.json: rope type {kind!r:.40} is not supported (supported: default, llama3)")
+    theta = _float(merged, "rope_theta", 10000.0)
     if kind == "default":
-        return RopeConfig(theta=float(theta))
+        return RopeConfig(theta=theta)
     return RopeConfig(
-        theta=float(theta),
+        theta=theta,
         kind="llama3",
-        factor=float(merged["factor"]),
-        low_freq_factor=float(merged.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(merged.get("high_freq_factor", 4.0)),
-        original_max_position=int(merged.get("original_max_position_embeddings", 8192)),
+        factor=_float(merged, "factor", _MISSING),
+        low_freq_factor=_float(merged, "low_freq_factor", 1.0),
+        high_freq_factor=_float(merged, "high_freq_factor", 4.0),
+        original_max_position=_int(merged, "original_max_position_embeddings", 8192),
     )

@@ -13,6 +13,10 @@ class UnsupportedModelError(StowageError):
     """The architecture in config.json is not one Stowage implements."""
 
 
+class InvalidArgumentError(StowageError, ValueError):
+    """A value the caller gave (a sampling setting, a context size, a prompt) is out of range or malformed."""
+
+
 class InsufficientMemoryError(StowageError):
     """A plan, an allocation or a load does not fit the memory available."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from engine.defaults import BLOCK_SIZE
 from engine.planning.budgets import Budgets
 from engine.planning.inspect import ModelInfo
 from engine.planning.plan import PlanRequest, max_context, plan
@@ -21,7 +22,7 @@ class Forecast:
     memory would otherwise count as used and the forecast would shrink under the user.
     """
 
-    def __init__(self, info: ModelInfo, budgets: Budgets, block_size: int = 16):
+    def __init__(self, info: ModelInfo, budgets: Budgets, block_size: int = BLOCK_SIZE):
         self.info = info
         self.detected = budgets
         self.block_size = block_size

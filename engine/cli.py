@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .defaults import DEFAULT_CONTEXT
 from .dtypes import COMPUTE, KV
-from .errors import StowageError
+from .errors import InsufficientMemoryError, InvalidArgumentError, StowageError
 from .planning.cli import add_plan_parser
 from .sampler import SamplingParams
 
@@ -54,14 +54,18 @@ def _load(args, context_tokens: int):
 
 def run_generate(args) -> int:
     from .config import ModelConfig
-    from .tokenizer import Tokenizer
+    from .tokenizer import Tokenizer, check_text
 
+    sampling = _sampling(args)  # every argument is checked before anything is read or loaded
+    check_text(args.prompt, "--prompt")
     ModelConfig.from_dir(args.model_dir)  # the first thing to be wrong with a folder is its config
     tokenizer = Tokenizer(args.model_dir)
     messages = [{"role": "user", "content": args.prompt}]
     ids = tokenizer.apply_chat_template(messages) if args.chat else tokenizer.encode(args.prompt)
+    if not ids:
+        raise InvalidArgumentError("the prompt is empty (and the model adds no start token); give some text")
     engine = _load(args, len(ids) + args.max_tokens)
-    gen = engine.generate(engine.new_conversation(), ids, _sampling(args))
+    gen = engine.generate(engine.new_conversation(), ids, sampling)
     for event in gen:
         if not args.json:
             sys.stdout.write(event.text)
@@ -81,13 +85,22 @@ def run_generate(args) -> int:
 
 
 def run_chat(args) -> int:
+    sampling = _sampling(args)  # every argument is checked before anything is read or loaded
+    if args.context is not None and args.context < 1:
+        raise InvalidArgumentError(f"--context must be at least 1 token, got {args.context}")
+    if args.system is not None:
+        from .tokenizer import check_text
+
+        check_text(args.system, "--system")
     if args.context is None:
         from .config import ModelConfig
 
         args.context = min(DEFAULT_CONTEXT, ModelConfig.from_dir(args.model_dir).max_position_embeddings)
     engine = _load(args, args.context)
-    conv = engine.new_conversation()
-    messages = [{"role": "system", "content": args.system}] if args.system else []
+    if hasattr(sys.stdin, "reconfigure"):  # undecodable input arrives as text the tokenizer refuses, not a crash
+        sys.stdin.reconfigure(errors="surrogateescape")
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    conv, messages = engine.new_conversation(), list(system)
     sys.stderr.write(f"Chatting with {engine.name} ({args.context:,}-token context). Ctrl-D to quit, "
                      "Ctrl-C stops a reply.\n")
     while True:
@@ -99,19 +112,43 @@ def run_chat(args) -> int:
         if not line.strip():
             continue
         messages.append({"role": "user", "content": line})
-        cancel = threading.Event()
-        gen = engine.chat(conv, messages, _sampling(args), cancel=cancel)
         try:
-            for event in gen:
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
-        except KeyboardInterrupt:
-            cancel.set()
-        r = gen.result
+            try:
+                r = _reply(engine, conv, messages, sampling)
+            except InsufficientMemoryError as e:
+                if len(messages) == len(system) + 1:
+                    raise
+                # The conversation outgrew the cache: keep the session, start over from this message.
+                sys.stderr.write(f"[the conversation is full ({e}); starting a new conversation with your "
+                                 "last message]\n")
+                engine.release(conv)
+                conv, messages = engine.new_conversation(), [*system, messages[-1]]
+                r = _reply(engine, conv, messages, sampling)
+        except InsufficientMemoryError as e:
+            messages.pop()
+            sys.stderr.write(f"[that message alone does not fit ({e}); send a shorter one]\n")
+            continue
+        except InvalidArgumentError as e:  # this line cannot be sent (not UTF-8); the conversation goes on
+            messages.pop()
+            sys.stderr.write(f"[{e}]\n")
+            continue
         messages.append({"role": "assistant", "content": r.text})
-        sys.stdout.write("\n")
         sys.stderr.write(f"[{r.reused_tokens} tokens reused, {r.prefilled_tokens} prefilled, "
                          f"{r.decode_tokens_per_s:.1f} tok/s, {conv.num_tokens:,}/{args.context:,} context]\n")
+
+
+def _reply(engine, conv, messages: list[dict], sampling: SamplingParams):
+    """Stream one reply to stdout; Ctrl-C stops it. Returns the GenerationResult."""
+    cancel = threading.Event()
+    gen = engine.chat(conv, messages, sampling, cancel=cancel)
+    try:
+        for event in gen:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        cancel.set()
+    sys.stdout.write("\n")
+    return gen.result
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import struct
 import warnings
 from dataclasses import dataclass
@@ -53,7 +54,10 @@ def read_header(path: str | os.PathLike) -> dict[str, TensorSpec]:
     """Parse and validate one file's header; reads no tensor data."""
     path = Path(path)
     try:
-        file_bytes = path.stat().st_size
+        st = os.stat(path)  # follows a symlink (a Hugging Face cache's blobs) to the file itself
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or a device would block the read, or never end
+            raise ModelFormatError(f"{path}: not a regular file")
+        file_bytes = st.st_size
         with open(path, "rb") as f:
             prefix = f.read(8)
             if len(prefix) < 8:
@@ -69,8 +73,10 @@ def read_header(path: str | os.PathLike) -> dict[str, TensorSpec]:
         raise ModelFormatError(f"{path}: cannot read ({e.strerror})") from e
     try:
         header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelFormatError(f"{path.name}: header is not valid JSON ({e})") from e
+    except RecursionError:
+        raise ModelFormatError(f"{path.name}: header is not valid JSON (nested too deeply)") from None
+    except ValueError as e:  # not UTF-8, not JSON, or an integer of more digits than Python converts
+        raise ModelFormatError(f"{path.name}: header is not valid JSON ({e})") from None
     if not isinstance(header, dict):
         raise ModelFormatError(f"{path.name}: header is not a JSON object")
     data_start = 8 + header_bytes
@@ -89,13 +95,13 @@ def _parse_entry(path: Path, name: str, entry, data_start: int, data_bytes: int)
     if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
         raise ModelFormatError(f"{where}: entry needs dtype, shape and data_offsets")
     dtype = entry["dtype"]
-    if dtype not in DTYPES:
-        raise ModelFormatError(f"{where}: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ModelFormatError(f"{where}: unknown dtype {dtype!r:.40} (known: {', '.join(DTYPES)})")
     shape, offsets = entry["shape"], entry["data_offsets"]
-    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
-        raise ModelFormatError(f"{where}: shape {shape!r} is not a list of non-negative integers")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
-        raise ModelFormatError(f"{where}: data_offsets {offsets!r} is not a pair of integers")
+    if not (isinstance(shape, list) and all(_is_int(d) and d >= 0 for d in shape)):
+        raise ModelFormatError(f"{where}: shape {shape!r:.80} is not a list of non-negative integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)):
+        raise ModelFormatError(f"{where}: data_offsets {offsets!r:.80} is not a pair of integers")
     begin, end = offsets
     if not 0 <= begin <= end <= data_bytes:
         raise ModelFormatError(
@@ -108,6 +114,10 @@ def _parse_entry(path: Path, name: str, entry, data_start: int, data_bytes: int)
             f"{where}: shape {shape} of {dtype} needs {expected:,} bytes but data_offsets span {end - begin:,}"
         )
     return TensorSpec(name, path, dtype, tuple(shape), data_start + begin, data_start + end)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_overlaps(path: Path, specs: dict[str, TensorSpec]) -> None:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+from .errors import InvalidArgumentError, ModelFormatError
+
+MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed's range
 
 
 @dataclass(frozen=True)
@@ -19,16 +24,23 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p < 1:
-            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if self.max_tokens < 1 or self.top_k < 0:
-            raise ValueError("max_tokens must be >= 1 and top_k >= 0")
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise InvalidArgumentError(f"{name} must be a finite number, got {value!r}")
+        for name in ("top_k", "max_tokens"):
+            if not _is_int(getattr(self, name)):
+                raise InvalidArgumentError(f"{name} must be an integer, got {getattr(self, name)!r}")
+        _check(self.temperature >= 0, f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
+        _check(self.top_k >= 0, f"top_k must be >= 0 (0 is off), got {self.top_k}")
+        _check(0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}")
+        _check(self.repetition_penalty > 0, f"repetition_penalty must be > 0 (1 is off), got {self.repetition_penalty}")
+        _check(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
+        _check(self.seed is None or (_is_int(self.seed) and 0 <= self.seed <= MAX_SEED),
+               f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+        _check(isinstance(self.stop, tuple) and all(isinstance(s, str) for s in self.stop),
+               f"stop must be a tuple of strings, got {self.stop!r:.80}")
 
     @property
     def is_greedy(self) -> bool:
@@ -48,6 +60,11 @@ class Sampler:
         """logits: [vocab] fp32 (on any device); seen_ids: token ids the penalty applies to."""
         p = self.params
         logits = logits.float().cpu()
+        if not bool(torch.isfinite(logits).all()):
+            # NaN or inf scores come from weights holding NaN/inf, or from a float16 overflow; sampling from
+            # them would pick garbage (or fail), so say where they come from.
+            raise ModelFormatError("the model produced NaN or infinite scores: its weights may hold NaN/inf values "
+                                   "(a corrupt file), or float16 overflowed (try --dtype float32)")
         if p.repetition_penalty != 1.0 and seen_ids is not None and seen_ids.numel():
             # As Hugging Face: shrink the score of every seen token towards "less likely".
             scores = logits.gather(0, seen_ids)
@@ -55,7 +72,9 @@ class Sampler:
             logits = logits.scatter(0, seen_ids, scores)
         if p.is_greedy:
             return int(logits.argmax())
-        logits = logits / p.temperature
+        # Shift so the best score is 0, in float64 (a float32 0 for temperature 1e-300 would divide 0 by 0):
+        # a tiny temperature then sends the others to -inf, never to NaN.
+        logits = (logits.double() - logits.max()) / p.temperature
         if p.top_k and p.top_k < logits.numel():
             kth = torch.topk(logits, p.top_k).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -68,3 +87,12 @@ class Sampler:
             drop = sorted_probs.cumsum(0) - sorted_probs >= p.top_p
             probs = probs.scatter(0, order, sorted_probs.masked_fill(drop, 0.0))
         return int(torch.multinomial(probs / probs.sum(), 1, generator=self.generator))
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidArgumentError(message)

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
 from tokenizers import Tokenizer as _HFTokenizer
 
 from . import chat_template
-from .errors import ModelFormatError, StowageWarning
+from .config import MAX_JSON_BYTES, read_json_object
+from .errors import InvalidArgumentError, ModelFormatError, StowageWarning
 
 
-def _token_text(value) -> str | None:
+def _token_text(config: dict, key: str) -> str | None:
+    # "<s>", or {"content": "<s>", ...} as transformers writes an AddedToken
+    value = config.get(key)
     if isinstance(value, dict):
-        return value.get("content")
+        value = value.get("content")
+    if value is not None and not isinstance(value, str):
+        raise ModelFormatError(f"tokenizer_config.json: {key} must be a token's text, got {value!r:.80}")
     return value
 
 
@@ -24,14 +28,16 @@ class Tokenizer:
         path = model_dir / "tokenizer.json"
         if not path.exists():
             raise ModelFormatError(f"{model_dir.name}: no tokenizer.json (Stowage needs the fast-tokenizer file)")
+        if not path.is_file():  # a FIFO would block the reader forever
+            raise ModelFormatError(f"{path}: not a regular file")
         try:
             self._tok = _HFTokenizer.from_file(str(path))
         except Exception as e:  # the Rust side raises a bare Exception
             raise ModelFormatError(f"{path.name}: cannot be read ({e})") from e
         config_path = model_dir / "tokenizer_config.json"
-        config = json.loads(config_path.read_text()) if config_path.exists() else {}
-        self.bos_token = _token_text(config.get("bos_token"))
-        self.eos_token = _token_text(config.get("eos_token"))
+        config = read_json_object(config_path) if config_path.exists() else {}
+        self.bos_token = _token_text(config, "bos_token")
+        self.eos_token = _token_text(config, "eos_token")
         self.chat_template = self._find_template(model_dir, config)
 
     @staticmethod
@@ -39,11 +45,16 @@ class Tokenizer:
         # transformers 5 writes chat_template.jinja beside the config; older files embed it.
         jinja_file = model_dir / "chat_template.jinja"
         if jinja_file.exists():
-            return jinja_file.read_text()
+            return _read_text(jinja_file)
         template = config.get("chat_template")
         if isinstance(template, list):  # named templates: use "default"
+            if not all(isinstance(t, dict) for t in template):
+                raise ModelFormatError("tokenizer_config.json: chat_template must be text or a list of "
+                                       "{\"name\", \"template\"} objects")
             named = {t.get("name"): t.get("template") for t in template}
             template = named.get("default") or next(iter(named.values()), None)
+        if template is not None and not isinstance(template, str):
+            raise ModelFormatError(f"tokenizer_config.json: chat_template must be text, got {template!r:.80}")
         return template
 
     @property
@@ -54,6 +65,7 @@ class Tokenizer:
         return None if text is None else self._tok.token_to_id(text)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        check_text(text, "the text")
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -75,6 +87,31 @@ class Tokenizer:
 
     def stream_decoder(self) -> "StreamDecoder":
         return StreamDecoder(self)
+
+
+def check_text(text: str, what: str) -> None:
+    """Refuse text that is not a str or cannot be UTF-8 (undecodable bytes that Python kept as lone surrogates)."""
+    if not isinstance(text, str):
+        raise InvalidArgumentError(f"{what} must be text, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidArgumentError(
+            f"{what} is not valid UTF-8 (undecodable byte at character {e.start}); save it as UTF-8 and try again"
+        ) from None
+
+
+def _read_text(path: Path) -> str:
+    if not path.is_file():
+        raise ModelFormatError(f"{path}: not a regular file")
+    try:
+        if path.stat().st_size > MAX_JSON_BYTES:
+            raise ModelFormatError(f"{path}: far larger than a chat template can be")
+        return path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ModelFormatError(f"{path}: not UTF-8 text (at byte {e.start})") from None
+    except OSError as e:
+        raise ModelFormatError(f"{path}: cannot read ({e.strerror})") from e
 
 
 class StreamDecoder:

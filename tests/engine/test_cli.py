@@ -56,3 +56,63 @@ def test_terminal_chat_keeps_history(model_dir):
     reports = [line for line in out.stderr.splitlines() if "tokens reused" in line]
     assert len(reports) == 2
     assert reports[0].startswith("[0 tokens reused") and not reports[1].startswith("[0 tokens reused")
+
+
+# -- issue 12: arguments checked before loading; a full conversation keeps the session ---------------------------
+
+@pytest.mark.parametrize("args,message", [
+    (["generate", "--prompt", "x", "--temperature", "-1"], "temperature must be >= 0"),
+    (["generate", "--prompt", "x", "--top-p", "2"], r"top_p must be in \(0, 1\]"),
+    (["generate", "--prompt", "x", "--max-tokens", "0"], "max_tokens must be >= 1"),
+    (["generate", "--prompt", "x", "--temperature", "nan"], "temperature must be a finite number"),
+    (["generate", "--prompt", "x", "--repetition-penalty", "nan"], "repetition_penalty must be a finite number"),
+    (["generate", "--prompt", "x", "--min-p", "inf"], "min_p must be a finite number"),
+    (["chat", "--context", "0"], "--context must be at least 1 token, got 0"),
+    (["chat", "--top-k", "-3"], "top_k must be >= 0"),
+])
+def test_bad_arguments_are_refused_before_the_model_is_read(tmp_path, capsys, args, message):
+    from engine.cli import main
+    # tmp_path holds no model: had anything been read first, the error would be about config.json
+    code = main([args[0], str(tmp_path), *args[1:]])
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stowage: ")
+    assert __import__("re").search(message, lines[0]) and "config.json" not in err
+
+
+def test_a_prompt_that_is_not_utf8_is_a_clean_error(tmp_path):
+    # bytes that are not UTF-8 reach Python as lone surrogates (argv is decoded with surrogateescape)
+    out = subprocess.run([sys.executable, "-m", "engine.cli", "generate", str(tmp_path), "--prompt", b"caf\xe9"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "stowage: --prompt is not valid UTF-8" in out.stderr and "Traceback" not in out.stderr
+
+
+def chat(model_dir, stdin: bytes, *args):
+    out = subprocess.run([sys.executable, "-m", "engine.cli", "chat", str(model_dir), "--max-tokens", "6",
+                          "--temperature", "0", *map(str, args)], input=stdin, capture_output=True, timeout=300)
+    return out.returncode, out.stderr.decode("utf-8", "replace")
+
+
+def test_a_line_that_is_not_utf8_is_refused_and_the_chat_goes_on(model_dir):
+    code, err = chat(model_dir, b"caf\xe9\nHello\n")
+    assert code == 0, err
+    assert "is not valid UTF-8" in err and "Traceback" not in err
+    assert len([line for line in err.splitlines() if "tokens reused" in line]) == 1  # "Hello" was answered
+
+
+def test_chat_starts_a_new_conversation_when_the_context_is_full(model_dir):
+    lines = [f"Tell me about the quick brown fox and the lazy dog, part {i}." for i in range(5)]
+    code, err = chat(model_dir, "".join(line + "\n" for line in lines).encode(), "--context", 48)
+    assert code == 0, err
+    assert "the conversation is full" in err and "starting a new conversation" in err
+    assert len([line for line in err.splitlines() if "tokens reused" in line]) == len(lines)  # every line answered
+
+
+def test_chat_says_when_one_message_alone_does_not_fit(model_dir):
+    long_line = " ".join(["Stowage plans memory"] * 40)
+    code, err = chat(model_dir, f"{long_line}\nHi\n".encode(), "--context", 48)
+    assert code == 0, err
+    assert "that message alone does not fit" in err
+    assert len([line for line in err.splitlines() if "tokens reused" in line]) == 1  # "Hi" was answered

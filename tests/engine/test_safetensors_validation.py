@@ -1,6 +1,7 @@
 """Malformed weight files are refused with a typed error naming the file and the tensor."""
 
 import json
+import os
 import struct
 
 import pytest
@@ -12,6 +13,7 @@ from engine.engine import Engine
 from factory import cpu_plan
 from engine.errors import ModelFormatError, UnsupportedModelError
 from engine.safetensors import MappedFile, read_header
+from engine.sampler import SamplingParams
 
 
 def write_file(path, header: dict, data: bytes, header_len: int | None = None):
@@ -118,3 +120,133 @@ def test_unknown_architecture_lists_supported(tmp_path):
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedModelError, match="llama.*mistral.*qwen2.*qwen3"):
         Engine.load(d, cpu_plan(d, 32))
+
+
+# -- issue 12: shard indexes, paths and file kinds ----------------------------------------------------------------
+
+def sharded(tmp_path):
+    """A two-shard copy of the tiny model: (folder, weight_map)."""
+    from safetensors.torch import load_file, save_file
+    d = make_model(tmp_path / "m", "llama")
+    tensors = load_file(d / "model.safetensors")
+    (d / "model.safetensors").unlink()
+    names = sorted(tensors)
+    weight_map = {}
+    for i, keys in enumerate((names[: len(names) // 2], names[len(names) // 2 :])):
+        file = f"model-{i + 1:05d}-of-00002.safetensors"
+        save_file({k: tensors[k] for k in keys}, d / file, metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(keys, file)
+    return d, weight_map
+
+
+def write_index(d, weight_map):
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+@pytest.fixture(scope="module")
+def two_shards(tmp_path_factory):
+    return sharded(tmp_path_factory.mktemp("shards"))
+
+
+@pytest.fixture
+def shard_folder(two_shards, tmp_path):
+    d, weight_map = two_shards
+    for f in d.iterdir():
+        os.link(f, tmp_path / f.name)
+    return tmp_path, dict(weight_map)
+
+
+@pytest.mark.parametrize("weight_map,message", [
+    (["model-00001-of-00002.safetensors"], "weight_map must map tensor names to file names"),
+    (None, "weight_map must map tensor names to file names"),
+    ({"model.norm.weight": 3}, "weight_map values must be file names, got 3"),
+    ({"model.norm.weight": ["a.safetensors"]}, "weight_map values must be file names"),
+    ({}, "weight_map names no files"),
+])
+def test_malformed_weight_map(shard_folder, weight_map, message):
+    d, _ = shard_folder
+    write_index(d, weight_map)
+    with pytest.raises(ModelFormatError, match=message):
+        Checkpoint(d)
+
+
+@pytest.mark.parametrize("name", ["../outside.safetensors", "/etc/passwd", "sub/../../x.safetensors", "",
+                                  "./model-00001-of-00002.safetensors", "a\\..\\b.safetensors", "nul\0.safetensors"])
+def test_index_may_only_name_files_inside_the_folder(shard_folder, tmp_path_factory, name):
+    d, weight_map = shard_folder
+    outside = tmp_path_factory.mktemp("elsewhere")
+    (outside / "outside.safetensors").write_bytes((d / "model-00001-of-00002.safetensors").read_bytes())
+    write_index(d, {**weight_map, "model.norm.weight": name})
+    with pytest.raises(ModelFormatError, match="not a plain file name inside the model folder"):
+        Checkpoint(d)
+
+
+def test_symlinks_into_a_hugging_face_blobs_folder_load(two_shards, tmp_path):
+    # snapshots/<rev>/model-0000N... -> ../../blobs/<hash>, as huggingface_hub lays out its cache
+    d, weight_map = two_shards
+    blobs, snapshot = tmp_path / "blobs", tmp_path / "snapshots" / "abc123"
+    blobs.mkdir()
+    snapshot.mkdir(parents=True)
+    for i, f in enumerate(sorted(d.iterdir())):
+        (blobs / f"{i:040x}").write_bytes(f.read_bytes())
+        (snapshot / f.name).symlink_to(f"../../blobs/{i:040x}")
+    ckpt = Checkpoint(snapshot)
+    assert set(ckpt.specs) == set(weight_map)
+    engine = Engine.load(snapshot, cpu_plan(snapshot, 32))
+    assert engine.generate(engine.new_conversation(), [1, 2, 3], SamplingParams(temperature=0, max_tokens=2)).run()
+
+
+def hang_guard(seconds=10):
+    import signal
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("opening the weights hung"))
+    signal.alarm(seconds)  # not a timing assertion: only a guard against waiting forever
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_weights_that_are_not_regular_files_are_refused_without_opening(tmp_path, kind):
+    from engine.planning import inspect
+    d = make_model(tmp_path / "m", "llama")
+    (d / "model.safetensors").unlink()
+    {"fifo": lambda p: os.mkfifo(p), "device": lambda p: p.symlink_to("/dev/zero"),
+     "folder": lambda p: p.mkdir()}[kind](d / "model.safetensors")
+    hang_guard()
+    try:
+        with pytest.raises(ModelFormatError, match="model.safetensors: not a regular file"):
+            inspect(d)
+    finally:
+        import signal
+        signal.alarm(0)
+
+
+def test_a_fifo_named_in_an_index_is_refused(shard_folder):
+    d, _ = shard_folder
+    shard = d / "model-00002-of-00002.safetensors"
+    shard.unlink()
+    os.mkfifo(shard)
+    hang_guard()
+    try:
+        with pytest.raises(ModelFormatError, match="not a regular file"):
+            Checkpoint(d)
+    finally:
+        import signal
+        signal.alarm(0)
+
+
+@pytest.mark.parametrize("entry,message", [
+    ({"dtype": ["F32"], "shape": [2], "data_offsets": [0, 8]}, "unknown dtype"),
+    ({"dtype": "F32", "shape": [True, 2], "data_offsets": [0, 8]}, "not a list of non-negative integers"),
+    ({"dtype": "F32", "shape": [2], "data_offsets": [False, 8]}, "not a pair of integers"),
+    ({"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}, "not a list of non-negative integers"),
+])
+def test_entries_of_the_wrong_type(tmp_path, entry, message):
+    path = write_file(tmp_path / "bad.safetensors", {"w": entry}, b"\0" * 8)
+    with pytest.raises(ModelFormatError, match=message):
+        read_header(path)
+
+
+@pytest.mark.parametrize("raw", [b"[" * 50_000 + b"]" * 50_000, b'{"w": ' + b"9" * 5000 + b"}", b'{"w": "\xff"}'])
+def test_headers_python_json_cannot_take(tmp_path, raw):
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw)
+    with pytest.raises(ModelFormatError, match="header is not valid JSON"):
+        read_header(path)

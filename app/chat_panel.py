@@ -90,6 +90,11 @@ class ChatPanel(QWidget):
         self.counter.setText(self._context_text(None))
         self._update_buttons()
 
+    def conversation_deleted(self, conversation_id: int) -> None:
+        """A reply for a deleted conversation has no one to read it: stop it (its end re-enables Send)."""
+        if self.client.is_generating and self._generating_for == conversation_id:
+            self.client.stop()
+
     def set_model_loaded(self, context_tokens: int) -> None:
         self.context_tokens = context_tokens
         self.counter.setText(self._context_text(None))

@@ -30,6 +30,7 @@ class ConversationList(QWidget):
     """Reads and writes `store`; `selected(conversation_id)` when the user picks one (or one is created)."""
 
     selected = Signal(int)
+    deleted = Signal(int)  # before the next one is selected
 
     def __init__(self, store: ConversationStore, parent=None):
         super().__init__(parent)
@@ -109,6 +110,7 @@ class ConversationList(QWidget):
 
     def delete(self, conversation_id: int) -> None:
         self.store.delete(conversation_id)
+        self.deleted.emit(conversation_id)
         rows = self.store.conversations()
         if rows:
             self.select(rows[0].id)

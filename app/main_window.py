@@ -78,6 +78,7 @@ class MainWindow(QMainWindow):
         status.addWidget(self.plan_label, 1)
 
         self.conversations.selected.connect(self.chat.show_conversation)
+        self.conversations.deleted.connect(self.chat.conversation_deleted)
         self.chat.conversation_created.connect(self.conversations.refresh)
         self.chat.conversation_renamed.connect(self.conversations.refresh)
         panel = self.settings_panel

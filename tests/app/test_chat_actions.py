@@ -83,3 +83,21 @@ def test_window_layout_is_remembered(app_driver, tiny_model_dir):
     # panes whose size the user chose keep it, extra room goes to the chat and the settings.)
     assert again.left.sizes()[0] == list_width
     assert again.vertical.sizes()[1] == graph_height
+
+
+def test_deleting_a_chat_while_it_replies_stops_the_reply(app_driver, tiny_model_dir, qtbot):
+    window = app_driver.open(tiny_model_dir)
+    app_driver.load(window)
+    window.settings_panel.max_tokens.setValue(900)
+    chat = window.chat
+
+    def send_then_delete():
+        app_driver.send(window, "Tell me a long story")
+        qtbot.waitUntil(lambda: len(chat.view.reply_text) > 3, timeout=app_driver.timeout_ms)
+        window.conversations.delete(chat.conversation_id)
+
+    reply = app_driver.reply(window, send_then_delete)
+    assert reply.finish_reason == "cancelled" and reply.completion_tokens < 900
+    assert chat.send_button.isEnabled() and not chat.stop_button.isEnabled()
+    assert window.store.conversations() == []  # nothing was stored for the deleted chat
+    assert chat.view.widgets == []

@@ -42,7 +42,7 @@ class MarkdownView(QTextBrowser):
     def set_markdown(self, text: str) -> None:
         self.markdown = text
         # Models emit control bytes at times; Qt renders them as boxes, so they are dropped.
-        self.document().setMarkdown(_printable(text))
+        self.document().setMarkdown(hard_breaks(_printable(text)))
         self._fit_height()
 
     def resizeEvent(self, event) -> None:
@@ -154,6 +154,27 @@ def _small_button(text: str, tip: str) -> QPushButton:
     button.setStyleSheet("QPushButton { color: #3465a4; border: none; padding: 0 4px; }")
     button.setCursor(Qt.CursorShape.PointingHandCursor)
     return button
+
+
+def hard_breaks(text: str) -> str:
+    """Keep every single line break (Markdown joins them into one line): two trailing spaces each, outside code fences.
+
+    People and models both mean a new line when they write one (a poem, an address, a Shift+Enter message).
+    """
+    lines = text.split("\n")
+    fence = ""  # the opening ``` or ~~~ while inside a fenced block
+    for i, line in enumerate(lines[:-1]):
+        stripped = line.lstrip()
+        if fence:
+            if stripped.startswith(fence):
+                fence = ""
+            continue
+        if stripped.startswith(("```", "~~~")):
+            fence = stripped[:3]
+            continue
+        if stripped and lines[i + 1].strip():
+            lines[i] = line + "  "
+    return "\n".join(lines)
 
 
 def _printable(text: str) -> str:

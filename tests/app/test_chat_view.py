@@ -45,3 +45,17 @@ def _blocks(document):
     while block.isValid():
         yield block
         block = block.next()
+
+
+def test_single_line_breaks_are_kept_on_screen(qtbot):
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(600, 400)
+    view.show()
+    poem = "Roses are red,\nviolets are blue;\n\n```\ncode  stays\nas is\n```\n- a list\n- still a list"
+    widget = view.add_message(Message(1, "user", poem))
+    lines = widget.body.document().toPlainText().replace("\u2028", "\n").splitlines()
+    assert "Roses are red," in lines and "violets are blue;" in lines  # two lines, not one run-on line
+    assert "code  stays" in lines and "as is" in lines  # fenced code untouched (no added break spaces)
+    assert [b.textList() is not None for b in _blocks(widget.body.document()) if "list" in b.text()] == [True, True]
+    assert widget.text == poem  # Copy gives what was written

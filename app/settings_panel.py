@@ -34,6 +34,7 @@ from .model_catalog import ModelEntry
 from .model_settings import ModelSettings
 from .plan_bar import PlanBar
 from .sampling_form import SamplingForm
+from .wheel_guard import guard_wheel
 
 KV_DTYPE_CHOICES = (("Same as the model", None), ("float16", "float16"), ("bfloat16", "bfloat16"),
                     ("float32", "float32"), ("fp8 (half the memory)", "fp8"))
@@ -166,14 +167,16 @@ class SettingsPanel(QWidget):
         column.addWidget(sampling_box)
         column.addWidget(prompt_box)
         column.addStretch(1)
-        scroll = QScrollArea()
-        scroll.setWidget(inner)
-        scroll.setWidgetResizable(True)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll = QScrollArea()
+        self.scroll.setWidget(inner)
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
-        outer.addWidget(scroll)
+        outer.addWidget(self.scroll)
         self.setMinimumWidth(360)
+        # Scrolling the panel must not move the slider or a box the pointer passes over (and save it).
+        self._wheel_guard = guard_wheel(self.scroll)
 
         self.model_combo.activated.connect(self._combo_chosen)
         self.browse_button.clicked.connect(self._browse)

@@ -81,3 +81,38 @@ def test_ram_limit_lowers_the_slider_top(panel, forecast):
     assert panel.settings.ram_limit_gib is None
     assert panel.max_fit_tokens == before
 
+
+
+def _wheel(widget, steps: int = -1) -> None:
+    """One notch of the mouse wheel over `widget`'s centre, as the window system delivers it."""
+    from PySide6.QtCore import QPoint, QPointF, Qt
+    from PySide6.QtGui import QWheelEvent
+    from PySide6.QtWidgets import QApplication
+
+    centre = QPointF(widget.rect().center())
+    event = QWheelEvent(centre, QPointF(widget.mapToGlobal(widget.rect().center())), QPoint(0, 0),
+                        QPoint(0, 120 * steps), Qt.MouseButton.NoButton, Qt.KeyboardModifier.NoModifier,
+                        Qt.ScrollPhase.NoScrollPhase, False)
+    QApplication.sendEvent(widget, event)
+
+
+def test_the_wheel_scrolls_the_panel_instead_of_changing_settings(panel, qtbot):
+    panel.resize(420, 300)  # shorter than its content: the panel scrolls
+    qtbot.wait(10)
+    bar = panel.scroll.verticalScrollBar()
+    assert bar.maximum() > 0
+    settings, saved = panel.settings, []
+    panel.settings_changed.connect(saved.append)
+    for widget in (panel.context.slider, panel.context.spin, panel.kv_dtype, panel.temperature, panel.sampling.top_k):
+        panel.scroll.ensureWidgetVisible(widget)
+        before = bar.value()
+        _wheel(widget)
+        assert not widget.hasFocus()
+        assert bar.value() > before or bar.value() == bar.maximum(), f"the panel did not scroll over {widget}"
+        bar.setValue(0)
+    assert panel.settings == settings and saved == []
+    # Once the user clicked (focused) a box, the wheel is theirs to change it.
+    panel.temperature.setFocus()
+    qtbot.waitUntil(panel.temperature.hasFocus)
+    _wheel(panel.temperature, steps=1)
+    assert panel.settings.temperature == pytest.approx(settings.temperature + 0.05)

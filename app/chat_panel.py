@@ -7,6 +7,7 @@ import time
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
+from . import context_policy
 from .chat_input import ChatInput
 from .chat_view import ChatView
 from .model_settings import ModelSettings
@@ -14,6 +15,8 @@ from .store import ConversationStore, Message
 from .worker import ChatRequest, EngineClient, Reply, ReplyStarted
 
 TITLE_CHARS = 40
+HINT_NO_MODEL = "Pick a model on the right, press Load, then type a message below."
+HINT_READY = "Type a message below: Enter sends it, Shift+Enter starts a new line."
 
 
 class ChatPanel(QWidget):
@@ -74,6 +77,7 @@ class ChatPanel(QWidget):
         worker.token.connect(self._token)
         worker.reply_finished.connect(self._reply_finished)
         worker.reply_failed.connect(self._reply_failed)
+        self.view.set_placeholder(HINT_NO_MODEL)
         self._update_buttons()
 
     # -- which conversation ---------------------------------------------------------------------
@@ -97,6 +101,9 @@ class ChatPanel(QWidget):
 
     def set_model_loaded(self, context_tokens: int) -> None:
         self.context_tokens = context_tokens
+        if context_tokens:
+            self.error.hide()  # what it said was about the model before (or none): it no longer holds
+        self.view.set_placeholder(HINT_READY if context_tokens else HINT_NO_MODEL)
         self.counter.setText(self._context_text(None))
         self._update_buttons()
 
@@ -203,8 +210,7 @@ class ChatPanel(QWidget):
                 self.view.end_reply(message)
             self.counter.setText(f"{reply.decode_tokens_per_s:.1f} tokens/s · " + self._context_text(reply.context_tokens))
             if reply.finish_reason == "context_full":
-                self.show_error("The context is full. Start a new conversation, load with a larger context, "
-                                "or choose another 'When full' policy in the settings.")
+                self.show_error(self._context_full_text())
         self._update_buttons()
         self.reply_done.emit(reply)
 
@@ -213,6 +219,15 @@ class ChatPanel(QWidget):
             self.view.drop_reply()
             self.show_error(message)
         self._update_buttons()
+
+    def _context_full_text(self) -> str:
+        text = (f"The reply stopped at the end of the {self.context_tokens:,}-token context. Start a new conversation "
+                "or load the model with a larger context to go on")
+        if self.settings.overflow_policy == context_policy.STOP:
+            # The other policies already make room for the next message; naming them again would not help.
+            return (text + f", or set 'When full' to '{context_policy.POLICIES[context_policy.DROP_OLDEST]}' "
+                    "so the next message makes room by forgetting the oldest turns.")
+        return text + "."
 
     def show_error(self, message: str) -> None:
         self.error.setText(message)
@@ -225,10 +240,12 @@ class ChatPanel(QWidget):
             messages = self.store.messages(self.conversation_id) if self.conversation_id is not None else []
             metas = [m.meta for m in messages if m.meta.get("prompt_tokens")]
             used = metas[-1]["prompt_tokens"] + metas[-1].get("completion_tokens", 0) if metas else 0
-        return f"{used:,} / {self.context_tokens:,} tokens"
+        # A reply that fills the context counts its last token, which never entered the cache.
+        return f"{min(used, self.context_tokens):,} / {self.context_tokens:,} tokens"
 
     def _update_buttons(self) -> None:
         generating = self.client.is_generating
         self.send_button.setEnabled(not generating)
         self.stop_button.setEnabled(generating)
-        self.regenerate_button.setEnabled(not generating and bool(self.context_tokens) and self.conversation_id is not None)
+        has_question = any(w.message.role == "user" for w in self.view.widgets)
+        self.regenerate_button.setEnabled(not generating and bool(self.context_tokens) and has_question)

@@ -104,7 +104,6 @@ class MainWindow(QMainWindow):
             self.conversations.select(rows[0].id)
         else:
             self.chat.show_conversation(None)
-        self.chat.view.set_placeholder("Pick a model on the right, press Load, then type a message below.")
         # First run: the demo model (first in the list); later runs: the model used last.
         last = self.qsettings.value("last_model", "")
         first = panel.model_combo.itemData(1) if panel.model_combo.count() > 1 else None

@@ -1,6 +1,8 @@
 """Regenerate, edit-and-resend, the context overflow policy, and settings kept per model."""
 
-from app.context_policy import DROP_OLDEST
+from PySide6.QtCore import Qt
+
+from app.context_policy import DROP_OLDEST, POLICIES
 from app.model_settings import load_model_settings, open_settings
 
 LONG = " ".join(f"memory{i} context{i} tokens{i}" for i in range(30))
@@ -101,3 +103,49 @@ def test_deleting_a_chat_while_it_replies_stops_the_reply(app_driver, tiny_model
     assert chat.send_button.isEnabled() and not chat.stop_button.isEnabled()
     assert window.store.conversations() == []  # nothing was stored for the deleted chat
     assert chat.view.widgets == []
+
+
+def test_messages_follow_the_state_they_describe(app_driver, tiny_model_dir, qtbot):
+    window = app_driver.open(tiny_model_dir)
+    chat = window.chat
+    app_driver.wait_planned(window)
+    app_driver.send(window, "hello?")
+    assert chat.error.isVisible() and "No model is loaded" in chat.error.text()
+    assert "press Load" in chat.view.placeholder.text()
+    app_driver.load(window)
+    assert not chat.error.isVisible()  # it was about the missing model, which is there now
+    assert chat.view.placeholder.isVisible() and "press Load" not in chat.view.placeholder.text()
+    assert not chat.regenerate_button.isEnabled()  # nothing to write again in an empty chat
+    window.conversations.new_conversation()
+    assert not chat.regenerate_button.isEnabled()
+    window.settings_panel.max_tokens.setValue(4)
+    app_driver.reply(window, lambda: app_driver.send(window, "hello?"))
+    assert chat.regenerate_button.isEnabled()
+    qtbot.mouseClick(window.settings_panel.unload_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: window.loaded_dir is None, timeout=app_driver.timeout_ms)
+    window.conversations.new_conversation()
+    assert "press Load" in chat.view.placeholder.text()
+
+
+def _used_tokens(counter_text: str) -> tuple[int, int]:
+    used, total = counter_text.split("·")[-1].replace("tokens", "").split("/")
+    return int(used.replace(",", "")), int(total.replace(",", ""))
+
+
+def test_a_reply_that_fills_the_context_says_what_can_help(app_driver, tiny_model_dir):
+    window = app_driver.open(tiny_model_dir)
+    panel, chat = window.settings_panel, window.chat
+    app_driver.load(window, context_tokens=512)
+    panel.max_tokens.setValue(2000)
+    reply = app_driver.reply(window, lambda: app_driver.send(window, "Tell me everything"))
+    assert reply.finish_reason == "context_full"
+    used, total = _used_tokens(chat.counter.text())
+    assert total == 512 and used <= 512
+    text = chat.error.text()
+    assert chat.error.isVisible() and "512-token context" in text and "larger context" in text
+    assert POLICIES[DROP_OLDEST] in text  # under "stop", dropping the oldest turns lets the next message in
+
+    panel.policy.setCurrentIndex(panel.policy.findData(DROP_OLDEST))
+    reply = app_driver.reply(window, lambda: app_driver.send(window, "And then?"))
+    assert reply.finish_reason == "context_full"
+    assert "When full" not in chat.error.text() and POLICIES[DROP_OLDEST] not in chat.error.text()

@@ -47,7 +47,7 @@ class ChatPanel(QWidget):
         self.stop_button.setToolTip("Stop the reply (Esc)")
         self.stop_button.setShortcut("Esc")
         self.regenerate_button = QPushButton("Regenerate")
-        self.regenerate_button.setToolTip("Write the last reply again")
+        self.regenerate_button.setToolTip("Write the last reply again (the new one replaces it)")
         self.counter = QLabel()
         self.counter.setStyleSheet("color: #555;")
         self.counter.setAccessibleName("Speed and context used")

@@ -79,9 +79,18 @@ class ChatView(QScrollArea):
     def _add(self, message: Message) -> MessageWidget:
         widget = MessageWidget(message)
         widget.edit_submitted.connect(self.edit_submitted)
+        widget.edit_started.connect(lambda: self._warn_edit(widget))
         self._column.insertWidget(self._column.count() - 1, widget)
         self.widgets.append(widget)
         return widget
+
+    def _warn_edit(self, widget: MessageWidget) -> None:
+        """Sending an edit answers it afresh: say which messages below it would go."""
+        later = len(self.widgets) - self.widgets.index(widget) - 1
+        if later == 1:
+            widget.set_edit_note("Sending replaces the reply below.")
+        elif later > 1:
+            widget.set_edit_note(f"Sending removes the {later} later messages and writes a new reply.")
 
     def _add_memory_marker(self) -> None:
         self.memory_marker = QLabel("— The model no longer remembers the messages above this line —")

@@ -63,6 +63,7 @@ class MessageWidget(QFrame):
     """A message; `edit_submitted(message_id, text)` when the user edits theirs and presses Send."""
 
     edit_submitted = Signal(int, str)
+    edit_started = Signal()  # the view answers with set_edit_note: what sending the edit would remove
 
     def __init__(self, message: Message, parent=None):
         super().__init__(parent)
@@ -84,11 +85,14 @@ class MessageWidget(QFrame):
         self.editor.hide()
         self.save_button = QPushButton("Send")
         self.cancel_button = QPushButton("Cancel")
+        self.edit_note = QLabel()
+        self.edit_note.setWordWrap(True)
+        self.edit_note.setStyleSheet("color: #8a5a00; border: none;")
         edit_row = QHBoxLayout()
-        edit_row.addStretch(1)
+        edit_row.addWidget(self.edit_note, 1)
         edit_row.addWidget(self.cancel_button)
         edit_row.addWidget(self.save_button)
-        self.edit_buttons = [self.save_button, self.cancel_button]
+        self.edit_buttons = [self.save_button, self.cancel_button, self.edit_note]
         for b in self.edit_buttons:
             b.hide()
         layout = QVBoxLayout(self)
@@ -132,7 +136,12 @@ class MessageWidget(QFrame):
         self.editor.show()
         for b in self.edit_buttons:
             b.show()
+        self.edit_note.clear()
+        self.edit_started.emit()
         self.editor.setFocus()
+
+    def set_edit_note(self, text: str) -> None:
+        self.edit_note.setText(text)
 
     def stop_edit(self) -> None:
         self.editor.hide()

@@ -59,3 +59,19 @@ def test_single_line_breaks_are_kept_on_screen(qtbot):
     assert "code  stays" in lines and "as is" in lines  # fenced code untouched (no added break spaces)
     assert [b.textList() is not None for b in _blocks(widget.body.document()) if "list" in b.text()] == [True, True]
     assert widget.text == poem  # Copy gives what was written
+
+
+def test_edit_says_the_later_messages_will_go(qtbot):
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.show()
+    for i, role in enumerate(["user", "assistant", "user", "assistant"], start=1):
+        view.add_message(Message(i, role, f"message {i}"))
+    first, third = view.widgets[0], view.widgets[2]
+    qtbot.waitUntil(first.isVisible)  # widgets added to a shown layout appear at the next event loop pass
+    first.edit_button.click()
+    assert first.edit_note.isVisible() and "3 later messages" in first.edit_note.text()
+    first.cancel_button.click()
+    assert not first.edit_note.isVisible()
+    third.edit_button.click()
+    assert "the reply below" in third.edit_note.text()

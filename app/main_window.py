@@ -104,6 +104,9 @@ class MainWindow(QMainWindow):
             self.conversations.select(rows[0].id)
         else:
             self.chat.show_conversation(None)
+        for folder in self._remembered_folders():
+            if Path(folder).is_dir():
+                panel.add_folder(folder)
         # First run: the demo model (first in the list); later runs: the model used last.
         last = self.qsettings.value("last_model", "")
         first = panel.model_combo.itemData(1) if panel.model_combo.count() > 1 else None
@@ -136,14 +139,27 @@ class MainWindow(QMainWindow):
         self.chat.settings = settings
         self.settings_panel.set_model(self.forecast, settings)
         self.qsettings.setValue("last_model", model_dir)
+        if model_dir not in self.settings_panel.catalog_dirs:
+            self._remember_folder(model_dir, True)
 
     def _inspect_failed(self, model_dir: str, message: str) -> None:
         if model_dir != self.model_dir:
             return
         self.forecast = None
         self.settings_panel.show_model_error(message)
+        self.settings_panel.forget_folder(model_dir)
+        self._remember_folder(model_dir, False)
         self.show_error(f"{Path(model_dir).name} cannot be used",
                         f"{message}\n\nChoose another model, or download this one again.")
+
+    def _remembered_folders(self) -> list[str]:
+        """Model folders opened with Folder… that worked, offered again at the next start."""
+        value = self.qsettings.value("model_folders", [])
+        return [value] if isinstance(value, str) else list(value or [])
+
+    def _remember_folder(self, model_dir: str, keep: bool) -> None:
+        folders = [f for f in self._remembered_folders() if f != model_dir] + ([model_dir] if keep else [])
+        self.qsettings.setValue("model_folders", folders)
 
     def _settings_changed(self, settings) -> None:
         self.chat.settings = settings

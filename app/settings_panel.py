@@ -196,17 +196,30 @@ class SettingsPanel(QWidget):
     def set_models(self, models: list[ModelEntry]) -> None:
         self.model_combo.clear()
         self.model_combo.addItem("Choose a model…", None)
+        self.catalog_dirs = {str(entry.path) for entry in models}
         for entry in models:
             self.model_combo.addItem(entry.label, str(entry.path))
             self.model_combo.setItemData(self.model_combo.count() - 1, str(entry.path), Qt.ItemDataRole.ToolTipRole)
 
-    def select_model_dir(self, model_dir: str) -> None:
-        """Show `model_dir` as the chosen model (adding it to the list if it came from a folder chooser)."""
+    def add_folder(self, model_dir: str) -> int:
+        """Offer `model_dir` (one the user opened with Folder…) in the list; its index."""
         index = self.model_combo.findData(str(model_dir))
         if index < 0:
             self.model_combo.addItem(Path(model_dir).name, str(model_dir))
             index = self.model_combo.count() - 1
-        self.model_combo.setCurrentIndex(index)
+            self.model_combo.setItemData(index, str(model_dir), Qt.ItemDataRole.ToolTipRole)
+        return index
+
+    def forget_folder(self, model_dir: str) -> None:
+        """Take a folder that could not be used out of the list (the catalog's own models stay)."""
+        index = self.model_combo.findData(str(model_dir))
+        if index > 0 and str(model_dir) not in self.catalog_dirs:
+            self.model_combo.removeItem(index)
+            self.model_combo.setCurrentIndex(0)
+
+    def select_model_dir(self, model_dir: str) -> None:
+        """Show `model_dir` as the chosen model (adding it to the list if it came from a folder chooser)."""
+        self.model_combo.setCurrentIndex(self.add_folder(model_dir))
 
     def _combo_chosen(self, index: int) -> None:
         model_dir = self.model_combo.itemData(index)

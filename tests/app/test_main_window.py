@@ -189,3 +189,36 @@ def test_a_corrupt_history_is_moved_aside_and_said_so_at_start(app_driver, tiny_
     window.settings_panel.max_tokens.setValue(4)
     app_driver.reply(window, lambda: app_driver.send(window, "after the move"))
     assert [m.content for m in window.store.messages(window.chat.conversation_id)][0] == "after the move"
+
+
+def choose_folder(window, folder):
+    """What Folder… does once the user picked `folder` in the dialog."""
+    window.settings_panel.select_model_dir(str(folder))
+    window.settings_panel.model_chosen.emit(str(folder))
+
+
+def test_a_folder_that_fails_to_open_leaves_the_model_list(window, app_driver, qtbot, broken_model_dir):
+    combo = window.settings_panel.model_combo
+    app_driver.wait_planned(window)
+    count = combo.count()
+    choose_folder(window, broken_model_dir)
+    qtbot.waitUntil(lambda: window.error_box is not None, timeout=app_driver.timeout_ms)
+    assert combo.findData(str(broken_model_dir)) < 0 and combo.count() == count
+    assert combo.currentData() is None  # "Choose a model…", not a model that is not the chosen one
+
+
+def test_a_folder_opened_with_folder_is_offered_after_a_restart(app_driver, tiny_model_dir, tmp_path, qtbot):
+    import shutil
+
+    other = tmp_path / "my-own-model"
+    shutil.copytree(tiny_model_dir, other)
+    window = app_driver.open(tiny_model_dir)
+    app_driver.wait_planned(window)
+    choose_folder(window, other)
+    qtbot.waitUntil(lambda: window.qsettings.value("last_model") == str(other), timeout=app_driver.timeout_ms)
+    window.choose_model(str(tiny_model_dir))  # the folder is not the last model used
+    window.settings_panel.select_model_dir(str(tiny_model_dir))
+    qtbot.waitUntil(lambda: window.qsettings.value("last_model") == str(tiny_model_dir), timeout=app_driver.timeout_ms)
+    window.close()
+    again = app_driver.open(tiny_model_dir)
+    assert again.settings_panel.model_combo.findData(str(other)) > 0

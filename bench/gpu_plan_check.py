@@ -104,6 +104,8 @@ def write_model(model_dir: Path, config: dict, *, sparse: bool, seed: int = 0) -
             else:
                 x = torch.randn(shape, generator=gen, device=device).mul_(0.02)
                 tensors[name] = x.to(torch.bfloat16).cpu()
+        if device == "cuda":
+            torch.cuda.empty_cache()  # the caller measures nothing, but its workers share the GPU
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
     save_tokenizer(tmp)

@@ -138,7 +138,7 @@ command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=name,memory.tota
 # name | limit (s) | command: the GPU run's commands; a dry run prints them, then runs each with --dry-run.
 GPU_TESTS=$(grep -rl --include='*.py' 'pytest.mark.gpu' tests | sort | tr '\n' ' ')
 STEP_NAMES=("pytest -m gpu" "plan check" "kernels" "decode")
-STEP_LIMITS=(100 150 75 120)  # 445 s; with ~15 s of checks before, inside the 470 s budget
+STEP_LIMITS=(110 140 75 120)  # 445 s; with ~15 s of checks before, inside the 470 s budget
 STEP_COMMANDS=(
   "$PY -m pytest -q -p no:cacheprovider -m gpu -rs $GPU_TESTS"
   "$PY bench/gpu_plan_check.py"

@@ -69,3 +69,35 @@ def test_a_plan_that_does_not_split_as_intended_is_named(model_dir):
     assert "expected every layer and the head on the GPU" in split_problem(make_plan(model_dir, small, ram), large)
     # a RAM budget that cannot hold the CPU's share: the plan does not fit, and says so
     assert "does not fit" in split_problem(make_plan(model_dir, small, ram_budget(3 * GiB)), small)
+
+
+def test_the_gpu_report_states_the_overhead_to_use_and_the_targets(model_dir):
+    # The markdown of a GPU run, from records shaped as its workers write them (no GPU needed to format them).
+    from bench.gpu_plan_check import environment, plan_record, report
+
+    s = Scenario(2, 8192, "bfloat16")
+    plan = plan_record(make_plan(model_dir, s, ram_budget(120 * GiB)))
+    gpu, cpu = plan["devices"][0], plan["devices"][-1]
+    checks = [check_record(_gpu_check(gpu["total_bytes"] // MiB, gpu["total_bytes"] // MiB + 60, 900), gpu),
+              check_record(DeviceCheck("cpu", cpu["total_bytes"], 0, 0, 0, 0, cpu["total_bytes"] * 2), cpu)]
+    results = [{"scenario": s.name, "plan": plan, "gpu": "NVIDIA H200", "checks": checks},
+               {"scenario": "4GiB-8k-bf16", "error": "worker [...] failed (1):\nTimeoutExpired after 60 s"}]
+    text = report({"mode": "gpu", "environment": environment(), "scenarios": results,
+                   "overhead": overhead_summary(results)})
+    assert "NVIDIA H200" in text and "Dry run" not in text
+    assert f"| {s.name} | {len(gpu['layers'])} / {len(cpu['layers'])} | cuda:0 |" in text
+    overhead_mib = (gpu["total_bytes"] // MiB + 60) - 900
+    assert f"put **{overhead_mib} * MiB** there" in text
+    # the CPU measured twice its forecast: the 5% target is not met, and the worst device is named
+    assert "every device within 5% of measured: **not met** (worst: cpu +100.0%)" in text
+    assert "| 4GiB-8k-bf16 | | | | **failed** | TimeoutExpired after 60 s |" in text
+
+
+def test_the_kernel_target_is_judged_at_32k_tokens_batch_16():
+    from bench.gpu_kernels import target_verdict
+
+    rows = [{"cache": "bf16", "batch": 16, "tokens": 32768, "triton_of_peak": 0.65},
+            {"cache": "fp8", "batch": 16, "tokens": 32768, "triton_of_peak": 0.55},
+            {"cache": "bf16", "batch": 1, "tokens": 32768, "triton_of_peak": 0.10}]
+    assert target_verdict(rows).endswith("bf16 65.0% met, fp8 55.0% **not met**.")
+    assert target_verdict(rows[2:]).endswith("not measured.")

@@ -8,24 +8,9 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as GGML  # noqa: E402
 
 from kernels.quants import FORMATS, dequantize, dequantize_rows  # noqa: E402
+from quant_blocks import BLOCK_TYPES, random_blocks  # noqa: E402
 
-BLOCK_TYPES = [name for name, fmt in FORMATS.items() if fmt.dtype is None]
 QUANTIZABLE = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]  # gguf-py's numpy quantizer has no K-quants
-# Byte offsets of each block's float16 scales (d, dmin, m): random bytes there could be inf or NaN.
-F16_FIELDS = {"q8_0": [0], "q4_0": [0], "q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2],
-              "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208]}
-
-
-def random_blocks(type_name: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
-    """Random bytes of a `type_name` tensor of `shape`, uint8 [..., row_bytes], with small finite f16 scales."""
-    rng = np.random.default_rng(seed)
-    fmt = FORMATS[type_name]
-    raw = rng.integers(0, 256, (*shape[:-1], fmt.row_bytes(shape[-1])), dtype=np.uint8)
-    blocks = raw.reshape(-1, fmt.bytes_per_block)
-    for start in F16_FIELDS[type_name]:
-        scales = rng.uniform(-0.05, 0.05, (blocks.shape[0], 1)).astype(np.float16)
-        blocks[:, start : start + 2] = scales.view(np.uint8)
-    return raw
 
 
 def reference(raw: np.ndarray, type_name: str) -> np.ndarray:

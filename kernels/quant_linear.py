@@ -1,0 +1,132 @@
+"""Matrix products on ggml blocks kept as stored: one tile of rows is dequantized at a time, never the whole matrix.
+
+`QuantizedWeight` holds a [out, in] weight's bytes (on the CPU a view of the memory-mapped file, so
+loading copies nothing) and computes `x @ W.T` by dequantizing TILE_WEIGHTS weights at a time into
+float32 and multiplying in float32: the result equals the float32 product of the dequantized weights
+up to the order of the float32 sums (tests/kernels/test_quant_linear.py states the tolerance). Plain
+types (f32/f16/bf16) go through the same path when their dtype is not the compute dtype, so a mixed
+file converts tile by tile instead of copying a matrix. The scratch of one product is
+`workspace_bytes(shape, num_tokens, dtype)`; the planner charges it (engine/planning/workspace.py).
+A native matrix-vector kernel per type is a later step (docs/gguf.md).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .quants import FORMATS, dequantize, dequantize_rows
+
+# Weights dequantized per tile: 4 MiB of float32, big enough that the per-tile Python cost is small
+# against the work (measured: 2^18 is up to 2x slower on a 4096 x 4096 matrix), small enough to stay in cache-ish sizes.
+TILE_WEIGHTS = 1 << 20
+# Peak bytes per weight while kernels.quants dequantizes a tile, its float32 result (4) included: the
+# temporaries of the vectorized unpacking. Measured on the peak RSS of a 16M-weight tile
+# (tests/kernels/test_quant_linear.py checks these bound it), rounded up.
+DEQUANT_PEAK_BYTES = {"f32": 0.0, "f16": 4.0, "bf16": 4.0, "q8_0": 8.5, "q4_0": 8.5, "q4_1": 8.5, "q5_0": 8.5,
+                      "q5_1": 8.5, "q4_k": 10.0, "q5_k": 12.0, "q6_k": 10.5}
+
+
+@dataclass(frozen=True)
+class MatrixShape:
+    """What a tiled product's scratch depends on: the weight's ggml type and its [out, in] size."""
+
+    type_name: str  # ggml name: "q4_k", "f16", ...
+    out_features: int
+    in_features: int
+
+    @property
+    def tile_rows(self) -> int:
+        return max(1, min(self.out_features, TILE_WEIGHTS // self.in_features))
+
+
+def is_tiled(type_name: str, dtype: torch.dtype) -> bool:
+    """Whether a matrix stored as `type_name` is computed through QuantizedWeight for activations of `dtype`."""
+    return FORMATS[type_name].dtype != dtype
+
+
+def workspace_bytes(shape: MatrixShape, num_tokens: int, dtype: torch.dtype, *, bias: bool = False) -> int:
+    """Peak scratch of one `QuantizedWeight.linear` of `num_tokens` rows, the output itself not included."""
+    tile = math.ceil(shape.tile_rows * shape.in_features * DEQUANT_PEAK_BYTES[shape.type_name])
+    x32 = 0 if dtype == torch.float32 else num_tokens * shape.in_features * 4
+    acc = num_tokens * shape.out_features * 4  # the float32 accumulator [out, n]
+    biased = num_tokens * shape.out_features * 4 if bias and dtype != torch.float32 else 0
+    return tile + x32 + acc + biased
+
+
+def rows_workspace_bytes(shape: MatrixShape, num_rows: int) -> int:
+    """Peak scratch of `QuantizedWeight.rows` for `num_rows` ids (an embedding lookup), the output not included."""
+    row_bytes = FORMATS[shape.type_name].row_bytes(shape.in_features)
+    return num_rows * row_bytes + math.ceil(num_rows * shape.in_features * DEQUANT_PEAK_BYTES[shape.type_name])
+
+
+class QuantizedWeight:
+    """A [out, in] weight in a ggml type, kept as stored; products and row lookups return `dtype`."""
+
+    def __init__(self, raw: np.ndarray | torch.Tensor, type_name: str, shape: tuple[int, int], dtype: torch.dtype):
+        if type_name not in FORMATS:
+            raise ValueError(f"unknown ggml type {type_name!r}; known: {', '.join(FORMATS)}")
+        if len(shape) != 2:
+            raise ValueError(f"a QuantizedWeight is a matrix; got shape {tuple(shape)}")
+        self.raw = _as_bytes(raw).reshape(shape[0], FORMATS[type_name].row_bytes(shape[1]))  # [out, row_bytes]
+        self.type_name = type_name
+        self.shape = MatrixShape(type_name, *shape)
+        self.dtype = dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.raw.device
+
+    @property
+    def nbytes(self) -> int:
+        return self.raw.numel()
+
+    def data_ptr(self) -> int:
+        return self.raw.data_ptr()
+
+    def to(self, device: torch.device) -> "QuantizedWeight":
+        """The same blocks on `device` (a copy of the stored bytes: quantized weights stay quantized there)."""
+        moved = QuantizedWeight.__new__(QuantizedWeight)
+        moved.raw, moved.type_name, moved.shape, moved.dtype = self.raw.to(device), self.type_name, self.shape, self.dtype
+        return moved
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ W.T (+ bias): [n, in] -> [n, out] in `self.dtype`, dequantizing one tile of rows at a time."""
+        out_features, in_features = self.shape.out_features, self.shape.in_features
+        x32 = x.float()
+        # Accumulated transposed, so each tile's product fills a contiguous slice: acc[r0:r1] = W[r0:r1] @ x.T.
+        acc = torch.empty(out_features, x.shape[0], dtype=torch.float32, device=x.device)  # [out, n]
+        step = self.shape.tile_rows
+        for start in range(0, out_features, step):
+            end = min(start + step, out_features)
+            tile = dequantize_rows(self.raw, self.type_name, (out_features, in_features), start, end)  # [rows, in]
+            torch.mm(tile, x32.t(), out=acc[start:end])
+        y = acc.t()  # [n, out]
+        if bias is not None:
+            y = y + bias.float()
+        out = torch.empty(y.shape, dtype=self.dtype, device=x.device)
+        return out.copy_(y)  # contiguous, in the compute dtype, in one copy
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of W, dequantized: an embedding lookup. [n] -> [n, in] in `self.dtype`."""
+        picked = self.raw[ids.to(self.raw.device)]  # [n, row_bytes]: only these rows' bytes are read
+        return dequantize(picked, self.type_name, (len(ids), self.shape.in_features)).to(self.dtype)
+
+    def __repr__(self) -> str:
+        return (f"QuantizedWeight({self.type_name}, [{self.shape.out_features}, {self.shape.in_features}], "
+                f"{self.dtype}, {self.device})")
+
+
+def _as_bytes(raw: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """`raw` as a uint8 tensor sharing its memory (a read-only memmap stays mapped, never copied)."""
+    if isinstance(raw, np.ndarray):
+        with warnings.catch_warnings():
+            # a read-only memmap: torch warns the tensor is not writable; nothing here writes to it.
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.from_numpy(np.ascontiguousarray(raw))
+    raw = raw.contiguous()
+    return raw.view(torch.uint8) if raw.dtype != torch.uint8 else raw

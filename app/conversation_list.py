@@ -42,7 +42,6 @@ class ConversationList(QWidget):
         self.list.setEditTriggers(QAbstractItemView.EditTrigger.EditKeyPressed
                                   | QAbstractItemView.EditTrigger.DoubleClicked)
         self.new_button = QPushButton("New chat")
-        self.new_button.setShortcut(QKeySequence.StandardKey.New)
         self.new_button.setToolTip("Start a new conversation (Ctrl+N)")
         self.rename_button = QToolButton()
         self.rename_button.setText("Rename")
@@ -52,8 +51,8 @@ class ConversationList(QWidget):
         self.export_button.setText("Export")
         self.export_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
         menu = QMenu(self.export_button)
-        menu.addAction("Markdown…", lambda: self._export_dialog("md"))
-        menu.addAction("JSON…", lambda: self._export_dialog("json"))
+        menu.addAction("Markdown…", lambda: self.export_dialog("md"))
+        menu.addAction("JSON…", lambda: self.export_dialog("json"))
         self.export_button.setMenu(menu)
         buttons = QHBoxLayout()
         buttons.addWidget(self.rename_button)
@@ -67,12 +66,12 @@ class ConversationList(QWidget):
         delete_action = QAction(self)
         delete_action.setShortcut(QKeySequence.StandardKey.Delete)
         delete_action.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
-        delete_action.triggered.connect(self._confirm_delete)
+        delete_action.triggered.connect(self.confirm_delete)
         self.list.addAction(delete_action)
 
         self.new_button.clicked.connect(self.new_conversation)
-        self.rename_button.clicked.connect(self._rename_current)
-        self.delete_button.clicked.connect(self._confirm_delete)
+        self.rename_button.clicked.connect(self.rename_current)
+        self.delete_button.clicked.connect(self.confirm_delete)
         self.list.currentItemChanged.connect(self._current_changed)
         self.list.itemChanged.connect(self._renamed)
         self.refresh()
@@ -130,7 +129,7 @@ class ConversationList(QWidget):
                 button.setEnabled(True)
             self.selected.emit(current.data(ID_ROLE))
 
-    def _rename_current(self) -> None:
+    def rename_current(self) -> None:
         item = self.list.currentItem()
         if item is not None:
             self.list.editItem(item)
@@ -142,7 +141,7 @@ class ConversationList(QWidget):
         else:  # an empty title is refused: show the stored one again
             self.refresh()
 
-    def _confirm_delete(self) -> None:
+    def confirm_delete(self) -> None:
         item = self.list.currentItem()
         if item is None:
             return
@@ -150,7 +149,7 @@ class ConversationList(QWidget):
         if answer == QMessageBox.StandardButton.Yes:
             self.delete(item.data(ID_ROLE))
 
-    def _export_dialog(self, kind: str) -> None:
+    def export_dialog(self, kind: str) -> None:
         conversation_id = self.current_id
         if conversation_id is None:
             return

@@ -6,7 +6,7 @@ import gc
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt, QTimer
-from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QSplitter
+from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QSizePolicy, QSplitter
 
 from engine.planning.report import summary
 
@@ -15,6 +15,7 @@ from .conversation_list import ConversationList
 from .forecast import Forecast
 from .memory_graph import MemoryGraph
 from .memory_stats import MemoryStats
+from .menu_bar import build_menus
 from .model_catalog import find_models
 from .model_settings import load_model_settings, open_settings, save_model_settings
 from .settings_panel import SettingsPanel
@@ -37,6 +38,7 @@ class MainWindow(QMainWindow):
         self.loaded_plan = None
         self.forecast: Forecast | None = None
         self.error_box: QMessageBox | None = None
+        self.about_box: QMessageBox | None = None
         self.history_box: QMessageBox | None = None  # the store's warning at start; model errors do not replace it
         self._closed = False
         self._unsaved = None  # (model_dir, ModelSettings) waiting for the save timer
@@ -59,6 +61,7 @@ class MainWindow(QMainWindow):
         self.main.addWidget(self.left)
         self.main.addWidget(self.settings_panel)
         self.main.setStretchFactor(0, 1)
+        self.main.setCollapsible(1, False)  # the settings are never squeezed out of sight
         self.main.setSizes([860, 420])
         self.vertical = QSplitter(Qt.Orientation.Vertical)
         self.vertical.addWidget(self.main)
@@ -70,6 +73,11 @@ class MainWindow(QMainWindow):
         self.device_label = QLabel(self.stats.device_summary())
         self.model_label = QLabel("No model loaded")
         self.plan_label = QLabel()
+        # A long device or plan line must not set the window's minimum width: it is cut, the tooltip has it all.
+        self.device_label.setMinimumWidth(80)
+        self.plan_label.setMinimumWidth(80)
+        self.plan_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.device_label.setToolTip(self.device_label.text())
         status = self.statusBar()
         status.addWidget(self.device_label)
         status.addWidget(_separator())
@@ -97,6 +105,7 @@ class MainWindow(QMainWindow):
         worker.load_cancelled.connect(lambda: panel.show_unloaded("Loading cancelled; nothing is held."))
         worker.unloaded.connect(self._unloaded)
 
+        build_menus(self)
         self.resize(1280, 800)
         self._restore_layout()
         rows = self.store.conversations()
@@ -180,6 +189,7 @@ class MainWindow(QMainWindow):
         else:
             self.plan_label.setText(f"{plan.context_tokens:,} tokens do not fit; the largest context that fits is "
                                     f"{plan.max_context_tokens:,} tokens")
+        self.plan_label.setToolTip(self.plan_label.text())
         if self.loaded_dir is None:
             self._predict(plan, baseline=True)
 

@@ -14,9 +14,16 @@ GIB = 1024**3
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
 
 
+def _title(name: str, entries: list[tuple[str, str, bool]]) -> str:
+    """The plot's title with its legend in it, (label, colour, dashed) each: a legend inside the plot covered the lines."""
+    keys = "".join(f"&nbsp;&nbsp;<span style='color:{color}'>{'╌╌' if dashed else '━━'}</span>&nbsp;{label}"
+                   for label, color, dashed in entries)
+    return f"<span style='color:#333'>{name}</span><span style='color:#555'>{keys}</span>"
+
+
 def _plot(title: str, history_s: float) -> pg.PlotWidget:
     plot = pg.PlotWidget(background="w")
-    plot.setTitle(title, color="#333", size="9pt")
+    plot.setTitle(title, size="9pt")
     plot.setLabel("left", "GiB")
     plot.setLabel("bottom", "seconds ago")
     plot.showGrid(x=True, y=True, alpha=0.2)
@@ -24,7 +31,6 @@ def _plot(title: str, history_s: float) -> pg.PlotWidget:
     plot.setXRange(-history_s, 0, padding=0)  # a fixed window: the time axis does not jump as it fills
     plot.setMenuEnabled(False)
     plot.hideButtons()
-    plot.addLegend(offset=(5, 5), labelTextSize="8pt")
     plot.setMinimumHeight(120)
     plot.getPlotItem().setContentsMargins(0, 4, 14, 0)  # room for the "0" tick at the right edge
     for name in ("left", "bottom"):
@@ -52,7 +58,8 @@ class MemoryGraph(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
 
         # VRAM: a plot when NVML sees GPUs, otherwise a plain sentence in its place.
-        self.vram_plot = _plot("VRAM", history_s)
+        self.vram_plot = _plot(_title("VRAM", [(f"GPU {g.index}", c, False) for g, c in zip(stats.gpus, COLORS)]
+                                       + [("predicted", "#555", True)]), history_s)
         self.vram_curves = []
         self.vram_predicted = []
         for gpu, color in zip(stats.gpus, COLORS):
@@ -72,14 +79,14 @@ class MemoryGraph(QWidget):
         vram_box.setCurrentWidget(self.vram_plot if stats.gpus else self.vram_note)
         layout.addLayout(vram_box, 1)
 
-        self.ram_plot = _plot(f"RAM ({stats.ram_total_bytes / GIB:.0f} GiB)", history_s)
+        self.ram_plot = _plot(_title(f"RAM ({stats.ram_total_bytes / GIB:.0f} GiB)", [
+            ("system used", "#1f77b4", False), ("Stowage", "#2ca02c", False), ("Stowage predicted", "#d62728", True)]),
+            history_s)
         self.ram_curve = self.ram_plot.plot(pen=pg.mkPen("#1f77b4", width=2), name="system used")
         self.process_curve = self.ram_plot.plot(pen=pg.mkPen("#2ca02c", width=2), name="Stowage")
         self.ram_predicted = pg.InfiniteLine(angle=0, pen=pg.mkPen("#d62728", width=1.5, style=Qt.PenStyle.DashLine))
         self.ram_predicted.setVisible(False)
         self.ram_plot.addItem(self.ram_predicted)
-        # An invisible curve only to give the dashed line a legend entry.
-        self.ram_plot.plot([], [], pen=pg.mkPen("#d62728", width=1.5, style=Qt.PenStyle.DashLine), name="Stowage predicted")
         layout.addWidget(self.ram_plot, 1)
         # The y range is set by hand: autoranging moves the axis on every sample, and redrawing the
         # axis text cost ~20 ms per sample where a fixed axis costs under 1 ms.

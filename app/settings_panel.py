@@ -62,6 +62,9 @@ class SettingsPanel(QWidget):
         # -- model ----------------------------------------------------------------------------
         self.model_combo = QComboBox()
         self.model_combo.setAccessibleName("Model")
+        # Long names (Hugging Face repo ids) must not widen the panel past the window: they elide instead.
+        self.model_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.model_combo.setMinimumContentsLength(18)
         self.browse_button = QPushButton("Folder…")
         self.browse_button.setToolTip("Choose a model folder (config.json and *.safetensors)")
         self.model_info = QLabel("No model chosen")
@@ -79,6 +82,7 @@ class SettingsPanel(QWidget):
         # -- memory ---------------------------------------------------------------------------
         self.context = ContextControl()
         self.max_label = QLabel()
+        self.max_label.setWordWrap(True)
         self.max_label.setStyleSheet("color: #555;")
         self.plan_bar = PlanBar()
         self.plan_message = QLabel()
@@ -179,7 +183,7 @@ class SettingsPanel(QWidget):
         self._wheel_guard = guard_wheel(self.scroll)
 
         self.model_combo.activated.connect(self._combo_chosen)
-        self.browse_button.clicked.connect(self._browse)
+        self.browse_button.clicked.connect(self.browse)
         self.context.changed.connect(self._edited)
         self.gpu_auto.toggled.connect(self.gpu_layers.setDisabled)
         for signal in (self.gpu_auto.toggled, self.gpu_layers.valueChanged, self.kv_dtype.currentIndexChanged,
@@ -226,7 +230,8 @@ class SettingsPanel(QWidget):
         if model_dir:
             self.model_chosen.emit(model_dir)
 
-    def _browse(self) -> None:
+    def browse(self) -> None:
+        """Folder…: pick a model folder and choose it."""
         folder = QFileDialog.getExistingDirectory(self, "Choose a model folder")
         if folder:
             self.select_model_dir(folder)

@@ -222,3 +222,61 @@ def test_a_folder_opened_with_folder_is_offered_after_a_restart(app_driver, tiny
     window.close()
     again = app_driver.open(tiny_model_dir)
     assert again.settings_panel.model_combo.findData(str(other)) > 0
+
+
+def test_menu_bar_has_file_edit_view_help_and_about_says_versions_and_where_data_is(window, qtbot,
+                                                                                   isolated_user_files):
+    import PySide6
+
+    menus = [action.text().replace("&", "") for action in window.menuBar().actions()]
+    assert menus == ["File", "Edit", "View", "Help"]
+    window.about_action.trigger()
+    box = window.about_box
+    assert box is not None and box.isVisible()
+    text = box.informativeText()
+    assert PySide6.__version__ in text and "Python" in text and "torch" in text
+    assert str(isolated_user_files / "conversations.sqlite3") in text
+    assert str(isolated_user_files / "models") in text
+
+
+def test_ctrl_q_quits(window, qtbot):
+    from PySide6.QtGui import QKeySequence
+
+    assert window.quit_action.shortcut() == QKeySequence("Ctrl+Q")
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow)
+    qtbot.keyClick(window, Qt.Key.Key_Q, Qt.KeyboardModifier.ControlModifier)
+    qtbot.waitUntil(lambda: not window.isVisible())
+    assert not window.client.thread.isRunning()  # closing freed the engine thread
+
+
+def test_ctrl_n_still_starts_a_chat_with_the_menu_there(window, qtbot):
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow)
+    qtbot.keyClick(window, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+    assert len(window.store.conversations()) == 1
+
+
+def test_nothing_on_the_right_is_cut_off_in_a_1000_by_700_window(app_driver, tiny_model_dir, qtbot):
+    from app.main_window import MainWindow
+    from app.model_catalog import ModelEntry
+
+    entry = ModelEntry("HuggingFaceTB/SmolLM2-135M-Instruct (Hugging Face cache)", tiny_model_dir, "hf")
+    window = MainWindow(models=[entry])
+    app_driver.windows.append(window)
+    qtbot.addWidget(window)
+    window.resize(1000, 700)
+    window.show()
+    app_driver.wait_planned(window)
+    panel = window.settings_panel
+    qtbot.waitUntil(lambda: panel.scroll.widget().width() > 0)
+    assert window.minimumSizeHint().width() <= 1000 and window.width() == 1000
+    # The panel's scroll area has no horizontal scroll bar: content wider than it would be cut at its right edge.
+    assert panel.scroll.widget().minimumSizeHint().width() <= panel.scroll.viewport().width()
+    assert panel.mapTo(window, panel.rect().topRight()).x() < window.width()
+
+
+def test_graph_legends_do_not_cover_the_lines(window):
+    for plot in (window.graph.ram_plot, window.graph.vram_plot):
+        assert plot.getPlotItem().legend is None
+    assert "system used" in window.graph.ram_plot.getPlotItem().titleLabel.text

@@ -12,6 +12,7 @@ from .defaults import DEFAULT_CONTEXT
 from .dtypes import COMPUTE, KV
 from .errors import InsufficientMemoryError, InvalidArgumentError, StowageError
 from .planning.cli import add_plan_parser
+from .server.cli import add_serve_parser
 from .sampler import SamplingParams
 
 
@@ -170,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling(chat, temperature=0.7)
     chat.set_defaults(func=run_chat)
     add_plan_parser(sub)
+    add_serve_parser(sub)
     return parser
 
 

@@ -41,6 +41,7 @@ class StepInputs:
     slots: torch.Tensor  # [n]
     block_table: torch.Tensor  # [num_blocks] int32
     context_lens: torch.Tensor  # [1] int32, decode only
+    block_tables: torch.Tensor | None = None  # [num_seqs, max_blocks] int32, -1 padded: a batched decode step
 
 
 class Transformer:
@@ -85,6 +86,32 @@ class Transformer:
         h = rms_norm(h.to(self.head_device), self.head["norm"], self.config.rms_norm_eps)
         return linear(h, self.head["lm_head"]).float()
 
+    @torch.inference_mode()
+    def decode_step(self, token_ids: list[int], seqs: list[Sequence], cache: KVCache) -> torch.Tensor:
+        """Append token_ids[i] to seqs[i] in one pass over the weights; return fp32 logits: [num_seqs, vocab].
+
+        The linear layers run on [num_seqs, hidden]; attention reads each sequence through its own block table."""
+        starts = [seq.num_tokens for seq in seqs]
+        slots = torch.cat([cache.reserve(seq, 1) for seq in seqs])
+        positions = torch.tensor(starts)
+        width = max(len(seq.block_table) for seq in seqs)
+        block_tables = torch.tensor([seq.block_table + [-1] * (width - len(seq.block_table)) for seq in seqs],
+                                    dtype=torch.int32)
+        context_lens = torch.tensor([start + 1 for start in starts], dtype=torch.int32)
+        steps: dict[torch.device, StepInputs] = {}
+        h = F.embedding(torch.tensor(token_ids, device=self.embed.device), self.embed["embed"])
+        for i, layer in enumerate(self.layers):
+            dev = layer.device
+            if dev not in steps:
+                cos, sin = self.rotary.get(positions, dev, self.dtype)
+                steps[dev] = StepInputs(attention_ops(dev), cos, sin, slots.to(dev), None, context_lens.to(dev),
+                                        block_tables.to(dev))
+            h = self._layer(i, layer, h.to(dev), 0, steps[dev], cache)
+        for seq, token in zip(seqs, token_ids):
+            seq.token_ids.append(token)
+        h = rms_norm(h.to(self.head_device), self.head["norm"], self.config.rms_norm_eps)
+        return linear(h, self.head["lm_head"]).float()
+
     def _layer(self, i: int, w: TensorSet, h: torch.Tensor, start: int, step: StepInputs, cache: KVCache) -> torch.Tensor:
         cfg = self.config
         n = h.shape[0]
@@ -99,7 +126,10 @@ class Transformer:
         k_cache, v_cache = cache.k_cache[i], cache.v_cache[i]
         k_scale, v_scale = cache.k_scale[i], cache.v_scale[i]
         step.ops.write_kv(k, v, k_cache, v_cache, step.slots, k_scale, v_scale)
-        if n == 1:
+        if step.block_tables is not None:  # one new token for each of n sequences
+            attn = step.ops.decode_attention(q, k_cache, v_cache, step.block_tables, step.context_lens,
+                                             self.scale, k_scale, v_scale)
+        elif n == 1:
             attn = step.ops.decode_attention(q, k_cache, v_cache, step.block_table[None], step.context_lens,
                                              self.scale, k_scale, v_scale)
         else:

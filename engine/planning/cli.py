@@ -58,6 +58,9 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=BLOCK_SIZE, help=f"tokens per KV block (default {BLOCK_SIZE})")
     p.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
                    help=f"prompt tokens per forward pass (default {PREFILL_CHUNK})")
+    p.add_argument("--parallel", metavar="N", type=int, default=1,
+                   help="sequences whose KV cache is held at once, each of the whole context (stowage serve "
+                        "--parallel; default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object, whether or not it fits")
     p.set_defaults(func=run_plan)
     return p
@@ -84,7 +87,7 @@ def run_plan(args: argparse.Namespace, out=None) -> int:
         info = inspect(args.model_dir)
         request = PlanRequest(args.context or 1, kv_dtype=KV_ALIASES.get(args.kv_dtype, args.kv_dtype),
                               dtype=args.dtype, gpu_layers=args.gpu_layers, block_size=args.block_size,
-                              prefill_chunk=args.prefill_chunk)
+                              prefill_chunk=args.prefill_chunk, num_seqs=args.parallel)
     except (StowageError, ValueError) as e:
         if args.json:
             print(json.dumps({"fits": False, "error": str(e)}), file=out)

@@ -1,0 +1,4 @@
+"""`stowage serve`: an OpenAI-compatible HTTP API over the engine, with continuous batching (docs/server.md).
+
+schemas (requests in) -> app (HTTP) -> scheduler (the engine's thread; prefix_pool) -> responses (objects out);
+cli registers the subcommand."""

@@ -1,0 +1,235 @@
+"""The OpenAI-compatible HTTP API (Starlette): routes, limits, bearer-key auth, streaming over server-sent events.
+
+Handlers only validate, tokenize and wait: the scheduler thread does all the engine's work and hands events
+back through the event loop. Nothing a request says can reach the filesystem: the model is fixed at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import threading
+import time
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..errors import InvalidArgumentError, ModelFormatError, StowageError
+from ..generation import GenerationResult, TokenEvent
+from .responses import Reply, model_object, sse
+from .schemas import ApiError, CompletionRequest, parse_chat, parse_completion
+from .scheduler import Scheduler, ServerBusyError
+
+MAX_BODY_BYTES = 8 << 20  # a full 128k-token context is ~0.5 MB of text; JSON escapes may double it
+RETRY_AFTER_SECONDS = "1"
+
+
+def create_app(scheduler: Scheduler, *, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> Starlette:
+    """The ASGI app over a started scheduler (which owns the engine)."""
+    api = _Api(scheduler, max_body_bytes)
+    routes = [
+        Route("/health", api.health),
+        Route("/v1/models", api.models),
+        Route("/v1/models/{model_id:path}", api.model),
+        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error})
+    return _BearerAuth(app, api_key) if api_key else app
+
+
+async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    # Starlette's own 404 and 405, in OpenAI's shape
+    error = ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                     code="not_found" if exc.status_code == 404 else None)
+    return JSONResponse(error.body(), status_code=exc.status_code)
+
+
+class _BearerAuth:
+    """Every request but /health needs `Authorization: Bearer KEY` (compared in constant time)."""
+
+    def __init__(self, app, api_key: str):
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] != "/health":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                error = ApiError(401, "Incorrect or missing API key: send the header `Authorization: Bearer KEY` "
+                                 "with the key the server was started with (--api-key)", code="invalid_api_key")
+                response = JSONResponse(error.body(), status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+class _Events:
+    """The scheduler's events for one request, carried into the event loop that waits for them."""
+
+    def __init__(self, keep_tokens: bool):
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.keep_tokens = keep_tokens
+
+    def emit(self, event) -> None:  # on the scheduler thread
+        if self.keep_tokens or not isinstance(event, TokenEvent):
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+
+class _CancelWhenDone(StreamingResponse):
+    """A stream that cancels its request however it ends: finished, failed, or the client gone."""
+
+    def __init__(self, content, cancel: threading.Event):
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.cancel = cancel
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.cancel.set()
+
+
+class _Api:
+    def __init__(self, scheduler: Scheduler, max_body_bytes: int):
+        self.scheduler = scheduler
+        self.engine = scheduler.engine
+        self.max_body_bytes = max_body_bytes
+        self.created = int(time.time())
+
+    @property
+    def context_tokens(self) -> int:
+        return self.engine.cache.max_tokens
+
+    async def health(self, request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    async def models(self, request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [model_object(self.engine.name, self.created,
+                                                                     self.context_tokens)]})
+
+    async def model(self, request: Request) -> JSONResponse:
+        self._check_model(request.path_params["model_id"])
+        return JSONResponse(model_object(self.engine.name, self.created, self.context_tokens))
+
+    async def chat_completions(self, request: Request):
+        req = parse_chat(await self._body(request))
+        self._check_model(req.model)
+        ids = await run_in_threadpool(self._tokenize, self.engine.tokenizer.apply_chat_template, list(req.messages))
+        return await self._complete(request, req, ids, chat=True)
+
+    async def completions(self, request: Request):
+        req = parse_completion(await self._body(request))
+        self._check_model(req.model)
+        if isinstance(req.prompt, str):
+            ids = await run_in_threadpool(self._tokenize, self.engine.tokenizer.encode, req.prompt)
+        else:
+            ids = list(req.prompt)
+            vocab = self.engine.config.vocab_size
+            if not all(0 <= t < vocab for t in ids):
+                raise ApiError(400, f"prompt: token ids must be in [0, {vocab})", param="prompt")
+        return await self._complete(request, req, ids, chat=False)
+
+    # -- the parts -----------------------------------------------------------------------------
+    async def _body(self, request: Request) -> dict:
+        declared = request.headers.get("content-length", "")
+        too_large = ApiError(413, f"the request body is larger than {self.max_body_bytes:,} bytes",
+                             code="request_too_large")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise too_large
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > self.max_body_bytes:
+                raise too_large
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        return data
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.engine.name:
+            raise ApiError(404, f"The model {model!r:.80} does not exist: this server serves {self.engine.name!r} "
+                                "(GET /v1/models)", param="model", code="model_not_found")
+
+    @staticmethod
+    def _tokenize(fn, arg) -> list[int]:
+        try:
+            return fn(arg)
+        except (InvalidArgumentError, ModelFormatError) as e:  # text that is not UTF-8; the template refusing
+            raise ApiError(400, str(e), param="messages" if isinstance(arg, list) else "prompt") from None
+
+    async def _complete(self, request: Request, req: CompletionRequest, ids: list[int], *, chat: bool):
+        room = self.context_tokens - len(ids)
+        if not ids or room < 1:
+            raise ApiError(400, f"This model's maximum context length is {self.context_tokens:,} tokens, and your "
+                                f"{'messages' if chat else 'prompt'} take {len(ids):,} tokens (at least one must be "
+                                "left for the reply); shorten them, or serve with a larger --context",
+                           param="messages" if chat else "prompt", code="context_length_exceeded")
+        # max_tokens past the context is cut to it: the reply then ends with finish_reason "length"
+        sampling = req.sampling(min(req.max_tokens or room, room))
+        events, cancel = _Events(keep_tokens=req.stream), threading.Event()
+        try:
+            self.scheduler.submit(ids, sampling, events.emit, cancel)
+        except ServerBusyError as e:
+            raise ApiError(503, str(e), type="server_error", code="server_busy",
+                           headers={"Retry-After": RETRY_AFTER_SECONDS}) from None
+        except StowageError as e:  # shutting down
+            raise ApiError(503, str(e), type="server_error") from None
+        reply = Reply(self.engine.name, chat=chat, include_usage=req.include_usage)
+        if req.stream:
+            return _CancelWhenDone(self._stream(reply, events), cancel)
+        result = await self._wait(request, events, cancel)
+        if result is None:  # nobody is listening; 499 as nginx logs a client that closed its request
+            return Response(status_code=499)
+        return JSONResponse(reply.whole(result))
+
+    async def _wait(self, request: Request, events: _Events, cancel: threading.Event) -> GenerationResult | None:
+        """The final result; None (and the request cancelled) when the client hangs up first."""
+        async def disconnected():
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        result = asyncio.ensure_future(events.queue.get())
+        gone = asyncio.ensure_future(disconnected())
+        try:
+            await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not result.done():
+                result.cancel()
+                cancel.set()
+        if result.cancelled():
+            return None
+        last = result.result()
+        if isinstance(last, Exception):
+            raise ApiError(500, f"generation failed: {last}", type="server_error") from None
+        return last
+
+    async def _stream(self, reply: Reply, events: _Events):
+        if reply.chat:
+            yield sse(reply.chunk(first=True))
+        while True:
+            event = await events.queue.get()
+            if isinstance(event, TokenEvent):
+                yield sse(reply.chunk(event.text))
+                continue
+            if isinstance(event, Exception):
+                yield sse(ApiError(500, f"generation failed: {event}", type="server_error").body())
+            else:
+                yield sse(reply.chunk(finish_reason=event.finish_reason))
+                if reply.include_usage:
+                    yield sse(reply.usage_chunk(event))
+            yield sse("[DONE]")
+            return

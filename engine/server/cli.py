@@ -1,0 +1,124 @@
+"""`stowage serve MODEL`: the model behind an OpenAI-compatible HTTP API, its memory planned before it starts."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import socket
+import sys
+from pathlib import Path
+
+from ..defaults import DEFAULT_CONTEXT
+from ..dtypes import COMPUTE, KV
+from ..errors import InvalidArgumentError, StowageError
+
+API_KEY_ENV = "STOWAGE_API_KEY"  # the key without putting it on the command line (where `ps` shows it)
+DEFAULT_PORT = 8080
+DEFAULT_MAX_QUEUE = 16
+
+
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    """Register the `serve` subcommand; its `func` runs the server until Ctrl-C and returns the exit status."""
+    p = subparsers.add_parser(
+        "serve", help="serve the model over an OpenAI-compatible HTTP API",
+        description="Serve MODEL_DIR at http://HOST:PORT/v1 (chat/completions, completions, models; /health). "
+                    "The KV cache for --parallel sequences of --context tokens is planned before anything loads; "
+                    "requests beyond --parallel wait in a queue of --max-queue, past it they get 503.")
+    p.add_argument("model_dir", metavar="MODEL_DIR", type=Path, help="folder with config.json and *.safetensors")
+    p.add_argument("--context", metavar="N", type=int, default=None,
+                   help=f"context tokens of each sequence (default {DEFAULT_CONTEXT:,} or the model's maximum)")
+    p.add_argument("--parallel", metavar="N", type=int, default=1,
+                   help="sequences generated at once, sharing each decode step; each holds a whole context of "
+                        "KV cache (default 1)")
+    p.add_argument("--max-queue", metavar="N", type=int, default=DEFAULT_MAX_QUEUE,
+                   help=f"requests that may wait for a free sequence (default {DEFAULT_MAX_QUEUE})")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT,
+                   help=f"port (default {DEFAULT_PORT}; 0: a free one, printed on stdout)")
+    p.add_argument("--api-key", metavar="KEY", default=None,
+                   help=f"require `Authorization: Bearer KEY` (default: ${API_KEY_ENV}); needed for any address "
+                        "other than loopback")
+    p.add_argument("--dtype", choices=sorted(COMPUTE), default=None,
+                   help="weights dtype (default: as stored, used in place)")
+    p.add_argument("--kv-dtype", choices=sorted(KV), default=None)
+    p.set_defaults(func=run_serve)
+    return p
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from ..engine import Engine
+    from ..planning import plan_for
+    from ..planning.report import summary
+
+    for name, least in (("context", 1), ("parallel", 1), ("max_queue", 0)):
+        value = getattr(args, name)
+        if value is not None and value < least:
+            raise InvalidArgumentError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    sock = listen(args.host, args.port, has_key=api_key is not None)
+    try:
+        if args.context is None:
+            from ..config import ModelConfig
+
+            args.context = min(DEFAULT_CONTEXT, ModelConfig.from_dir(args.model_dir).max_position_embeddings)
+        # Planned against this machine first: a shortage is an error before anything is allocated.
+        plan = plan_for(args.model_dir, args.context, dtype=args.dtype, kv_dtype=args.kv_dtype,
+                        num_seqs=args.parallel)
+        if args.parallel > plan.prefill_chunk:  # the planner charges a decode step's activations as a chunk's
+            raise InvalidArgumentError(f"--parallel {args.parallel} is more than the prefill chunk of "
+                                       f"{plan.prefill_chunk} tokens; serve at most that many sequences")
+        sys.stderr.write(f"loading {args.model_dir.name}: {summary(plan)} for {args.parallel} sequence(s)\n")
+        engine = Engine.load(args.model_dir, plan)
+    except BaseException:
+        sock.close()
+        raise
+    serve(engine, sock, parallel=args.parallel, max_queue=args.max_queue, api_key=api_key)
+    return 0
+
+
+def listen(host: str, port: int, *, has_key: bool) -> socket.socket:
+    """A listening socket; refuses an address other than loopback without an API key."""
+    if not 0 <= port <= 65535:
+        raise InvalidArgumentError(f"--port must be in 0..65535, got {port}")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise InvalidArgumentError(f"--host {host!r}: not an address of this machine ({e.strerror})") from None
+    if not ipaddress.ip_address(address[0]).is_loopback and not has_key:
+        raise InvalidArgumentError(f"--host {host}: other machines could reach the server; give --api-key KEY "
+                                   f"(or ${API_KEY_ENV}) so that only clients with the key can use it")
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise StowageError(f"cannot listen on {host}:{port}: {e.strerror}; choose another --port "
+                           "(0 picks a free one)") from None
+    return sock
+
+
+def serve(engine, sock: socket.socket, *, parallel: int, max_queue: int, api_key: str | None) -> None:
+    """Run the API on sock until interrupted; prints the base URL on stdout once it is listening."""
+    import uvicorn
+
+    from .app import create_app
+    from .scheduler import Scheduler
+
+    scheduler = Scheduler(engine, max_running=parallel, max_waiting=max_queue).start()
+    host, port = sock.getsockname()[:2]
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    config = uvicorn.Config(create_app(scheduler, api_key=api_key), log_level="warning",
+                            timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    print(url, flush=True)  # the one line on stdout: a parent process reads the port from it
+    sys.stderr.write(f"serving {engine.name} at {url}/v1 ({parallel} x {engine.cache.max_tokens:,}-token "
+                     f"sequences{', API key required' if api_key else ''}); Ctrl-C stops\n")
+    try:
+        server.run(sockets=[sock])
+    finally:
+        scheduler.close()
+        engine.close()
+        sock.close()

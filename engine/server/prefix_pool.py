@@ -1,0 +1,67 @@
+"""Conversations whose K/V stay cached after their request, found again by their longest common token prefix."""
+
+from __future__ import annotations
+
+import time
+
+from ..generation import Conversation, common_prefix
+from ..kv_cache import Sequence
+
+
+class PrefixPool:
+    """Idle cached conversations of an engine; a request takes the one that shares most of its prompt.
+
+    A shared system prompt or a chat's growing history is then prefilled only past what is cached (the
+    per-conversation prefix reuse of engine/generation.py, across requests). A conversation serves one
+    request at a time; one that shares less than a block with the prompt is left alone. When running
+    sequences need blocks, the least recently used idle ones are evicted.
+    """
+
+    def __init__(self, engine):
+        self.engine = engine  # engine/engine.py Engine: new_conversation, release, cache
+        self._idle: list[Conversation] = []
+
+    @property
+    def num_idle(self) -> int:
+        return len(self._idle)
+
+    def take(self, prompt_ids: list[int]) -> tuple[Conversation, int]:
+        """A conversation for prompt_ids, holding as much of it cached as there is, and that many tokens."""
+        best, shared = None, 0
+        for conv in self._idle:
+            n = common_prefix(conv.seq.token_ids, prompt_ids)
+            if n > shared:
+                best, shared = conv, n
+        # at least one prompt token is computed: its logits give the first token of the reply
+        reuse = min(shared, len(prompt_ids) - 1)
+        # Taking a conversation drops what it holds past the shared prefix: not for less than a block (a
+        # start token, a role marker in common), which would cost another request its cache for nothing.
+        if best is None or reuse < self.engine.cache.spec.block_size:
+            return self.engine.new_conversation(), 0
+        self._idle.remove(best)
+        self.engine.cache.truncate(best.seq, reuse)
+        return best, reuse
+
+    def give_back(self, conv: Conversation) -> None:
+        """Keep a finished request's conversation cached for the requests that follow."""
+        conv.last_used = time.monotonic()
+        if conv.num_tokens:
+            self._idle.append(conv)
+        else:
+            self.engine.release(conv)
+
+    def make_room(self, growth: list[tuple[Sequence, int]]) -> None:
+        """Evict idle conversations, least recently used first, until each sequence can grow by its tokens.
+
+        The plan holds a whole context for every running sequence, so evicting idle ones is always enough."""
+        cache = self.engine.cache
+        needed = sum(cache.spec.num_blocks(seq.num_tokens + n) - len(seq.block_table) for seq, n in growth)
+        if needed <= cache.allocator.num_free:
+            return
+        self._idle.sort(key=lambda c: c.last_used)
+        while self._idle and cache.allocator.num_free < needed:
+            self.engine.release(self._idle.pop(0))
+
+    def clear(self) -> None:
+        while self._idle:
+            self.engine.release(self._idle.pop())

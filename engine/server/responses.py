@@ -1,0 +1,67 @@
+"""What the API answers, shaped as OpenAI's: completion objects, stream chunks, usage, the model list."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from ..generation import GenerationResult
+
+# The engine's reasons, in OpenAI's words: a reply cut by the context is cut for length, as by max_tokens.
+FINISH_REASONS = {"stop": "stop", "length": "length", "context_full": "length", "cancelled": "stop"}
+
+
+def usage(result: GenerationResult) -> dict:
+    completion = len(result.token_ids)
+    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": result.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": result.reused_tokens}}
+
+
+def sse(data: dict | str) -> str:
+    """One server-sent event: `data: {...}` and a blank line."""
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+class Reply:
+    """The objects of one reply, for chat (`chat.completion`) or text (`text_completion`)."""
+
+    def __init__(self, model: str, *, chat: bool, include_usage: bool = False):
+        self.model, self.chat, self.include_usage = model, chat, include_usage
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    def _object(self, kind: str, choices: list[dict], **extra) -> dict:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices,
+                **extra}
+
+    def whole(self, result: GenerationResult) -> dict:
+        """The non-streaming answer."""
+        finish = FINISH_REASONS[result.finish_reason]
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": result.text}, "logprobs": None,
+                      "finish_reason": finish}
+            return self._object("chat.completion", [choice], usage=usage(result))
+        choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": finish}
+        return self._object("text_completion", [choice], usage=usage(result))
+
+    def chunk(self, text: str | None = None, finish_reason: str | None = None, *, first: bool = False) -> dict:
+        """A stream chunk: text, or the finish reason (the chat's first chunk carries the role)."""
+        finish = FINISH_REASONS[finish_reason] if finish_reason else None
+        extra = {"usage": None} if self.include_usage else {}
+        if not self.chat:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            return self._object("text_completion", [choice], **extra)
+        delta = {"role": "assistant", "content": ""} if first else {} if text is None else {"content": text}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return self._object("chat.completion.chunk", [choice], **extra)
+
+    def usage_chunk(self, result: GenerationResult) -> dict:
+        """The last chunk when stream_options.include_usage: no choices, the usage of the whole reply."""
+        return self._object("chat.completion.chunk" if self.chat else "text_completion", [], usage=usage(result))
+
+
+def model_object(name: str, created: int, context_tokens: int) -> dict:
+    # max_model_len as vLLM names it: clients read the context from it
+    return {"id": name, "object": "model", "created": created, "owned_by": "stowage", "max_model_len": context_tokens}

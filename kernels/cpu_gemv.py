@@ -31,9 +31,11 @@ def _cpu_has_avx512_bf16() -> bool:
 
 
 def _cache_dir() -> Path:
+    if os.environ.get("STOWAGE_KERNEL_CACHE"):
+        return Path(os.environ["STOWAGE_KERNEL_CACHE"]) / "kernels"
     from platformdirs import user_cache_dir
 
-    return Path(os.environ.get("STOWAGE_KERNEL_CACHE") or user_cache_dir("stowage")) / "kernels"
+    return Path(user_cache_dir("stowage")) / "kernels"
 
 
 def _build() -> Path | None:
@@ -62,7 +64,8 @@ def _library():
     try:
         path = _build()
         lib = ctypes.CDLL(str(path)) if path is not None else None
-    except OSError:  # no writable cache folder, or a library the loader refuses: torch's mm serves
+    except (OSError, ImportError):  # no writable cache folder (or no platformdirs to find one), or a library
+        # the loader refuses: torch's mm serves
         return None
     if lib is None:
         return None

@@ -15,6 +15,12 @@ def main(argv: list[str] | None = None) -> int:
     from . import paths
 
     app = QApplication.instance() or QApplication(sys.argv if argv is None else [sys.argv[0], *argv])
+    # Named before the first window: on X11 the splash fixes WM_CLASS (class = the application name, else
+    # the script's name, "stowage-gui"), and the launcher's StartupWMClass=Stowage must match it. The
+    # desktop file name is what Wayland docks match (packaging/stowage.desktop).
+    app.setApplicationName(paths.APP_NAME)
+    app.setOrganizationName(paths.APP_NAME)
+    app.setDesktopFileName("stowage")
     # Importing torch and the engine takes seconds on a cold start: show something at once.
     splash = QSplashScreen(QPixmap(str(paths.icons_dir() / "stowage-256.png")))
     splash.showMessage("Starting Stowage…")
@@ -24,9 +30,6 @@ def main(argv: list[str] | None = None) -> int:
     from .main_window import MainWindow
     from .stall_probe import StallProbe
 
-    app.setApplicationName(paths.APP_NAME)
-    app.setOrganizationName(paths.APP_NAME)
-    app.setDesktopFileName("stowage")  # matches packaging/stowage.desktop, so docks group the window with it
     icon = QIcon()
     for png in sorted(paths.icons_dir().glob("stowage-*.png")):
         icon.addFile(str(png))

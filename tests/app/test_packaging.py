@@ -10,8 +10,11 @@ import importlib
 import os
 import struct
 import subprocess
+import shutil
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGING = ROOT / "packaging"
@@ -82,7 +85,14 @@ def test_spec_is_windowed_and_bundles_existing_assets():
     destinations = {dst for _, dst in consts["DATAS"]}
     assert {"assets/demo-model", "assets/icons"} <= destinations
     for src, _ in consts["DATAS"]:
-        assert (ROOT / src).is_dir(), f"stowage.spec bundles {src}, which does not exist"
+        assert (ROOT / src).exists(), f"stowage.spec bundles {src}, which does not exist"
+    # Every package-data file pyproject.toml ships with a package is in the bundle too, under the same path.
+    for package, patterns in pyproject()["tool"]["setuptools"]["package-data"].items():
+        for pattern in patterns:
+            for path in (ROOT / package).glob(pattern):
+                relative = path.relative_to(ROOT)
+                assert any(relative.is_relative_to(src) for src, _ in consts["DATAS"]), f"the bundle lacks {relative}"
+    assert {"packaging/stowage.desktop", "packaging/install_desktop.sh"} <= {src for src, _ in consts["DATAS"]}
     model = ROOT / "assets" / "demo-model"
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (model / name).is_file(), f"the demo model lacks {name}"
@@ -110,7 +120,7 @@ def test_icons_exist_in_every_size():
 
 
 def test_install_desktop_writes_launcher_and_icons_then_uninstalls(tmp_path):
-    gui = tmp_path / "dir with space" / "stowage-gui"
+    gui = fake_gui(tmp_path / "dir with space")
     env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "share"), "STOWAGE_GUI": str(gui)}
     script = str(PACKAGING / "install_desktop.sh")
     subprocess.run([script], env=env, check=True, capture_output=True)
@@ -129,3 +139,174 @@ def test_install_desktop_writes_launcher_and_icons_then_uninstalls(tmp_path):
     subprocess.run([script, "--uninstall"], env=env, check=True, capture_output=True)
     assert not launcher.exists()
     assert not (hicolor / "256x256" / "apps" / "stowage.png").exists()
+
+
+def test_the_application_is_named_before_its_first_window(monkeypatch, qapp):
+    # X11's WM_CLASS is fixed when the first window (the splash) is created, from the application name
+    # at that moment; the launcher's StartupWMClass must match it, or docks cannot tie the window to it.
+    from PySide6 import QtWidgets
+    from PySide6.QtGui import QGuiApplication
+
+    import app.main
+
+    seen = {}
+
+    class Splash(QtWidgets.QSplashScreen):
+        def show(self):
+            seen["name"] = QGuiApplication.applicationName()
+            seen["desktop"] = QGuiApplication.desktopFileName()
+            raise KeyboardInterrupt  # stop main() here: the window itself is not needed
+
+    before = (qapp.applicationName(), qapp.organizationName(), QGuiApplication.desktopFileName())
+    monkeypatch.setattr(QtWidgets, "QSplashScreen", Splash)
+    try:
+        try:
+            app.main.main([])
+        except KeyboardInterrupt:
+            pass
+    finally:
+        qapp.setApplicationName(before[0])
+        qapp.setOrganizationName(before[1])
+        QGuiApplication.setDesktopFileName(before[2])
+    assert seen == {"name": desktop_entry()["StartupWMClass"], "desktop": "stowage"}
+    assert (PACKAGING / f"{seen['desktop']}.desktop").is_file()
+
+
+# The freedesktop menu spec's main categories: a launcher in two of them shows up twice in menus.
+MAIN_CATEGORIES = {"AudioVideo", "Audio", "Video", "Development", "Education", "Game", "Graphics", "Network",
+                   "Office", "Science", "Settings", "System", "Utility"}
+
+
+def test_desktop_entry_is_valid_for_debian_12s_validator():
+    entry = desktop_entry()
+    # desktop-file-validate 0.26 (Debian 12) rejects Version=1.5 as unknown; 1.4 is the newest it knows.
+    assert tuple(map(int, entry["Version"].split("."))) <= (1, 4)
+    categories = [c for c in entry["Categories"].split(";") if c]
+    assert len(set(categories) & MAIN_CATEGORIES) == 1, categories
+
+
+def unescape_string(value: str) -> str:
+    """A desktop file's string value as read (spec: \\s \\n \\t \\r \\\\ escapes); GLib refuses any other."""
+    out, i = "", 0
+    while i < len(value):
+        if value[i] == "\\":
+            out += {"s": " ", "n": "\n", "t": "\t", "r": "\r", "\\": "\\"}[value[i + 1]]
+            i += 2
+        else:
+            out += value[i]
+            i += 1
+    return out
+
+
+def unquote_exec(value: str) -> list[str]:
+    """The argv a desktop environment runs for an Exec value: string escapes, then quoting, then %%."""
+    value = unescape_string(value)
+    args, current, quoted, i = [], None, False, 0
+    while i < len(value):
+        ch = value[i]
+        if quoted and ch == "\\":
+            assert value[i + 1] in '"`$\\', f"a stray backslash in {value!r}"
+            current = (current or "") + value[i + 1]
+            i += 1
+        elif ch == '"':
+            quoted = not quoted
+            current = current or ""
+        elif ch == " " and not quoted:
+            if current is not None:
+                args.append(current)
+            current = None
+        elif ch == "%":
+            assert value[i + 1] == "%", f"a field code in {value!r}"
+            current = (current or "") + "%"
+            i += 1
+        else:
+            assert quoted or ch not in '"`$\\&|;<>()', f"{ch!r} must be quoted in {value!r}"
+            current = (current or "") + ch
+        i += 1
+    assert not quoted, f"unbalanced quotes in {value!r}"
+    return args + ([current] if current is not None else [])
+
+
+def fake_gui(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    gui = folder / "stowage-gui"
+    gui.write_text("#!/bin/sh\n")
+    gui.chmod(0o755)
+    return gui
+
+
+def run_installer(tmp_path, *args, gui, cwd=None, path_dirs=()):
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "share"), "STOWAGE_GUI": str(gui),
+           "PATH": os.pathsep.join([*map(str, path_dirs), os.environ["PATH"]])}
+    return subprocess.run([str(PACKAGING / "install_desktop.sh"), *args], env=env, cwd=cwd, capture_output=True,
+                          text=True)
+
+
+def installed_entry(tmp_path) -> configparser.SectionProxy:
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.optionxform = str
+    parser.read(tmp_path / "share" / "applications" / "stowage.desktop")
+    return parser["Desktop Entry"]
+
+
+@pytest.mark.parametrize("folder", ["plain", "dir with space", "R&D", "a|b", "100% local", 'say "hi"', "cost $5", "back\\slash"])
+def test_the_installed_launcher_runs_the_script_whatever_its_path(tmp_path, folder):
+    gui = fake_gui(tmp_path / folder)
+    result = run_installer(tmp_path, gui=gui)
+    assert result.returncode == 0, result.stderr
+    entry = installed_entry(tmp_path)
+    assert unquote_exec(entry["Exec"]) == [str(gui)]
+    assert unescape_string(entry["TryExec"]) == str(gui)
+    if shutil.which("desktop-file-validate"):
+        check = subprocess.run(["desktop-file-validate", str(tmp_path / "share" / "applications" / "stowage.desktop")],
+                               capture_output=True, text=True)
+        assert check.returncode == 0 and not check.stdout.strip(), check.stdout
+
+
+def test_a_relative_script_path_is_made_absolute(tmp_path):
+    gui = fake_gui(tmp_path / "venv" / "bin")
+    result = run_installer(tmp_path, gui=Path("venv/bin/stowage-gui"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert unquote_exec(installed_entry(tmp_path)["Exec"]) == [str(gui)]
+
+
+def test_a_script_that_is_not_there_is_refused_and_nothing_is_written(tmp_path):
+    result = run_installer(tmp_path, gui=tmp_path / "nowhere" / "stowage-gui")
+    assert result.returncode != 0 and "installed" not in result.stdout
+    assert "stowage-gui" in result.stderr
+    assert not (tmp_path / "share" / "applications" / "stowage.desktop").exists()
+
+
+def test_uninstall_leaves_no_caches_behind(tmp_path):
+    # Stand-ins for the cache tools, writing their cache files where the real ones do.
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name, cache in (("update-desktop-database", "mimeinfo.cache"), ("gtk-update-icon-cache", "icon-theme.cache")):
+        script = tools / name
+        script.write_text(f'#!/bin/sh\nfor a; do d=$a; done\n[ -d "$d" ] && touch "$d/{cache}"\n')
+        script.chmod(0o755)
+    gui = fake_gui(tmp_path / "bin")
+    assert run_installer(tmp_path, gui=gui, path_dirs=[tools]).returncode == 0
+    share = tmp_path / "share"
+    assert (share / "applications" / "mimeinfo.cache").exists() and (share / "icons" / "hicolor" / "icon-theme.cache").exists()
+    result = run_installer(tmp_path, "--uninstall", gui=gui, path_dirs=[tools])
+    assert result.returncode == 0, result.stderr
+    assert [p for p in share.rglob("*") if not p.is_dir()] == []
+
+
+def test_the_installer_inside_a_bundle_launches_the_bundle(tmp_path):
+    # The layout PyInstaller's COLLECT writes for stowage.spec: the executable beside _internal/ (the DATAS).
+    bundle = tmp_path / "dist" / "stowage"
+    internal = bundle / "_internal"
+    for src, dst in spec_constants()["DATAS"]:
+        if src.startswith(("packaging/", "assets/icons")):
+            target = internal / dst / Path(src).name if (ROOT / src).is_file() else internal / dst
+            target.parent.mkdir(parents=True, exist_ok=True)
+            (shutil.copy2 if (ROOT / src).is_file() else shutil.copytree)(ROOT / src, target)
+    gui = fake_gui(bundle).rename(bundle / "stowage")
+    env = {k: v for k, v in os.environ.items() if k != "STOWAGE_GUI"} | {"XDG_DATA_HOME": str(tmp_path / "share"),
+                                                                         "PATH": "/usr/bin:/bin"}
+    result = subprocess.run(["sh", str(internal / "packaging" / "install_desktop.sh")], env=env, capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+    assert unquote_exec(installed_entry(tmp_path)["Exec"]) == [str(gui)]

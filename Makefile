@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 
-.PHONY: run test venv bench bench-gui install-desktop bundle clean
+.PHONY: run test fuzz venv bench bench-gui install-desktop bundle clean
 
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -21,6 +21,10 @@ run: venv
 
 test: venv
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
+
+# The long fuzz of model files (10,000 cases; STOWAGE_FUZZ_CASES=N for another count): docs/robustness.md
+fuzz: venv
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -s -m fuzz tests/engine/test_fuzz.py
 
 bench: venv
 	$(BIN)/python bench/engine_bench.py

@@ -96,9 +96,9 @@ def _indexed_files(model_dir: Path, index: Path) -> list[Path]:
     weight_map = read_json_object(index).get("weight_map")
     if not isinstance(weight_map, dict):
         raise ModelFormatError(f"{index.name}: not a valid index (weight_map must map tensor names to file names)")
-    bad = next((v for v in weight_map.values() if not isinstance(v, str)), None)
-    if bad is not None:
-        raise ModelFormatError(f"{index.name}: weight_map values must be file names, got {bad!r:.80}")
+    bad = [v for v in weight_map.values() if not isinstance(v, str)]
+    if bad:
+        raise ModelFormatError(f"{index.name}: weight_map values must be file names, got {bad[0]!r:.80}")
     names = sorted(set(weight_map.values()))
     if not names:
         raise ModelFormatError(f"{index.name}: weight_map names no files")

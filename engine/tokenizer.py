@@ -83,7 +83,11 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         # The template writes its own special tokens (BOS included), as transformers does.
-        return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+        ids = self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+        if not ids:
+            raise chat_template.TemplateError("the chat template wrote nothing for this conversation; "
+                                              "use the model's published template")
+        return ids
 
     def stream_decoder(self) -> "StreamDecoder":
         return StreamDecoder(self)

@@ -160,6 +160,7 @@ def shard_folder(two_shards, tmp_path):
     (["model-00001-of-00002.safetensors"], "weight_map must map tensor names to file names"),
     (None, "weight_map must map tensor names to file names"),
     ({"model.norm.weight": 3}, "weight_map values must be file names, got 3"),
+    ({"model.norm.weight": None}, "weight_map values must be file names, got None"),
     ({"model.norm.weight": ["a.safetensors"]}, "weight_map values must be file names"),
     ({}, "weight_map names no files"),
 ])

@@ -95,9 +95,10 @@ class ChatPanel(QWidget):
         self._update_buttons()
 
     def conversation_deleted(self, conversation_id: int) -> None:
-        """A reply for a deleted conversation has no one to read it: stop it (its end re-enables Send)."""
+        """A reply for a deleted conversation has no one to read it: stop it (its end re-enables Send), free its cache."""
         if self.client.is_generating and self._generating_for == conversation_id:
             self.client.stop()
+        self.client.forget(conversation_id)
 
     def set_model_loaded(self, context_tokens: int) -> None:
         self.context_tokens = context_tokens

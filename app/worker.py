@@ -114,7 +114,10 @@ class EngineWorker(QObject):
     def __init__(self):
         super().__init__()
         self.engine = None
-        self.conversation = None
+        # One engine conversation (its KV blocks) per chat: switching back to a chat reuses what is still
+        # cached instead of reading its whole history again. The engine frees the least recently used
+        # ones when a chat needs their blocks.
+        self.conversations: dict[int, object] = {}
         self.context_tokens = 0
 
     @Slot()
@@ -153,10 +156,10 @@ class EngineWorker(QObject):
             self.engine = Engine.load(
                 Path(model_dir), plan, progress=lambda f, m: self.load_progress.emit(float(f), str(m)), cancel=cancel
             )
-            self.conversation = self.engine.new_conversation()
+            self.conversations = {}
             self.context_tokens = plan.context_tokens
         except Exception as e:
-            self.engine = self.conversation = None
+            self.engine, self.conversations = None, {}
             release_freed_memory()
             if isinstance(e, GenerationCancelled) or cancel.is_set():
                 self.load_cancelled.emit()
@@ -176,7 +179,7 @@ class EngineWorker(QObject):
         try:
             self.engine.close()
         finally:
-            self.engine = self.conversation = None
+            self.engine, self.conversations = None, {}
             release_freed_memory()
             self.unloaded.emit()
 
@@ -194,7 +197,10 @@ class EngineWorker(QObject):
                 request.system, request.messages, self._count_tokens, self.context_tokens - reserve, request.policy
             )
             self.reply_started.emit(ReplyStarted(cid, fitted.prompt_tokens, fitted.first_kept))
-            gen = self.engine.chat(self.conversation, fitted.messages, sampling, cancel=request.cancel)
+            conversation = self.conversations.get(cid)
+            if conversation is None:
+                conversation = self.conversations[cid] = self.engine.new_conversation()
+            gen = self.engine.chat(conversation, fitted.messages, sampling, cancel=request.cancel)
             for event in gen:
                 if event.text:
                     self.token.emit(cid, event.text)
@@ -219,6 +225,13 @@ class EngineWorker(QObject):
             )
         )
 
+    @Slot(int)
+    def forget(self, conversation_id: int) -> None:
+        """A deleted chat: free its cached tokens at once."""
+        conversation = self.conversations.pop(conversation_id, None)
+        if conversation is not None and self.engine is not None:
+            self.engine.release(conversation)
+
     def _count_tokens(self, messages: list[dict]) -> int:
         ids = self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         if isinstance(ids, str):
@@ -233,6 +246,7 @@ class EngineClient(QObject):
     _load = Signal(str, object, object)
     _unload = Signal()
     _chat = Signal(object)
+    _forget = Signal(int)
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -245,6 +259,7 @@ class EngineClient(QObject):
         self._load.connect(self.worker.load)
         self._unload.connect(self.worker.unload)
         self._chat.connect(self.worker.chat)
+        self._forget.connect(self.worker.forget)
         self.thread.start()
         self._load_cancel: threading.Event | None = None
         self._chat_request: ChatRequest | None = None
@@ -268,6 +283,10 @@ class EngineClient(QObject):
     def chat(self, request: ChatRequest) -> None:
         self._chat_request = request
         self._chat.emit(request)
+
+    def forget(self, conversation_id: int) -> None:
+        """Free what the engine caches for a deleted chat (queued behind a reply being stopped)."""
+        self._forget.emit(conversation_id)
 
     def stop(self) -> None:
         """Stop the reply being generated; the worker finishes it with finish_reason 'cancelled'."""

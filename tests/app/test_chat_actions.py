@@ -93,13 +93,18 @@ def test_deleting_a_chat_while_it_replies_stops_the_reply(app_driver, tiny_model
     window.settings_panel.max_tokens.setValue(900)
     chat = window.chat
 
+    deleted = []
+
     def send_then_delete():
         app_driver.send(window, "Tell me a long story")
         qtbot.waitUntil(lambda: len(chat.view.reply_text) > 3, timeout=app_driver.timeout_ms)
+        deleted.append(chat.conversation_id)
         window.conversations.delete(chat.conversation_id)
 
     reply = app_driver.reply(window, send_then_delete)
     assert reply.finish_reason == "cancelled" and reply.completion_tokens < 900
+    # Its cached tokens are freed too (the engine thread does it once the stopped reply has ended).
+    qtbot.waitUntil(lambda: deleted[0] not in window.client.worker.conversations, timeout=app_driver.timeout_ms)
     assert chat.send_button.isEnabled() and not chat.stop_button.isEnabled()
     assert window.store.conversations() == []  # nothing was stored for the deleted chat
     assert chat.view.widgets == []
@@ -149,3 +154,18 @@ def test_a_reply_that_fills_the_context_says_what_can_help(app_driver, tiny_mode
     reply = app_driver.reply(window, lambda: app_driver.send(window, "And then?"))
     assert reply.finish_reason == "context_full"
     assert "When full" not in chat.error.text() and POLICIES[DROP_OLDEST] not in chat.error.text()
+
+
+def test_switching_back_to_a_chat_reuses_its_cache(app_driver, tiny_model_dir):
+    window = app_driver.open(tiny_model_dir)
+    app_driver.load(window, context_tokens=2048)
+    window.settings_panel.max_tokens.setValue(4)
+    first = app_driver.reply(window, lambda: app_driver.send(window, LONG))
+    chat_a = window.chat.conversation_id
+    window.conversations.new_conversation()
+    app_driver.reply(window, lambda: app_driver.send(window, "a different chat"))
+    window.conversations.select(chat_a)
+    again = app_driver.reply(window, lambda: app_driver.send(window, "and more"))
+    # Chat A's first turn was still cached: only the reply's tail and the new message are read again.
+    assert again.reused_tokens >= first.prompt_tokens
+    assert again.prompt_tokens - again.reused_tokens < first.prompt_tokens

@@ -36,6 +36,7 @@ class MainWindow(QMainWindow):
         self.model_dir: str | None = None  # the chosen (inspected) model
         self.loaded_dir: str | None = None
         self.loaded_plan = None
+        self._loading_plan = None
         self.forecast: Forecast | None = None
         self.error_box: QMessageBox | None = None
         self.about_box: QMessageBox | None = None
@@ -182,6 +183,10 @@ class MainWindow(QMainWindow):
             self._unsaved = None
 
     def _plan_changed(self, plan) -> None:
+        if self.loaded_dir is not None:
+            # Loading fixed the placement: the status bar tells what is loaded, and the panel what waits.
+            self._show_pending(plan)
+            return
         if plan is None:
             self.plan_label.setText("")
         elif plan.fits:
@@ -190,29 +195,39 @@ class MainWindow(QMainWindow):
             self.plan_label.setText(f"{plan.context_tokens:,} tokens do not fit; the largest context that fits is "
                                     f"{plan.max_context_tokens:,} tokens")
         self.plan_label.setToolTip(self.plan_label.text())
-        if self.loaded_dir is None:
-            self._predict(plan, baseline=True)
+        self._predict(plan, baseline=True)
+
+    def _show_pending(self, plan) -> None:
+        """Context, layers and KV dtype apply at the next Load; say so while they differ from what is loaded."""
+        loaded = f"{Path(self.loaded_dir).name} stays loaded with {summary(self.loaded_plan)}"
+        if self.model_dir != self.loaded_dir:
+            self.settings_panel.show_pending(f"{loaded}: press Load to load {Path(self.model_dir).name} instead.")
+        elif plan is not None and summary(plan) != summary(self.loaded_plan):
+            self.settings_panel.show_pending(f"Changed since Load, applied at the next Load: {loaded} until then.")
+        else:
+            self.settings_panel.show_pending("")
 
     # -- loading ---------------------------------------------------------------------------------
     def load(self) -> None:
         plan = self.settings_panel.plan
         if plan is None or not plan.fits or self.model_dir is None:
             return
-        self.loaded_plan = plan
+        self._loading_plan = plan
         self._predict(plan, baseline=True)
-        self._loading_dir = self.model_dir
-        self._loading_context = plan.context_tokens
         self.settings_panel.show_loading(0.0, "Starting")
         self.client.load(self.model_dir, plan)
 
     def _loaded(self, model_dir: str, seconds: float) -> None:
-        self.loaded_dir = model_dir
+        self.loaded_dir, self.loaded_plan = model_dir, self._loading_plan
         name = Path(model_dir).name
         self.setWindowTitle(f"{TITLE} — {name}")
         self.model_label.setText(f"{name} loaded")
         took = f"{seconds:.1f} s" if seconds >= 1 else f"{seconds * 1000:.0f} ms"
         self.settings_panel.show_loaded(f"{name} loaded in {took}")
-        self.chat.set_model_loaded(self._loading_context)
+        self.settings_panel.show_pending("")
+        self.plan_label.setText(summary(self.loaded_plan))
+        self.plan_label.setToolTip(self.plan_label.text())
+        self.chat.set_model_loaded(self.loaded_plan.context_tokens)
         self.chat.input.setFocus()
 
     def _load_failed(self, message: str) -> None:
@@ -220,12 +235,13 @@ class MainWindow(QMainWindow):
         self.show_error("Loading failed", message)
 
     def _unloaded(self) -> None:
-        self.loaded_dir = None
+        self.loaded_dir = self.loaded_plan = None
         self.setWindowTitle(TITLE)
         self.model_label.setText("No model loaded")
         self.chat.set_model_loaded(0)
         self.settings_panel.show_unloaded("Unloaded; the memory is free again.")
-        self._predict(self.settings_panel.plan, baseline=True)
+        self.settings_panel.show_pending("")
+        self._plan_changed(self.settings_panel.plan)
 
     def _predict(self, plan, baseline: bool) -> None:
         """Dashed lines: where this process's RAM and each GPU's VRAM should sit with `plan` loaded."""

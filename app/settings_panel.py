@@ -133,6 +133,10 @@ class SettingsPanel(QWidget):
         self.load_status = QLabel()
         self.load_status.setWordWrap(True)
         self.load_status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.pending = QLabel()  # settings changed since Load, which only the next Load applies
+        self.pending.setWordWrap(True)
+        self.pending.setStyleSheet("color: #8a5a00;")
+        self.pending.hide()
         load_row = QHBoxLayout()
         load_row.addWidget(self.load_button)
         load_row.addWidget(self.unload_button)
@@ -168,6 +172,7 @@ class SettingsPanel(QWidget):
         column.addLayout(load_row)
         column.addWidget(self.progress_widget)
         column.addWidget(self.load_status)
+        column.addWidget(self.pending)
         column.addWidget(sampling_box)
         column.addWidget(prompt_box)
         column.addStretch(1)
@@ -342,6 +347,11 @@ class SettingsPanel(QWidget):
             self.plan_message.setText(self.plan.error)
         self.load_button.setEnabled(self.plan.fits and not self.progress_widget.isVisible())
         self.plan_changed.emit(self.plan)
+
+    def show_pending(self, text: str) -> None:
+        """Say what the next Load would change ('' hides it)."""
+        self.pending.setText(text)
+        self.pending.setVisible(bool(text))
 
     # -- loading state --------------------------------------------------------------------------
     def show_loading(self, fraction: float, message: str) -> None:

@@ -280,3 +280,21 @@ def test_graph_legends_do_not_cover_the_lines(window):
     for plot in (window.graph.ram_plot, window.graph.vram_plot):
         assert plot.getPlotItem().legend is None
     assert "system used" in window.graph.ram_plot.getPlotItem().titleLabel.text
+
+
+def test_settings_changed_after_load_say_they_wait_for_the_next_load(window, app_driver, qtbot):
+    panel = window.settings_panel
+    app_driver.load(window, context_tokens=1024)
+    assert not panel.pending.isVisible()
+    panel.context.spin.setValue(2048)
+    assert panel.pending.isVisible() and "Load" in panel.pending.text() and "1,024" in panel.pending.text()
+    assert "1,024-token" in window.plan_label.text()  # the status bar tells what is loaded, not the forecast
+    assert f"/ {1024:,} tokens" in window.chat.counter.text()
+    panel.context.spin.setValue(1024)  # back to what is loaded: nothing waits
+    assert not panel.pending.isVisible()
+    panel.context.spin.setValue(2048)
+    window.loaded_dir = None
+    qtbot.mouseClick(panel.load_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: window.loaded_dir is not None, timeout=app_driver.timeout_ms)
+    assert not panel.pending.isVisible()
+    assert "2,048-token" in window.plan_label.text()

@@ -26,6 +26,7 @@ from .schemas import ApiError, CompletionRequest, parse_chat, parse_completion
 from .scheduler import Scheduler, ServerBusyError
 
 MAX_BODY_BYTES = 8 << 20  # a full 128k-token context is ~0.5 MB of text; JSON escapes may double it
+MAX_HEAD_BYTES = 16 << 10  # the request's headers, all together
 RETRY_AFTER_SECONDS = "1"
 
 
@@ -40,7 +41,7 @@ def create_app(scheduler: Scheduler, *, api_key: str | None = None, max_body_byt
         Route("/v1/completions", api.completions, methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error})
-    return _BearerAuth(app, api_key) if api_key else app
+    return _HeadLimit(_BearerAuth(app, api_key) if api_key else app)
 
 
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -52,6 +53,20 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     error = ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
                      code="not_found" if exc.status_code == 404 else None)
     return JSONResponse(error.body(), status_code=exc.status_code)
+
+
+class _HeadLimit:
+    """Headers past MAX_HEAD_BYTES get 431 (h11 bounds only a head that arrives in several reads)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and sum(len(k) + len(v) for k, v in scope["headers"]) > MAX_HEAD_BYTES:
+            error = ApiError(431, f"the request's headers are larger than {MAX_HEAD_BYTES:,} bytes",
+                             code="request_header_fields_too_large")
+            return await JSONResponse(error.body(), status_code=431)(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 class _BearerAuth:
@@ -174,7 +189,7 @@ class _Api:
         room = self.context_tokens - len(ids)
         if not ids or room < 1:
             raise ApiError(400, f"This model's maximum context length is {self.context_tokens:,} tokens, and your "
-                                f"{'messages' if chat else 'prompt'} take {len(ids):,} tokens (at least one must be "
+                                f"{'messages take' if chat else 'prompt takes'} {len(ids):,} tokens (at least one must be "
                                 "left for the reply); shorten them, or serve with a larger --context",
                            param="messages" if chat else "prompt", code="context_length_exceeded")
         # max_tokens past the context is cut to it: the reply then ends with finish_reason "length"

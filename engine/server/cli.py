@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..defaults import DEFAULT_CONTEXT
 from ..dtypes import COMPUTE, KV
-from ..errors import InvalidArgumentError, StowageError
+from ..errors import InsufficientMemoryError, InvalidArgumentError, StowageError
 
 API_KEY_ENV = "STOWAGE_API_KEY"  # the key without putting it on the command line (where `ps` shows it)
 DEFAULT_PORT = 8080
@@ -56,18 +56,24 @@ def run_serve(args: argparse.Namespace) -> int:
         if value is not None and value < least:
             raise InvalidArgumentError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    sock = listen(args.host, args.port, has_key=api_key is not None)
-    try:
-        if args.context is None:
-            from ..config import ModelConfig
+    if args.context is None:
+        from ..config import ModelConfig
 
-            args.context = min(DEFAULT_CONTEXT, ModelConfig.from_dir(args.model_dir).max_position_embeddings)
-        # Planned against this machine first: a shortage is an error before anything is allocated.
+        args.context = min(DEFAULT_CONTEXT, ModelConfig.from_dir(args.model_dir).max_position_embeddings)
+    # Planned against this machine first: a shortage is an error before anything is allocated.
+    try:
         plan = plan_for(args.model_dir, args.context, dtype=args.dtype, kv_dtype=args.kv_dtype,
                         num_seqs=args.parallel)
-        if args.parallel > plan.prefill_chunk:  # the planner charges a decode step's activations as a chunk's
-            raise InvalidArgumentError(f"--parallel {args.parallel} is more than the prefill chunk of "
-                                       f"{plan.prefill_chunk} tokens; serve at most that many sequences")
+    except InsufficientMemoryError as e:
+        if args.parallel == 1:
+            raise
+        raise InsufficientMemoryError(f"{e} With --parallel {args.parallel}, each sequence holds a whole context "
+                                      "of KV cache: fewer sequences need less.") from None
+    if args.parallel > plan.prefill_chunk:  # the planner charges a decode step's activations as a chunk's
+        raise InvalidArgumentError(f"--parallel {args.parallel} is more than the prefill chunk of "
+                                   f"{plan.prefill_chunk} tokens; serve at most that many sequences")
+    sock = listen(args.host, args.port, has_key=api_key is not None)  # a taken port fails before the load
+    try:
         sys.stderr.write(f"loading {args.model_dir.name}: {summary(plan)} for {args.parallel} sequence(s)\n")
         engine = Engine.load(args.model_dir, plan)
     except BaseException:
@@ -102,23 +108,34 @@ def listen(host: str, port: int, *, has_key: bool) -> socket.socket:
 
 def serve(engine, sock: socket.socket, *, parallel: int, max_queue: int, api_key: str | None) -> None:
     """Run the API on sock until interrupted; prints the base URL on stdout once it is listening."""
-    import uvicorn
-
-    from .app import create_app
     from .scheduler import Scheduler
 
     scheduler = Scheduler(engine, max_running=parallel, max_waiting=max_queue).start()
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-    config = uvicorn.Config(create_app(scheduler, api_key=api_key), log_level="warning",
-                            timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+    server = http_server(scheduler, api_key=api_key)
     print(url, flush=True)  # the one line on stdout: a parent process reads the port from it
     sys.stderr.write(f"serving {engine.name} at {url}/v1 ({parallel} x {engine.cache.max_tokens:,}-token "
                      f"sequences{', API key required' if api_key else ''}); Ctrl-C stops\n")
     try:
         server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn shuts down gracefully on Ctrl-C / SIGTERM, then raises the signal again
+        pass
     finally:
         scheduler.close()
         engine.close()
         sock.close()
+
+
+def http_server(scheduler, *, api_key: str | None):
+    """The uvicorn server of the API over a started scheduler; `.run(sockets=[...])` serves."""
+    import uvicorn
+
+    from .app import MAX_HEAD_BYTES, create_app
+
+    # h11 (whatever else is installed) with its buffer bound at the app's head limit; connections past
+    # limit_concurrency get uvicorn's 503 before they cost anything
+    config = uvicorn.Config(create_app(scheduler, api_key=api_key), log_level="warning", http="h11",
+                            h11_max_incomplete_event_size=MAX_HEAD_BYTES, timeout_graceful_shutdown=5,
+                            limit_concurrency=4 * (scheduler.max_running + scheduler.max_waiting) + 32)
+    return uvicorn.Server(config)

@@ -1,0 +1,153 @@
+"""`stowage serve` as a user runs it: a live server in a subprocess, driven by the official openai client."""
+
+import io
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+from factory import ROOT, cpu_plan, make_model
+
+from engine.cli import build_parser, main
+from engine.engine import Engine
+from engine.sampler import SamplingParams
+
+TIMEOUT = 60  # seconds to wait for the server before failing instead of hanging
+KEY = "test-key"
+# one thread in the server as in this process (tests/conftest.py): the same matrix products, the same greedy tokens
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "STOWAGE_API_KEY": KEY}
+
+
+def stowage(*args, env=ENV):
+    return subprocess.Popen([sys.executable, "-m", "engine.cli", *map(str, args)], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def read_line(proc) -> str:
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        assert sel.select(TIMEOUT), "the server printed no URL"
+    return proc.stdout.readline().strip()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("serve") / "model", "llama", initializer_range=0.2)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    """A live `stowage serve` (4 sequences; the key from $STOWAGE_API_KEY) and its base URL."""
+    proc = stowage("serve", model_dir, "--port", 0, "--parallel", 4, "--context", 256)
+    url = read_line(proc)
+    if not url.startswith("http://127.0.0.1:"):
+        proc.kill()
+        pytest.fail(f"no URL on stdout ({url!r}): {proc.communicate()[1]}")
+    yield url
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0, err  # Ctrl-C is a clean stop
+    assert "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    return Engine.load(model_dir, cpu_plan(model_dir, 256))
+
+
+def client(url, key=KEY):
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=TIMEOUT)
+
+
+def greedy_chat(engine, content, max_tokens):
+    messages = [{"role": "user", "content": content}]
+    return engine.chat(engine.new_conversation(), messages, SamplingParams(temperature=0, max_tokens=max_tokens)).run()
+
+
+def test_the_openai_client_chats_streams_and_completes(server, reference):
+    c = client(server)
+    assert [m.id for m in c.models.list()] == ["model"]
+    expected = greedy_chat(reference, "Stowage plans memory", 12)
+    reply = c.chat.completions.create(model="model", messages=[{"role": "user", "content": "Stowage plans memory"}],
+                                      temperature=0, max_tokens=12)
+    assert reply.choices[0].message.content == expected.text
+    assert reply.usage.completion_tokens == len(expected.token_ids)
+    stream = c.chat.completions.create(model="model", messages=[{"role": "user", "content": "Stowage plans memory"}],
+                                       temperature=0, max_tokens=12, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == expected.text
+    assert chunks[-1].usage.prompt_tokens == reply.usage.prompt_tokens
+    text = c.completions.create(model="model", prompt="The quick brown fox", temperature=0, max_tokens=8)
+    ids = reference.tokenizer.encode("The quick brown fox")
+    alone = reference.generate(reference.new_conversation(), ids, SamplingParams(temperature=0, max_tokens=8)).run()
+    assert text.choices[0].text == alone.text
+
+
+def test_eight_concurrent_clients_each_get_the_reply_they_get_alone(server, reference):
+    prompts = [f"{w} plans memory: weights, KV cache" for w in
+               ("Stowage", "Nobody", "The app", "Pick", "A fox", "Café", "Tokyo", "Everyone")]
+    expected = [greedy_chat(reference, p, 16).text for p in prompts]
+    c = client(server)
+
+    def ask(prompt):
+        r = c.chat.completions.create(model="model", messages=[{"role": "user", "content": prompt}], temperature=0,
+                                      max_tokens=16, stream=True)
+        return "".join(ch.choices[0].delta.content or "" for ch in r if ch.choices)
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(ask, prompts)) == expected
+
+
+def test_bad_requests_get_openai_errors_and_the_server_goes_on(server):
+    with pytest.raises(openai.AuthenticationError):
+        client(server, key="wrong").models.list()
+    c = client(server)
+    with pytest.raises(openai.NotFoundError) as e:
+        c.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    assert e.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="model", messages=[{"role": "user", "content": "hi"}], n=2)
+    assert e.value.param == "n"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="model", messages=[{"role": "user", "content": "hi"}], temperature=-1)
+    assert e.value.param == "temperature"
+    assert c.chat.completions.create(model="model", messages=[{"role": "user", "content": "hi"}],
+                                     max_tokens=2).choices[0].finish_reason in ("stop", "length")
+
+
+def test_serve_refuses_in_one_line_what_it_cannot_do(model_dir, capsys, monkeypatch):
+    monkeypatch.delenv("STOWAGE_API_KEY", raising=False)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    cases = [
+        (["--context", 5000, "--port", 0], "1,024"),  # longer than the model's positions: the planner's error
+        (["--host", "0.0.0.0", "--port", 0], "--api-key"),  # reachable from other machines without a key
+        (["--port", taken.getsockname()[1]], "another --port"),
+        (["--parallel", 0], "--parallel must be at least 1"),
+    ]
+    try:
+        for args, words in cases:  # each fails before anything loads, so in this process
+            assert main(["serve", str(model_dir), *map(str, args)]) == 2
+            out, err = capsys.readouterr()
+            assert out == "" and words in err and "Traceback" not in err
+            assert [line for line in err.splitlines() if line] == [err.strip()] and err.strip().startswith("stowage: ")
+    finally:
+        taken.close()
+
+
+def test_plan_counts_the_kv_cache_of_every_parallel_sequence(model_dir):
+    def kv_bytes(*extra):
+        args = build_parser().parse_args(["plan", str(model_dir), "--context", "256", "--ram-budget", "8GiB",
+                                          "--json", *extra])
+        out = io.StringIO()
+        assert args.func(args, out=out) == 0
+        return json.loads(out.getvalue())["devices"][-1]["kv_bytes"]
+
+    assert kv_bytes("--parallel", "3") == 3 * kv_bytes() > 0

@@ -54,13 +54,13 @@ def _load(args, context_tokens: int):
 
 
 def run_generate(args) -> int:
-    from .config import ModelConfig
-    from .tokenizer import Tokenizer, check_text
+    from .formats import read_config, read_tokenizer
+    from .tokenizer import check_text
 
     sampling = _sampling(args)  # every argument is checked before anything is read or loaded
     check_text(args.prompt, "--prompt")
-    ModelConfig.from_dir(args.model_dir)  # the first thing to be wrong with a folder is its config
-    tokenizer = Tokenizer(args.model_dir)
+    read_config(args.model_dir)  # the first thing to be wrong with a model is its config
+    tokenizer = read_tokenizer(args.model_dir)  # tokenizer.json, or a GGUF file's metadata
     messages = [{"role": "user", "content": args.prompt}]
     ids = tokenizer.apply_chat_template(messages) if args.chat else tokenizer.encode(args.prompt)
     if not ids:
@@ -94,9 +94,9 @@ def run_chat(args) -> int:
 
         check_text(args.system, "--system")
     if args.context is None:
-        from .config import ModelConfig
+        from .formats import read_config
 
-        args.context = min(DEFAULT_CONTEXT, ModelConfig.from_dir(args.model_dir).max_position_embeddings)
+        args.context = min(DEFAULT_CONTEXT, read_config(args.model_dir).max_position_embeddings)
     engine = _load(args, args.context)
     if hasattr(sys.stdin, "reconfigure"):  # undecodable input arrives as text the tokenizer refuses, not a crash
         sys.stdin.reconfigure(errors="surrogateescape")

@@ -1,4 +1,4 @@
-"""Load a model folder and chat with it: the one object the CLI and the GUI hold."""
+"""Load a model (a Hugging Face folder or a GGUF file) and chat with it: the one object the CLI and the GUI hold."""
 
 from __future__ import annotations
 
@@ -15,10 +15,13 @@ from .checkpoint import Checkpoint
 from .config import ModelConfig
 from .dtypes import COMPUTE, KV
 from .errors import InsufficientMemoryError, ModelFormatError
+from .formats import is_gguf
 from .generation import Conversation, Generation
+from .gguf_model import GGUFModel
 from .kv_cache import CacheSpec, KVCache
 from .layout import ModelLayout
 from .model import Transformer
+from .planning.inspect import compute_dtype_of
 from .planning.plan import Plan
 from .sampler import SamplingParams
 from .tokenizer import Tokenizer
@@ -63,13 +66,18 @@ class Engine:
         report = progress or (lambda fraction, message: None)
         is_cancelled = cancel.is_set if cancel is not None else (lambda: False)
         report(0.0, "reading config and headers")
-        config = ModelConfig.from_dir(model_dir)
-        checkpoint = Checkpoint(model_dir)
-        layout = ModelLayout.of(config, checkpoint.specs, model_dir.name)
-        tokenizer = Tokenizer(model_dir)
-        if plan.num_layers != layout.num_layers or layout.compute_dtype(plan.forced_dtype) != plan.dtype:
+        gguf = GGUFModel(model_dir) if is_gguf(model_dir) else None
+        if gguf:
+            config, specs, tokenizer = gguf.config, gguf.specs, gguf.tokenizer()
+            # mapped in place; matrices in blocks compute in the plan's dtype, tile by tile
+            checkpoint = gguf.weights(COMPUTE[plan.dtype], converts=plan.forced_dtype is not None)
+        else:
+            config, checkpoint = ModelConfig.from_dir(model_dir), Checkpoint(model_dir)
+            specs, tokenizer = checkpoint.specs, Tokenizer(model_dir)
+        layout = ModelLayout.of(config, specs, model_dir.name)
+        if plan.num_layers != layout.num_layers or compute_dtype_of(layout, specs, plan.forced_dtype) != plan.dtype:
             raise ModelFormatError(f"{model_dir.name}: the plan was made for another model ({plan.num_layers} layers, "
-                                   f"{plan.dtype}); plan again for this folder")
+                                   f"{plan.dtype}); plan again for this model")
         names = set(plan.layer_devices) | {plan.embed_device, plan.head_device}
         devices = {name: torch.device((simulate or {}).get(name, name)) for name in names}
         layer_devices = [devices[d] for d in plan.layer_devices]
@@ -88,7 +96,7 @@ class Engine:
         head = place(checkpoint, layout.head_names(), devices[plan.head_device], dtype, plan.head_device, shared)
         layers = load_layers(checkpoint, layout.layers, layer_devices, plan.layer_devices, dtype, report,
                              is_cancelled)
-        model = Transformer(config, embed, head, layers, cache.max_tokens)
+        model = Transformer(config, embed, head, layers, cache.max_tokens, qk_order=gguf.qk_order if gguf else None)
         report(1.0, "loaded")
         return cls(model_dir, config, tokenizer, model, cache, plan, checkpoint, devices)
 

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import attention_ops, cpu_gemv
+from kernels.quant_linear import QuantizedWeight
 
 from .config import ModelConfig
 from .kv_cache import KVCache, Sequence
@@ -17,13 +18,23 @@ from .weights import TensorSet
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # One fused op (statistics in fp32). Hugging Face rounds to the input dtype before scaling, so
-    # bf16/fp16 results may differ from it in the last bit; fp32 is identical.
-    return F.rms_norm(x, weight.shape, weight, eps)
+    # bf16/fp16 results may differ from it in the last bit; fp32 is identical. GGUF keeps norms in f32
+    # beside bf16 activations: the (small) weight is converted per call, the mapped file never.
+    return F.rms_norm(x, weight.shape, weight.to(x.dtype), eps)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:
+    # ids: [n] -> [n, hidden]; quantized embeddings (GGUF) dequantize only the rows asked for
+    return F.embedding(ids, weight) if isinstance(weight, torch.Tensor) else weight.rows(ids)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     # x: [n, in], weight: [out, in]. The decode step of bf16 weights on the CPU is memory-bound and
     # torch's matrix-vector product reads far below the bandwidth: use our AVX512-BF16 kernel there.
+    if not isinstance(weight, torch.Tensor):  # GGUF blocks: dequantized tile by tile (kernels/quant_linear.py)
+        return weight.linear(x, bias)
+    if bias is not None and bias.dtype != x.dtype:  # GGUF's f32 biases beside bf16 activations
+        bias = bias.to(x.dtype)
     if x.shape[0] == 1 and weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16 \
             and x.device.type == "cpu" and cpu_gemv.is_available():  # built once, at the first decode step
         return cpu_gemv.gemv(x, weight, bias)
@@ -48,8 +59,11 @@ class Transformer:
     """Runs one sequence's new tokens through every layer, each on its own device."""
 
     def __init__(self, config: ModelConfig, embed: TensorSet, head: TensorSet, layers: list[TensorSet],
-                 max_positions: int):
+                 max_positions: int, qk_order: torch.Tensor | None = None):
         self.config = config
+        # [head_dim]: puts each head's Q/K outputs in Hugging Face order when the file stores the rows permuted
+        # (llama.cpp's llama files, engine/gguf_model.py); per device, as the layers are
+        self.qk_order = {layer.device: qk_order.to(layer.device) for layer in layers} if qk_order is not None else None
         self.embed = embed  # the embeddings, on their device
         self.head = head  # the final norm and lm_head, on the head's device
         self.layers = layers
@@ -71,7 +85,7 @@ class Transformer:
         block_table = cache.block_table_tensor(seq)
         context_lens = torch.tensor([start + n], dtype=torch.int32)
         steps: dict[torch.device, StepInputs] = {}
-        h = F.embedding(torch.tensor(token_ids, device=self.embed.device), self.embed["embed"])
+        h = embedding(torch.tensor(token_ids, device=self.embed.device), self.embed["embed"])
         for i, layer in enumerate(self.layers):
             dev = layer.device
             step = steps.get(dev)
@@ -99,7 +113,7 @@ class Transformer:
                                     dtype=torch.int32)
         context_lens = torch.tensor([start + 1 for start in starts], dtype=torch.int32)
         steps: dict[torch.device, StepInputs] = {}
-        h = F.embedding(torch.tensor(token_ids, device=self.embed.device), self.embed["embed"])
+        h = embedding(torch.tensor(token_ids, device=self.embed.device), self.embed["embed"])
         for i, layer in enumerate(self.layers):
             dev = layer.device
             if dev not in steps:
@@ -119,6 +133,9 @@ class Transformer:
         q = linear(x, w["q"], w.get("q_bias")).view(n, cfg.num_heads, cfg.head_dim)
         k = linear(x, w["k"], w.get("k_bias")).view(n, cfg.num_kv_heads, cfg.head_dim)
         v = linear(x, w["v"], w.get("v_bias")).view(n, cfg.num_kv_heads, cfg.head_dim)
+        if self.qk_order is not None:
+            order = self.qk_order[w.device]
+            q, k = q[..., order], k[..., order]
         if cfg.qk_norm:
             q = rms_norm(q, w["q_norm"], cfg.rms_norm_eps)
             k = rms_norm(k, w["k_norm"], cfg.rms_norm_eps)

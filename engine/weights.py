@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernels.quant_linear import QuantizedWeight
+
 from .checkpoint import Checkpoint
 from .errors import GenerationCancelled
 
@@ -16,7 +18,7 @@ class TensorSet:
     """Named tensors on one device; `copied_bytes` counts what was copied rather than mapped."""
 
     device: torch.device
-    tensors: dict[str, torch.Tensor]
+    tensors: dict[str, torch.Tensor | QuantizedWeight]
     copied_bytes: int = 0
     label: str = "cpu"  # the plan's name for the device ("cuda:0", "cpu")
     sources: dict[str, str] = field(default_factory=dict)  # short name -> checkpoint name
@@ -37,7 +39,7 @@ class TensorSet:
         for t in self.tensors.values():
             if t.data_ptr() not in seen:
                 seen.add(t.data_ptr())
-                total += t.numel() * t.element_size()
+                total += t.nbytes
         return total
 
 
@@ -47,7 +49,8 @@ def place(
 ) -> TensorSet:
     """Load named tensors onto device; on the CPU in their stored dtype they stay views of the mmap.
 
-    `shared`: a set on the same device whose tensors are reused by source name (a tied head uses the embedding)."""
+    `shared`: a set on the same device whose tensors are reused by source name (a tied head uses the embedding).
+    Quantized weights (GGUF) are never converted: they stay the stored blocks, on any device."""
     out, copied = {}, 0
     by_source = {} if shared is None else {n: shared[s] for s, n in shared.sources.items()}
     for short, name in names.items():
@@ -55,10 +58,16 @@ def place(
             out[short] = by_source[name]
             continue
         t = checkpoint.tensor(name)
+        if isinstance(t, QuantizedWeight):
+            if device.type != "cpu":
+                t = t.to(device)  # the stored blocks, copied as they are
+                copied += t.nbytes
+            out[short] = by_source[name] = t
+            continue
         target = dtype if (dtype is not None and t.is_floating_point()) else t.dtype
         if device.type != "cpu" or target != t.dtype:
             t = t.to(device=device, dtype=target)
-            copied += t.numel() * t.element_size()
+            copied += t.nbytes
         out[short] = by_source[name] = t
     return TensorSet(device, out, copied, label, dict(names))
 

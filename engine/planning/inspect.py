@@ -1,20 +1,42 @@
-"""What a model costs in memory, from its config and the weight files' headers alone (no tensor data)."""
+"""What a model costs in memory, from its config and the weight files' headers alone (no tensor data).
+
+Either format: a Hugging Face folder (config.json, *.safetensors) or a GGUF model (engine/formats.py tells
+them apart); both come out as the same ModelLayout and ModelInfo."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from kernels.quants import FORMATS
 
 from ..checkpoint import Checkpoint
 from ..config import ModelConfig
 from ..defaults import BLOCK_SIZE
 from ..dtypes import COMPUTE, kv_dtype
+from ..formats import is_gguf
+from ..gguf_model import GGUFModel, Matrices
 from ..kv_cache import CacheSpec
 from ..layout import ModelLayout, TensorInfo
 
 # Stored dtypes that `dtype=` converts (the loader converts floating tensors only; block formats stay as stored).
 _CONVERTIBLE = frozenset(COMPUTE) | {"float64", "float8_e4m3fn", "float8_e5m2"}
+# What a model whose weights are in ggml blocks computes in when no dtype is forced: its products dequantize
+# to float32 tiles anyway (kernels/quant_linear.py), and bf16 activations halve the KV cache against float32.
+# One dtype serves every device of a plan; float16 for CUDA would be chosen here once plans hold one per device.
+BLOCK_COMPUTE_DTYPE = "bfloat16"
+_BLOCK_FORMATS = frozenset(name for name, fmt in FORMATS.items() if fmt.dtype is None)
+
+
+def compute_dtype_of(layout: ModelLayout, tensors: Mapping[str, TensorInfo], forced: str | None = None) -> str:
+    """What the model computes in: `forced`; bfloat16 when a tensor it reads is in ggml blocks; else the layout's rule."""
+    if forced is not None:
+        return forced
+    names = [layout.embed, layout.lm_head, *(n for layer in layout.layers for n in layer.values())]
+    if any(tensors[n].dtype_name in _BLOCK_FORMATS for n in names):
+        return BLOCK_COMPUTE_DTYPE
+    return layout.compute_dtype()
 
 
 @dataclass(frozen=True)
@@ -56,6 +78,8 @@ class ModelInfo:
     lm_head: WeightGroup  # the output head; the embeddings again when tied
     other: WeightGroup  # tensors nothing reads: never loaded, never counted
     file_bytes: int  # the weight files' sizes, headers included
+    compute_dtype: str  # what the model computes in when no dtype is forced (compute_dtype_of)
+    matrices: Matrices | None = None  # GGUF: what the tiled products' scratch depends on (None: safetensors)
 
     @property
     def config(self) -> ModelConfig:
@@ -72,11 +96,6 @@ class ModelInfo:
     @property
     def max_position_embeddings(self) -> int:
         return self.config.max_position_embeddings
-
-    @property
-    def compute_dtype(self) -> str:
-        """What the model computes in when no dtype is forced (ModelLayout.compute_dtype)."""
-        return self.layout.compute_dtype()
 
     def layer_bytes(self, dtype: str | None = None) -> tuple[int, ...]:
         """Weight bytes of each layer in the dtype it will have (None: as stored)."""
@@ -98,11 +117,12 @@ class ModelInfo:
 
 
 def inspect(model_dir: str | Path) -> ModelInfo:
-    """Read config.json and every weight file's header (no tensor data) into a ModelInfo."""
+    """Read the config and every weight file's header (no tensor data) into a ModelInfo."""
     model_dir = Path(model_dir)
-    config = ModelConfig.from_dir(model_dir)
-    checkpoint = Checkpoint(model_dir)
-    specs = checkpoint.specs
+    gguf = GGUFModel(model_dir) if is_gguf(model_dir) else None
+    config = gguf.config if gguf else ModelConfig.from_dir(model_dir)
+    source = gguf or Checkpoint(model_dir)
+    specs = source.specs
     layout = ModelLayout.of(config, specs, model_dir.name)
     group = lambda names: WeightGroup.of(specs[n] for n in names)  # noqa: E731
     return ModelInfo(
@@ -113,5 +133,7 @@ def inspect(model_dir: str | Path) -> ModelInfo:
         norm=group([layout.norm]),
         lm_head=group([layout.lm_head]),
         other=group(layout.unused),
-        file_bytes=sum(p.stat().st_size for p in checkpoint.files),
+        file_bytes=sum(p.stat().st_size for p in source.files),
+        compute_dtype=compute_dtype_of(layout, specs),
+        matrices=gguf.matrices(layout.layers, layout.embed, layout.lm_head) if gguf else None,
     )

@@ -159,7 +159,7 @@ class _Costs:
             self.info.config, attention_ops(device), device_type="cuda" if device.startswith("cuda") else "cpu",
             runs_layers=runs_layers, holds_head=holds_head, holds_embed=holds_embed, context_tokens=context_tokens,
             chunk=self.chunk, dtype=self.dtype, cache_dtype=KV[self.kv_dtype], block_size=self.request.block_size,
-            num_seqs=self.request.num_seqs)
+            num_seqs=self.request.num_seqs, matrices=self.info.matrices, converts=self.request.dtype is not None)
 
 
 EMBED_DEVICE = "cpu"  # an embedding lookup reads one row per token: it costs no VRAM and no speed on the CPU

@@ -2,7 +2,8 @@
 
 The attention scratch is the kernel's own statement (`workspace_bytes` of the ops `kernels.attention_ops`
 picks for the device), so the forecast follows whichever implementation will run there. The rest follows
-what engine/model.py allocates; docs/planner.md derives each term.
+what engine/model.py allocates; docs/planner.md derives each term. GGUF matrices computed tile by tile add the
+largest scratch one of their products states (kernels/quant_linear.py workspace_bytes, docs/gguf.md).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from types import ModuleType
 import torch
 
 from ..config import ModelConfig
+from ..gguf_model import Matrices
 from ..units import MiB
 
 # The CUDA context and kernel images (outside torch's allocator, seen by NVML) plus cuBLAS workspaces.
@@ -29,10 +31,11 @@ class Workspace:
     activations_bytes: int = 0  # residual stream and the larger of the attention and MLP phases
     logits_bytes: int = 0  # the last position's logits, on the head's device
     overhead_bytes: int = 0  # the backend's own: CUDA context, cuBLAS, CPU kernel scratch
+    dequant_bytes: int = 0  # the largest tile scratch of a product on quantized (GGUF) weights
 
     @property
     def total_bytes(self) -> int:
-        return self.activations_bytes + self.logits_bytes + self.overhead_bytes
+        return self.activations_bytes + self.logits_bytes + self.overhead_bytes + self.dequant_bytes
 
 
 def attention_bytes(config: ModelConfig, attention: ModuleType, *, context_tokens: int, chunk: int,
@@ -80,8 +83,11 @@ def rope_build_bytes(config: ModelConfig, context_tokens: int) -> int:
 
 def device_workspace(config: ModelConfig, attention: ModuleType, *, device_type: str, runs_layers: bool,
                      holds_head: bool, holds_embed: bool, context_tokens: int, chunk: int, dtype: torch.dtype,
-                     cache_dtype: torch.dtype, block_size: int, num_seqs: int = 1) -> Workspace:
-    """The workspace one device needs, given what the plan puts there and the attention ops that run there."""
+                     cache_dtype: torch.dtype, block_size: int, num_seqs: int = 1, matrices: Matrices | None = None,
+                     converts: bool = False) -> Workspace:
+    """The workspace one device needs, given what the plan puts there and the attention ops that run there.
+
+    `matrices`: a GGUF model's (ModelInfo.matrices); `converts`: the load converts plain weights (a forced dtype)."""
     if not (runs_layers or holds_head or holds_embed):
         return Workspace()
     # the embedded chunk before it moves to the first layer's device
@@ -96,4 +102,7 @@ def device_workspace(config: ModelConfig, attention: ModuleType, *, device_type:
     # lm_head output for the last position of each sequence, then its fp32 copy for sampling
     logits = num_seqs * config.vocab_size * (dtype.itemsize + 4) if holds_head else 0
     overhead = CUDA_OVERHEAD_BYTES if device_type == "cuda" else CPU_OVERHEAD_BYTES
-    return Workspace(activations, logits, overhead)
+    dequant = 0 if matrices is None else matrices.workspace_bytes(
+        dtype, converts, runs_layers=runs_layers, holds_head=holds_head, holds_embed=holds_embed,
+        num_tokens=min(chunk, context_tokens), num_seqs=num_seqs)
+    return Workspace(activations, logits, overhead, dequant)

@@ -1,0 +1,34 @@
+"""Which format a model path holds, and its config and tokenizer either way: the one place that tells them apart.
+
+A Hugging Face folder (config.json, *.safetensors) or a GGUF model: a .gguf file, any part of a split
+one, or a folder holding one and no config.json.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .config import ModelConfig
+from .gguf_model import GGUFModel
+from .tokenizer import Tokenizer
+
+
+def is_gguf(path: str | Path) -> bool:
+    path = Path(path)
+    if path.is_file():
+        return path.suffix.lower() == ".gguf"
+    return path.is_dir() and not (path / "config.json").exists() and any(path.glob("*.gguf"))
+
+
+def read_config(path: str | Path) -> ModelConfig:
+    """The model's config: config.json, or the GGUF metadata."""
+    if is_gguf(path):
+        return GGUFModel(path).config
+    return ModelConfig.from_dir(path)
+
+
+def read_tokenizer(path: str | Path) -> Tokenizer:
+    """The model's tokenizer: tokenizer.json, or the one the GGUF metadata describes."""
+    if is_gguf(path):
+        return GGUFModel(path).tokenizer()
+    return Tokenizer(path)

@@ -1,0 +1,281 @@
+"""GGUF models through the same path as safetensors: inspect, plan, load, generate; against transformers on the
+same (dequantized) weights. The files are written here from factory.py's tiny models the way llama.cpp converts."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+from factory import cpu_plan, make_model  # noqa: E402
+from gguf_factory import dequantized_copy, permute, random_q8_0, rope_factors, write_gguf  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from engine import cli  # noqa: E402
+from engine.config import ModelConfig  # noqa: E402
+from engine.engine import Engine  # noqa: E402
+from engine.errors import ModelFormatError, UnsupportedModelError  # noqa: E402
+from engine.formats import is_gguf, read_config, read_tokenizer  # noqa: E402
+from engine.gguf_model import GGUFModel, gguf_name, hf_name, qk_order  # noqa: E402
+from engine.planning import inspect  # noqa: E402
+from engine.planning.budgets import given_budgets  # noqa: E402
+from engine.planning.plan import PlanRequest, plan  # noqa: E402
+from engine.rope import inverse_frequencies  # noqa: E402
+from engine.sampler import SamplingParams  # noqa: E402
+from engine.units import GiB  # noqa: E402
+from kernels.quant_linear import MatrixShape, QuantizedWeight, rows_workspace_bytes, workspace_bytes  # noqa: E402
+
+PROMPT = "Stowage plans memory: weights, KV cache, workspace and headroom. Pick a context size with the slider;"
+ARCHS = {
+    "llama": {"initializer_range": 0.2},
+    "llama-tied": {"initializer_range": 0.2, "tie_word_embeddings": True, "num_key_value_heads": 1},
+    "llama-rope3": {"initializer_range": 0.2, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                    "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+                    "rope_theta": 500000.0},
+    "mistral": {"initializer_range": 0.2},
+    "qwen2": {"initializer_range": 0.2},
+    "qwen3": {"initializer_range": 0.2},
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """arch -> the HF folder factory.py writes."""
+    root = tmp_path_factory.mktemp("hf")
+    return {name: make_model(root / name, name.split("-")[0], **overrides) for name, overrides in ARCHS.items()}
+
+
+@pytest.fixture(scope="module")
+def files(models, tmp_path_factory):
+    """(arch, qtype) -> (the GGUF file, the HF folder with the weights that file holds)."""
+    root = tmp_path_factory.mktemp("gguf")
+    out = {}
+    for name, hf in models.items():
+        for qtype in ("f32", "q8_0"):
+            path = write_gguf(hf, root / f"{name}-{qtype}.gguf", qtype)
+            out[name, qtype] = path, hf if qtype == "f32" else dequantized_copy(hf, root / f"{name}-{qtype}-hf", qtype)
+    return out
+
+
+def greedy_reference(reference, ids, eos_ids, max_tokens):
+    with torch.no_grad():
+        out = reference.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 max_new_tokens=max_tokens, do_sample=False, eos_token_id=sorted(eos_ids),
+                                 pad_token_id=sorted(eos_ids)[0])
+    return [t for t in out[0, len(ids):].tolist() if t not in eos_ids]
+
+
+# -- names, permutation, config ----------------------------------------------------------------------
+
+
+def test_every_llama_cpp_name_maps_to_the_layouts_and_back(models):
+    config = ModelConfig.from_dir(models["qwen3"])
+    from engine.layout import EMBED, FINAL_NORM, LM_HEAD, layer_tensor_names
+
+    names = [EMBED, FINAL_NORM, LM_HEAD, *layer_tensor_names(config, 0).values(),
+             *layer_tensor_names(ModelConfig.from_dir(models["qwen2"]), 11).values()]
+    for name in names:
+        assert gguf_name(name) != name and hf_name(gguf_name(name)) == name
+    assert hf_name("blk.3.attn_q.bias") == "model.layers.3.self_attn.q_proj.bias"
+    assert hf_name("rope_freqs.weight") is None and hf_name("blk.x.attn_q.weight") is None
+
+
+def test_qk_order_undoes_the_converters_permutation():
+    heads, head_dim = 3, 8
+    w = torch.randn(heads * head_dim, 5)
+    x = torch.randn(5)
+    stored = (permute(w, heads) @ x).view(heads, head_dim)
+    assert not torch.equal(stored, (w @ x).view(heads, head_dim))
+    assert torch.equal(stored[..., qk_order(head_dim)], (w @ x).view(heads, head_dim))
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_config_from_metadata_is_the_config_json(files, models, arch):
+    path, _ = files[arch, "q8_0"]
+    ours, theirs = read_config(path), ModelConfig.from_dir(models[arch])
+    if arch == "llama-rope3":
+        # recovered from rope_freqs.weight: other band edges, the same frequencies
+        assert ours.rope.kind == "llama3" and ours.rope.factor == theirs.rope.factor
+        assert torch.allclose(inverse_frequencies(ours.rope, ours.head_dim),
+                              inverse_frequencies(theirs.rope, theirs.head_dim), rtol=1e-6, atol=0)
+        ours = ModelConfig(**{**ours.__dict__, "rope": theirs.rope})
+    assert ours == ModelConfig(**{**theirs.__dict__, "torch_dtype": None, "model_type": "qwen3" if arch == "qwen3"
+                                  else ("qwen2" if arch == "qwen2" else "llama")})
+
+
+def test_a_mistral_file_is_a_llama_one(files):
+    assert GGUFModel(files["mistral", "f32"][0]).architecture == "llama"
+
+
+# -- same tokens and logits as transformers ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("qtype", ["f32", "q8_0"])
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_logits_and_greedy_tokens_match_transformers(files, arch, qtype):
+    path, hf = files[arch, qtype]
+    reference = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    # float32 activations, as the reference computes; the blocks stay blocks (nothing is converted)
+    engine = Engine.load(path, cpu_plan(path, 256, dtype="float32", prefill_chunk=7))
+    if qtype == "q8_0":
+        assert isinstance(engine.model.layers[0]["q"], QuantizedWeight)
+    ids = engine.tokenizer.encode(PROMPT)
+    assert ids == AutoTokenizer.from_pretrained(hf)(PROMPT)["input_ids"]
+    conv = engine.new_conversation()
+    ours = engine.model.forward(ids, conv.seq, engine.cache, all_logits=True)
+    with torch.no_grad():
+        theirs = reference(torch.tensor([ids])).logits[0]
+    assert theirs.abs().max() > 1.0
+    assert (ours - theirs).abs().max().item() <= 1e-4
+    engine.release(conv)
+    result = engine.generate(engine.new_conversation(), ids, SamplingParams(temperature=0, max_tokens=32)).run()
+    assert result.token_ids == greedy_reference(reference, ids, engine.eos_ids, 32)
+    assert engine.memory_report()["cpu"]["weights_copied"] == 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_quantized_file_computes_in_bfloat16_by_default(files, arch):
+    path, hf = files[arch, "q8_0"]
+    engine = Engine.load(path, cpu_plan(path, 256))
+    assert (engine.plan.dtype, engine.plan.kv_dtype) == ("bfloat16", "bfloat16")
+    assert engine.cache.k_cache[0].dtype == torch.bfloat16 and engine.model.dtype == torch.bfloat16
+    reference = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    ids = engine.tokenizer.encode(PROMPT)
+    ours = engine.model.forward(ids, engine.new_conversation().seq, engine.cache, all_logits=True)
+    with torch.no_grad():
+        theirs = reference(torch.tensor([ids])).logits[0]
+    # bf16 activations (8 bits of mantissa) through 3 layers: close, not equal
+    assert (ours - theirs).abs().max().item() <= 0.1 * theirs.abs().max().item()
+    assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.9
+    assert engine.memory_report()["cpu"]["weights_copied"] == 0
+
+
+# -- planning ----------------------------------------------------------------------------------------
+
+
+def test_inspect_counts_the_quantized_bytes(files):
+    path, _ = files["qwen2", "q8_0"]
+    info = inspect(path)
+    model = GGUFModel(path)
+    expected = [sum(t.nbytes for n, t in model.specs.items() if n.startswith(f"model.layers.{i}."))
+                for i in range(info.num_layers)]
+    assert info.layer_bytes() == tuple(expected)
+    assert set(info.layers[0].bytes_by_dtype) == {"q8_0", "float32"}  # matrices in blocks, norms and biases f32
+    # a forced dtype converts the plain tensors only: blocks are never "converted" by the count
+    q8 = info.layers[0].bytes_by_dtype["q8_0"]
+    plain = info.layers[0].bytes_by_dtype["float32"]
+    assert info.layer_bytes("bfloat16")[0] == q8 + plain // 2
+    assert info.compute_dtype == "bfloat16" and info.kv_bytes_per_token() == 2 * 2 * 16 * 2
+    assert info.file_bytes == path.stat().st_size and info.config.model_type == "qwen2"
+    assert inspect(files["qwen2", "f32"][0]).compute_dtype == "float32"
+
+
+def test_the_plan_charges_the_tile_scratch(files):
+    path, _ = files["llama", "q8_0"]
+    info = inspect(path)
+    budgets = given_budgets([], 64 * GiB)
+    cpu = plan(info, PlanRequest(256, prefill_chunk=64), budgets).device("cpu")
+    # by hand: the largest of the layer products at 64 rows (the MLP's [160, 64] and [64, 160]: both one tile),
+    # the head at one row, the embedding lookup of 64 rows (all q8_0, bf16 activations)
+    layer = max(workspace_bytes(MatrixShape("q8_0", o, i), 64, torch.bfloat16)
+                for o, i in [(64, 64), (32, 64), (64, 64), (160, 64), (64, 160)])
+    head = workspace_bytes(MatrixShape("q8_0", 512, 64), 1, torch.bfloat16)
+    embed = rows_workspace_bytes(MatrixShape("q8_0", 512, 64), 64)
+    assert cpu.workspace.dequant_bytes == max(layer, head, embed) > 0
+    # an f32 file computing in float32 multiplies its matrices in place: no tiles, no scratch
+    f32 = plan(inspect(files["llama", "f32"][0]), PlanRequest(256), budgets).device("cpu")
+    assert f32.workspace.dequant_bytes == 0
+    # a forced dtype converts plain weights at load (a counted copy, as for safetensors), so no tiles either
+    assert plan(inspect(files["llama", "f32"][0]), PlanRequest(256, dtype="bfloat16"),
+                budgets).device("cpu").workspace.dequant_bytes == 0
+
+
+def test_the_load_maps_what_the_plan_counted(files):
+    path, _ = files["llama-tied", "q8_0"]
+    p = cpu_plan(path, 128)
+    engine = Engine.load(path, p)
+    report = engine.memory_report()["cpu"]
+    assert report["weights_copied"] == 0
+    assert report["weights_mapped"] == p.device("cpu").weights_bytes
+    assert engine.model.head["lm_head"] is engine.model.embed["embed"]  # tied: one QuantizedWeight
+
+
+def test_a_folder_holding_one_gguf_file_is_that_model(files, tmp_path):
+    shutil.copy(files["qwen3", "q8_0"][0], tmp_path / "m.gguf")
+    assert is_gguf(tmp_path) and not is_gguf(files["qwen3", "f32"][1])
+    assert inspect(tmp_path).weights_bytes() == inspect(files["qwen3", "q8_0"][0]).weights_bytes()
+
+
+# -- the commands -----------------------------------------------------------------------------------
+
+
+def test_stowage_plan_and_generate_on_a_gguf_file(files, capsys):
+    path, _ = files["qwen2", "q8_0"]
+    assert cli.main(["plan", str(path), "--context", "256", "--ram-budget", "8GiB", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["fits"] and shown["dtype"] == "bfloat16" and shown["kv_dtype"] == "bfloat16"
+    assert shown["devices"][-1]["weights_bytes"] == inspect(path).weights_bytes()
+    assert cli.main(["generate", str(path), "--prompt", PROMPT, "--max-tokens", "8", "--json",
+                     "--dtype", "float32"]) == 0
+    generated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    engine = Engine.load(path, cpu_plan(path, 256, dtype="float32"))
+    ids = read_tokenizer(path).encode(PROMPT)
+    expected = engine.generate(engine.new_conversation(), ids, SamplingParams(temperature=0, max_tokens=8)).run()
+    assert generated["token_ids"] == expected.token_ids and generated["prompt_tokens"] == len(ids)
+
+
+# -- files the engine refuses ---------------------------------------------------------------------------
+
+
+def test_an_unknown_architecture_is_refused(models, tmp_path):
+    path = write_gguf(models["llama"], tmp_path / "phi.gguf", "f32", arch="phi3")
+    with pytest.raises(UnsupportedModelError, match="architecture 'phi3'.*llama, qwen2, qwen3"):
+        inspect(path)
+
+
+def test_a_missing_tensor_is_named(models, tmp_path):
+    path = write_gguf(models["qwen2"], tmp_path / "m.gguf", "q8_0", drop=("blk.1.ffn_up.weight",))
+    with pytest.raises(ModelFormatError, match=r"m.gguf: the qwen2 architecture needs tensor\(s\) blk.1.ffn_up.weight"):
+        inspect(path)
+
+
+def test_a_missing_metadata_key_is_named(models, tmp_path):
+    path = write_gguf(models["llama"], tmp_path / "m.gguf", "f32")
+    data = path.read_bytes()
+    key = b"llama.block_count"
+    path.write_bytes(data.replace(key, b"llama.block_cnt__"))  # same length: the file stays well formed
+    with pytest.raises(ModelFormatError, match="no llama.block_count"):
+        inspect(path)
+
+
+def test_a_type_the_engine_refuses_is_named_before_anything_is_loaded(models, tmp_path):
+    # Q2_K: a block format llama.cpp writes that Stowage does not compute on
+    path = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tensor("blk.0.ffn_down.weight", np.zeros((4, 256 // 256 * 84), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q2_K)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelFormatError, match="'blk.0.ffn_down.weight' is stored as Q2_K, which Stowage does not read"):
+        inspect(path)
+
+
+def test_a_quantized_vector_is_refused(models, tmp_path):
+    norm = gguf.quants.quantize(np.ones(64, np.float32), gguf.GGMLQuantizationType.Q8_0)  # two blocks
+    path = write_gguf(models["llama"], tmp_path / "m.gguf", "f32",
+                      override={"output_norm.weight": (norm, gguf.GGMLQuantizationType.Q8_0)})
+    with pytest.raises(ModelFormatError, match="'output_norm.weight' is Q8_0 but has 1 dimensions"):
+        Engine.load(path, cpu_plan(path, 64))
+
+
+def test_rope_freqs_that_are_not_llama3s_are_refused(models, tmp_path):
+    config = json.loads((models["llama-rope3"] / "config.json").read_text())
+    factors = rope_factors(config, 16).numpy()
+    assert factors.max() == 8.0 and (factors == 1).any()  # the test model's table has all three bands
+    bad = np.array([1, 1, 2, 5, 3, 8, 8, 8], np.float32)  # not monotone in the band: no Llama 3 table
+    path = write_gguf(models["llama"], tmp_path / "m.gguf", "f32", override={"rope_freqs.weight": (bad, None)})
+    with pytest.raises(UnsupportedModelError, match="rope_freqs.weight holds frequency factors"):
+        inspect(path)

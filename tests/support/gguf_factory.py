@@ -1,0 +1,221 @@
+"""GGUF files from the tiny Hugging Face models of factory.py, written the way llama.cpp's convert_hf_to_gguf.py does.
+
+Names, metadata keys, the Q/K row permutation of llama files, Llama 3's `rope_freqs.weight` and the
+tokenizer metadata follow the converter; only what the tiny models use is written. Kept apart from the
+engine's own mapping (engine/gguf_model.py) so the tests check one against the other.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import gguf
+from gguf import GGMLQuantizationType as GGML
+
+ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+         "lm_head.weight": "output.weight"}
+LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+         "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+         "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
+         "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+def gguf_name(name: str) -> str:
+    if name in NAMES:
+        return NAMES[name]
+    _, _, index, rest = name.split(".", 3)
+    stem, suffix = rest.rsplit(".", 1)
+    return f"blk.{index}.{LAYER[stem]}.{suffix}"
+
+
+def permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """convert_hf_to_gguf.py LlamaModel.permute: HF's rotary halves -> llama.cpp's interleaved pairs, per head."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _config(model_dir: Path) -> dict:
+    return json.loads((model_dir / "config.json").read_text())
+
+
+def _rope(config: dict) -> tuple[float, dict | None]:
+    params = config.get("rope_parameters") or {}
+    scaling = config.get("rope_scaling") or (params if params.get("rope_type") == "llama3" else None)
+    return float(config.get("rope_theta", params.get("rope_theta", 10000.0))), scaling
+
+
+def rope_factors(config: dict, head_dim: int) -> torch.Tensor:
+    """LlamaModel.generate_extra_tensors: the frequency divisors Llama 3's rope scaling amounts to."""
+    base, s = _rope(config)
+    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    factor, low, high = s.get("factor", 8.0), s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
+    old = s.get("original_max_position_embeddings", 8192)
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            out.append(1)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(out, dtype=torch.float32)
+
+
+def hf_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(model_dir / "model.safetensors")
+
+
+def quantized(qtype: str, name: str, t: torch.Tensor) -> bool:
+    """Which tensors a quantized file stores in blocks: matrices whose rows are whole blocks (norms stay f32)."""
+    return qtype != "f32" and t.dim() == 2 and t.shape[-1] % gguf.GGML_QUANT_SIZES[GGML[qtype.upper()]][0] == 0
+
+
+def roundtrip(t: torch.Tensor, qtype: str) -> torch.Tensor:
+    """The weights a `qtype` file holds for `t`: quantized and dequantized again (gguf-py's numpy code)."""
+    raw = gguf.quants.quantize(t.float().numpy(), GGML[qtype.upper()])
+    return torch.from_numpy(gguf.quants.dequantize(raw, GGML[qtype.upper()]).copy()).reshape(t.shape)
+
+
+def dequantized_copy(model_dir: Path, out_dir: Path, qtype: str) -> Path:
+    """The HF model with the weights a `qtype` GGUF of it holds (the reference transformers runs)."""
+    from safetensors.torch import save_file
+
+    shutil.copytree(model_dir, out_dir)
+    tensors = {n: roundtrip(t, qtype) if quantized(qtype, n, t) else t for n, t in hf_tensors(model_dir).items()}
+    save_file(tensors, out_dir / "model.safetensors")
+    return out_dir
+
+
+def write_gguf(model_dir: Path, path: Path, qtype: str = "f32", *, drop: tuple[str, ...] = (),
+               arch: str | None = None, override: dict | None = None) -> Path:
+    """`model_dir` (factory.make_model) as a GGUF file: matrices in `qtype` ("f32", "f16", "q8_0", "q4_0", ...).
+
+    `drop`: GGUF names left out; `override`: GGUF name -> (array, ggml type or None) written instead (or added)."""
+    override = dict(override or {})
+    config = _config(model_dir)
+    arch = arch or ARCH[config["model_type"]]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    theta, scaling = _rope(config)
+    w = gguf.GGUFWriter(path, arch)
+    w.add_context_length(config["max_position_embeddings"])
+    w.add_embedding_length(config["hidden_size"])
+    w.add_block_count(config["num_hidden_layers"])
+    w.add_feed_forward_length(config["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(theta)
+    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_file_type({"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7}.get(qtype, 0))
+    add_tokenizer(w, model_dir, config)
+    tensors = hf_tensors(model_dir)
+    if config.get("tie_word_embeddings"):
+        tensors.pop("lm_head.weight", None)
+    for name, t in tensors.items():
+        if name.endswith(("q_proj.weight", "q_proj.bias")) and arch == "llama":
+            t = permute(t, heads)
+        elif name.endswith(("k_proj.weight", "k_proj.bias")) and arch == "llama":
+            t = permute(t, kv_heads)
+        target = gguf_name(name)
+        if target in drop:
+            continue
+        if target in override:
+            array, raw_dtype = override.pop(target)
+            w.add_tensor(target, array, raw_dtype=raw_dtype)
+            continue
+        if quantized(qtype, name, t):
+            if qtype == "f16":
+                w.add_tensor(target, t.half().numpy())
+            else:
+                w.add_tensor(target, gguf.quants.quantize(t.float().numpy(), GGML[qtype.upper()]),
+                             raw_dtype=GGML[qtype.upper()])
+        else:
+            w.add_tensor(target, t.float().numpy())
+    if scaling and scaling.get("rope_type") == "llama3":
+        w.add_tensor("rope_freqs.weight", rope_factors(config, head_dim).numpy())
+    for target, (array, raw_dtype) in override.items():
+        w.add_tensor(target, array, raw_dtype=raw_dtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def add_tokenizer(w: gguf.GGUFWriter, model_dir: Path, config: dict) -> None:
+    """The byte-level BPE tokenizer of factory.py's models, as convert_hf_to_gguf.py writes a gpt2 vocabulary."""
+    tok = json.loads((model_dir / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    tokens = [""] * len(vocab)
+    for text, i in vocab.items():
+        tokens[i] = text
+    special = {t["id"] for t in tok["added_tokens"] if t["special"]}
+    types = [gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL for i in range(len(tokens))]
+    # the converter pads the list to the embedding's rows with unused [PADn] tokens
+    pad = range(len(tokens), config["vocab_size"])
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens + [f"[PAD{i}]" for i in pad])
+    w.add_token_types(types + [gguf.TokenType.UNUSED for _ in pad])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    w.add_bos_token_id(config["bos_token_id"])
+    w.add_eos_token_id(config["eos_token_id"])
+    w.add_add_bos_token(True)  # factory.py's post-processor adds <s>
+    template = model_dir / "chat_template.jinja"
+    if template.exists():
+        w.add_chat_template(template.read_text())
+
+
+def random_q8_0(shape: tuple[int, int], rng: np.random.Generator, scale: float = 0.02) -> np.ndarray:
+    """Random Q8_0 blocks (uint8 [rows, row_bytes]) with one small scale: a large file without quantizing."""
+    rows, cols = shape
+    blocks = rng.integers(0, 256, (rows * cols // 32, 34), dtype=np.uint8)
+    blocks[:, :2] = np.full((1, 1), scale / 127, np.float16).view(np.uint8)
+    return blocks.reshape(rows, cols // 32 * 34)
+
+
+def write_random_q8_0(path: Path, tokenizer_dir: Path, *, layers: int, hidden: int, inter: int, heads: int,
+                      kv_heads: int, vocab: int) -> int:
+    """A tied llama-architecture Q8_0 file of random blocks (norms f32) and factory.py's tokenizer padded to
+    `vocab`; returns the bytes of the tensors the engine loads."""
+    rng = np.random.default_rng(0)
+    head_dim = hidden // heads
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_context_length(512)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(1e-6)
+    add_tokenizer(w, tokenizer_dir, {"vocab_size": vocab, "bos_token_id": 0, "eos_token_id": 1})
+    shapes = {"attn_q": (hidden, hidden), "attn_k": (kv_heads * head_dim, hidden),
+              "attn_v": (kv_heads * head_dim, hidden), "attn_output": (hidden, hidden), "ffn_gate": (inter, hidden),
+              "ffn_up": (inter, hidden), "ffn_down": (hidden, inter)}
+    total = 0
+    tensors = {"token_embd.weight": random_q8_0((vocab, hidden), rng), "output_norm.weight": np.ones(hidden, np.float32)}
+    for i in range(layers):
+        tensors |= {f"blk.{i}.{n}.weight": random_q8_0(s, rng) for n, s in shapes.items()}
+        tensors |= {f"blk.{i}.attn_norm.weight": np.ones(hidden, np.float32),
+                    f"blk.{i}.ffn_norm.weight": np.ones(hidden, np.float32)}
+    for name, array in tensors.items():
+        w.add_tensor(name, array, raw_dtype=GGML.Q8_0 if array.dtype == np.uint8 else None)
+        total += array.nbytes
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return total

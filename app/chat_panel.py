@@ -36,6 +36,7 @@ class ChatPanel(QWidget):
         self._reply_started_at = 0.0
         self._reply_tokens = 0
         self._prompt_tokens = 0
+        self._kept_head = 0
         self._generating_for: int | None = None
         self._message_ids: list[int] = []
 
@@ -183,8 +184,9 @@ class ChatPanel(QWidget):
             self.store.set_memory_start(started.conversation_id, memory_start)
         self._prompt_tokens = started.prompt_tokens
         self._reply_started_at = time.perf_counter()
+        self._kept_head = started.kept_head if memory_start is not None else 0
         if started.conversation_id == self.conversation_id:
-            self.view.mark_memory_start(memory_start)
+            self.view.mark_memory_start(memory_start, self._kept_head)
 
     def _token(self, conversation_id: int, text: str) -> None:
         self._reply_tokens += 1
@@ -198,6 +200,8 @@ class ChatPanel(QWidget):
     def _reply_finished(self, reply: Reply) -> None:
         meta = {"finish_reason": reply.finish_reason, "tokens_per_s": round(reply.decode_tokens_per_s, 2),
                 "prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens}
+        if self._kept_head:  # the memory line's wording when the chat is shown again
+            meta["kept_head"] = self._kept_head
         message = None
         exists = any(row.id == reply.conversation_id for row in self.store.conversations())
         # Nothing to keep for a reply stopped before its first token, or whose conversation was deleted.

@@ -54,9 +54,11 @@ class ChatView(QScrollArea):
 
     def set_messages(self, messages: list[Message], memory_start_id: int | None = None) -> None:
         self.clear()
+        # The reply written after the gap opened says whether a head stayed ('truncate the middle').
+        kept_head = next((m.meta.get("kept_head", 0) for m in reversed(messages) if m.role == "assistant"), 0)
         for message in messages:
             if memory_start_id is not None and message.id == memory_start_id:
-                self._add_memory_marker()
+                self._add_memory_marker(kept_head)
             self._add(message)
         self.placeholder.setVisible(not self.widgets and bool(self.placeholder.text()))
         self._at_bottom = True
@@ -92,20 +94,24 @@ class ChatView(QScrollArea):
         elif later > 1:
             widget.set_edit_note(f"Sending removes the {later} later messages and writes a new reply.")
 
-    def _add_memory_marker(self) -> None:
-        self.memory_marker = QLabel("— The model no longer remembers the messages above this line —")
+    def _add_memory_marker(self, kept_head: int = 0) -> None:
+        text = ("— The model still remembers the first exchange, but not the messages between it and this line —"
+                if kept_head else "— The model no longer remembers the messages above this line —")
+        self.memory_marker = QLabel(text)
+        self.memory_marker.setWordWrap(True)
         self.memory_marker.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.memory_marker.setStyleSheet("color: #a0522d; font-style: italic;")
         self._column.insertWidget(self._column.count() - 1, self.memory_marker)
 
-    def mark_memory_start(self, message_id: int | None) -> None:
-        """Draw the line where the model's memory of the conversation now starts (None: remove it)."""
+    def mark_memory_start(self, message_id: int | None, kept_head: int = 0) -> None:
+        """Draw the line where the model's memory resumes after a gap (None: remove it); `kept_head` messages
+        above the gap are remembered too."""
         if self.memory_marker is not None:
             self.memory_marker.deleteLater()
             self.memory_marker = None
         for widget in self.widgets:
             if message_id is not None and widget.message.id == message_id:
-                self._add_memory_marker()
+                self._add_memory_marker(kept_head)
                 self._column.removeWidget(self.memory_marker)
                 self._column.insertWidget(self._column.indexOf(widget), self.memory_marker)
                 return

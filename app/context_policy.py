@@ -33,6 +33,12 @@ class Fitted:
                 return index
         return 0
 
+    @property
+    def kept_head(self) -> int:
+        """How many messages are sent from before the gap (the first turn, for 'truncate the middle'); 0: no gap."""
+        first = self.first_kept
+        return sum(1 for i in self.kept if i < first) if first else 0
+
 
 def fit(
     system: list[dict],
@@ -62,8 +68,12 @@ def fit(
             f"'{POLICIES[DROP_OLDEST]}' in the settings."
         )
     turns = _turns(len(messages), messages)
-    # For 'truncate middle' the first turn stays: it usually sets up the task.
-    droppable = turns[:-1] if policy == DROP_OLDEST else turns[1:-1]
+    # For 'truncate middle' the first turn stays while it can (it usually sets up the task), and goes last:
+    # a first turn too long to keep beside the new message must not leave the chat stuck.
+    if policy == DROP_OLDEST:
+        droppable = turns[:-1]
+    else:
+        droppable = turns[1:-1] + (turns[:1] if len(turns) > 1 else [])
     for turn in droppable:
         kept = [i for i in kept if i not in turn]
         tokens = count_tokens(render(kept))

@@ -45,6 +45,7 @@ class ReplyStarted:
     conversation_id: int
     prompt_tokens: int
     first_kept: int  # index of the first conversation message still in the model's memory after a gap
+    kept_head: int = 0  # messages still sent from before the gap (the first turn, under "truncate the middle")
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,7 @@ class EngineWorker(QObject):
             fitted = context_policy.fit(
                 request.system, request.messages, self._count_tokens, self.context_tokens - reserve, request.policy
             )
-            self.reply_started.emit(ReplyStarted(cid, fitted.prompt_tokens, fitted.first_kept))
+            self.reply_started.emit(ReplyStarted(cid, fitted.prompt_tokens, fitted.first_kept, fitted.kept_head))
             conversation = self.conversations.get(cid)
             if conversation is None:
                 conversation = self.conversations[cid] = self.engine.new_conversation()

@@ -2,7 +2,7 @@
 
 from PySide6.QtCore import Qt
 
-from app.context_policy import DROP_OLDEST, POLICIES
+from app.context_policy import DROP_OLDEST, POLICIES, TRUNCATE_MIDDLE
 from app.model_settings import load_model_settings, open_settings
 
 LONG = " ".join(f"memory{i} context{i} tokens{i}" for i in range(30))
@@ -169,3 +169,31 @@ def test_switching_back_to_a_chat_reuses_its_cache(app_driver, tiny_model_dir):
     # Chat A's first turn was still cached: only the reply's tail and the new message are read again.
     assert again.reused_tokens >= first.prompt_tokens
     assert again.prompt_tokens - again.reused_tokens < first.prompt_tokens
+
+
+def test_truncate_the_middle_says_the_first_exchange_is_still_remembered(app_driver, tiny_model_dir):
+    window = app_driver.open(tiny_model_dir)
+    panel, view = window.settings_panel, window.chat.view
+    app_driver.wait_planned(window)
+    panel.policy.setCurrentIndex(panel.policy.findData(TRUNCATE_MIDDLE))
+    app_driver.load(window, context_tokens=512)
+    panel.max_tokens.setValue(4)
+    # A short first exchange, then longer ones: the first stays while the second has to go.
+    medium = " ".join(f"memory{i} context{i} tokens{i}" for i in range(13))
+    count = window.client.worker._count_tokens
+    one = count([{"role": "user", "content": medium}])
+    assert 3 * one > 512 - 4 > 2 * one + 40  # three do not fit (4 tokens kept for the reply), two and the head do
+    for text in ["Answer in one word.", medium, medium, medium]:
+        app_driver.reply(window, lambda: app_driver.send(window, text))
+    cid = window.chat.conversation_id
+    row, messages = window.store.conversation(cid), window.store.messages(cid)
+    assert row.memory_start_id == messages[4].id  # the first long exchange (messages 2 and 3) was dropped
+    for _ in range(2):  # as sent, and as shown again after switching away and back
+        marker = view.memory_marker
+        assert marker is not None and "first exchange" in marker.text()
+        column = view._column
+        assert column.indexOf(view.widgets[2]) <= column.indexOf(marker)  # below the first exchange
+        kept = next(w for w in view.widgets if w.message.id == row.memory_start_id)
+        assert column.indexOf(kept) == column.indexOf(marker) + 1
+        window.conversations.new_conversation()
+        window.conversations.select(cid)

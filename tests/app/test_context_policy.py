@@ -51,3 +51,26 @@ def test_truncate_middle_keeps_the_first_turn():
 def test_last_message_alone_too_long():
     with pytest.raises(ContextFullError, match="last message alone"):
         fit(SYSTEM, conversation(1), words, 5, DROP_OLDEST)
+
+
+def test_truncate_middle_lets_the_first_turn_go_when_it_alone_does_not_fit():
+    messages = [{"role": "user", "content": "setup " * 40}, {"role": "assistant", "content": "ok " * 40},
+                {"role": "user", "content": "question " * 5}, {"role": "assistant", "content": "answer " * 5},
+                {"role": "user", "content": "Continue."}]
+    fitted = fit(SYSTEM, messages, words, 20, TRUNCATE_MIDDLE)  # the first turn is 84 tokens; the last 3
+    assert fitted.kept == [4]
+    assert fitted.kept_head == 0 and fitted.first_kept == 4
+
+
+def test_the_kept_head_is_counted():
+    fitted = fit(SYSTEM, conversation(3), words, 40, TRUNCATE_MIDDLE)
+    assert fitted.kept_head == 2  # the first turn (question and answer) sits before the gap
+    assert fit(SYSTEM, conversation(3), words, 40, DROP_OLDEST).kept_head == 0
+    assert fit(SYSTEM, conversation(3), words, 1000, TRUNCATE_MIDDLE).kept_head == 0  # no gap
+
+
+def test_too_long_says_what_the_last_message_itself_needs():
+    messages = [{"role": "user", "content": "setup " * 40}, {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "word " * 10}]
+    with pytest.raises(ContextFullError, match="last message alone needs 16 tokens"):  # 4 system + 12 its own
+        fit(SYSTEM, messages, words, 10, TRUNCATE_MIDDLE)

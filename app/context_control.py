@@ -95,7 +95,7 @@ class ContextControl(QWidget):
         self._set(position_to_tokens(position, self.lo, self.slider_max, self.block_size))
 
     def _spin_changed(self, typed: int) -> None:
-        tokens = snap(typed, self.block_size, self.lo, self.model_max)
+        tokens = snap(typed, self.block_size, self.lo, self.model_max, up=True)
         self._set_note(self._adjustment(typed, tokens))
         self._set(tokens)
         self._show(self._tokens)

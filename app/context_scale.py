@@ -8,10 +8,14 @@ SLIDER_STEPS = 1000
 MIN_CONTEXT = 512
 
 
-def snap(tokens: int, block_size: int, lo: int, hi: int) -> int:
-    """Round to whole blocks (a partial block costs as much as a full one) and clamp to [lo, hi]."""
+def snap(tokens: int, block_size: int, lo: int, hi: int, *, up: bool = False) -> int:
+    """Round to whole blocks (a partial block costs as much as a full one) and clamp to [lo, hi].
+
+    Nearest (halves up) for slider positions; `up` for a typed number, which asks for at least that many.
+    """
     tokens = max(lo, min(hi, tokens))
-    snapped = max(block_size, round(tokens / block_size) * block_size)
+    blocks = -(-tokens // block_size) if up else (2 * tokens + block_size) // (2 * block_size)
+    snapped = max(block_size, blocks * block_size)
     # `hi` may itself not be whole blocks (a model's max position); the clamp wins over the snap.
     return max(lo, min(hi, snapped))
 

@@ -54,6 +54,8 @@ def test_rounding_to_whole_blocks_is_said(control):
     assert control.note.isVisible() and "3,008" in control.note.text() and "16" in control.note.text()
     control.slider.setValue(0)  # the slider only ever gives whole blocks: the note goes
     assert control.note.isHidden()
+    type_tokens(control, "1000")  # 62.5 blocks: up to 63, never down (the user asked for at least 1,000)
+    assert control.tokens == 1008 and "1,008" in control.note.text()
 
 
 def test_less_than_the_minimum_is_refused_and_said(control):

@@ -20,5 +20,6 @@ def test_roundtrip_and_clamp():
     for tokens in (512, 1024, 4096, 16_384, 32_768):
         assert abs(position_to_tokens(tokens_to_position(tokens, lo, hi), lo, hi, 16) - tokens) <= tokens * 0.01
     assert tokens_to_position(100_000, lo, hi) == SLIDER_STEPS
-    assert snap(1001, 16, 512, 4096) == 1008
+    assert snap(1001, 16, 512, 4096) == 1008 == snap(1000, 16, 512, 4096)  # 62.5 blocks: halves go up
+    assert snap(1009, 16, 512, 4096) == 1008 and snap(1009, 16, 512, 4096, up=True) == 1024
     assert snap(5000, 16, 512, 4090) == 4090

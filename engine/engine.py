@@ -17,7 +17,7 @@ from .dtypes import COMPUTE, KV
 from .errors import InsufficientMemoryError, ModelFormatError
 from .formats import is_gguf
 from .generation import Conversation, Generation
-from .gguf_model import GGUFModel
+from .gguf_model import open_model
 from .kv_cache import CacheSpec, KVCache
 from .layout import ModelLayout
 from .model import Transformer
@@ -66,9 +66,9 @@ class Engine:
         report = progress or (lambda fraction, message: None)
         is_cancelled = cancel.is_set if cancel is not None else (lambda: False)
         report(0.0, "reading config and headers")
-        gguf = GGUFModel(model_dir) if is_gguf(model_dir) else None
+        gguf = open_model(model_dir) if is_gguf(model_dir) else None
         if gguf:
-            config, specs, tokenizer = gguf.config, gguf.specs, gguf.tokenizer()
+            config, specs, tokenizer = gguf.config, gguf.specs, gguf.tokenizer
             # mapped in place; matrices in blocks compute in the plan's dtype, tile by tile
             checkpoint = gguf.weights(COMPUTE[plan.dtype], converts=plan.forced_dtype is not None)
         else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .config import ModelConfig
-from .gguf_model import GGUFModel
+from .gguf_model import open_model
 from .tokenizer import Tokenizer
 
 
@@ -23,12 +23,12 @@ def is_gguf(path: str | Path) -> bool:
 def read_config(path: str | Path) -> ModelConfig:
     """The model's config: config.json, or the GGUF metadata."""
     if is_gguf(path):
-        return GGUFModel(path).config
+        return open_model(path).config
     return ModelConfig.from_dir(path)
 
 
 def read_tokenizer(path: str | Path) -> Tokenizer:
     """The model's tokenizer: tokenizer.json, or the one the GGUF metadata describes."""
     if is_gguf(path):
-        return GGUFModel(path).tokenizer()
+        return open_model(path).tokenizer
     return Tokenizer(path)

@@ -40,6 +40,7 @@ GGML_TYPES = {
 # GGUF value type id -> struct code of the scalars; 8 (string) and 9 (array) are read apart.
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 _MIN_KV_BYTES = 8 + 4 + 1  # an empty key, a type, a one-byte value
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # an empty name, n_dims = 0, a type, an offset
 # llama.cpp names the parts of a split model NAME-00001-of-00003.gguf (gguf-split, convert_hf_to_gguf.py).
@@ -212,6 +213,24 @@ class _Cursor:
         except UnicodeDecodeError as e:
             raise ModelFormatError(f"{self.name}: {what} is not valid UTF-8 ({e.reason})") from e
 
+    def strings(self, num_items: int, what: str) -> list[str]:
+        """An array of strings (a vocabulary: 100k+ tokens and merges), each length checked before it is read."""
+        buf, pos, size, out = self.buf, self.pos, self.size, []
+        length_of = _U64.unpack_from
+        for i in range(num_items):
+            if pos + 8 > size:
+                self.pos = pos
+                self.need(8, f"the length of {what}[{i}]")
+            (num_bytes,) = length_of(buf, pos)
+            pos += 8
+            if num_bytes > size - pos:
+                self.pos = pos
+                self.need(num_bytes, f"{what}[{i}]")
+            out.append(str(buf[pos : pos + num_bytes], "utf-8", "surrogateescape"))
+            pos += num_bytes
+        self.pos = pos
+        return out
+
     def value(self, value_type: int, what: str, depth: int = 0):
         if value_type in _SCALARS:
             return self.unpack(_SCALARS[value_type], what)
@@ -233,6 +252,8 @@ class _Cursor:
                 f"{self.name}: {what} is an array of {num_items:,} items, which needs at least "
                 f"{num_items * item_bytes:,} bytes, but {self.size - self.pos:,} remain: "
                 "the file is truncated or corrupt")
+        if item_type == _STRING:
+            return self.strings(num_items, what)
         if code is None:
             return [self.value(item_type, f"{what}[{i}]", depth + 1) for i in range(num_items)]
         items = np.frombuffer(self.buf, np.dtype("<" + code), num_items, self.pos)

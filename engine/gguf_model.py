@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -104,6 +105,19 @@ class Matrices:
         return max(sizes)
 
 
+def open_model(path: str | Path) -> "GGUFModel":
+    """The GGUF model at `path`, parsed once per process while the file is unchanged (inspect, the CLI and the
+    loader each ask for it; a 128k-token vocabulary takes a quarter of a second to read)."""
+    path = find_gguf(path)
+    st = path.stat()
+    return _open_model(path.resolve(), st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+@lru_cache(maxsize=4)
+def _open_model(path: Path, size: int, mtime_ns: int, inode: int) -> "GGUFModel":
+    return GGUFModel(path)
+
+
 class GGUFModel:
     """One GGUF model (a file, or all parts of a split one): config, tensor infos under HF names, tokenizer."""
 
@@ -137,6 +151,7 @@ class GGUFModel:
         """The tensors as the loader places them, for activations of `dtype` (engine/weights.py place)."""
         return GGUFWeights(self, dtype, converts)
 
+    @cached_property
     def tokenizer(self) -> GGUFTokenizer:
         return tokenizer_from_gguf(self.metadata, self.name)
 

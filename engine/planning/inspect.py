@@ -16,7 +16,7 @@ from ..config import ModelConfig
 from ..defaults import BLOCK_SIZE
 from ..dtypes import COMPUTE, kv_dtype
 from ..formats import is_gguf
-from ..gguf_model import GGUFModel, Matrices
+from ..gguf_model import Matrices, open_model
 from ..kv_cache import CacheSpec
 from ..layout import ModelLayout, TensorInfo
 
@@ -119,7 +119,7 @@ class ModelInfo:
 def inspect(model_dir: str | Path) -> ModelInfo:
     """Read the config and every weight file's header (no tensor data) into a ModelInfo."""
     model_dir = Path(model_dir)
-    gguf = GGUFModel(model_dir) if is_gguf(model_dir) else None
+    gguf = open_model(model_dir) if is_gguf(model_dir) else None
     config = gguf.config if gguf else ModelConfig.from_dir(model_dir)
     source = gguf or Checkpoint(model_dir)
     specs = source.specs

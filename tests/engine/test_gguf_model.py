@@ -192,6 +192,26 @@ def test_the_plan_charges_the_tile_scratch(files):
                 budgets).device("cpu").workspace.dequant_bytes == 0
 
 
+def test_a_llama_3_1_8b_shaped_q4_k_file_plans_from_its_headers(tmp_path):
+    from gguf_factory import write_sparse_gguf
+    from sparse_models import LLAMA_3_1_8B
+
+    path = tmp_path / "Llama-3.1-8B-Q4_K.gguf"
+    written = write_sparse_gguf(path, LLAMA_3_1_8B, {"output.weight": "q6_k"})
+    info = inspect(path)
+    # by hand: a layer's matrices are 218,103,808 weights at 144 bytes per 256 (q4_k), its two norms 2 x 4096 f32;
+    # the embeddings 128,256 x 4,096 in q4_k, the head the same in q6_k (210 bytes per 256), the final norm f32
+    layer = 218_103_808 * 144 // 256 + 2 * 4096 * 4
+    assert info.layer_bytes() == (layer,) * 32 and layer == 122_716_160
+    assert info.weights_bytes() == 32 * layer + 295_501_824 + 430_940_160 + 16_384 == written == 4_653_375_488
+    assert info.compute_dtype == "bfloat16" and info.kv_bytes_per_token() == 2 * 8 * 128 * 2
+    p = plan(info, PlanRequest(8192), given_budgets([], 16 * GiB))
+    assert p.fits and p.kv_bytes == 32 * 8192 * 4096 == 2**30
+    # the tile scratch: the largest product of a 512-token chunk is ffn_gate ([14336, 4096], tiles of 256 rows at
+    # 10 bytes per weight dequantizing) beside x in float32 [512, 4096] and the accumulator [14336, 512]
+    assert p.device("cpu").workspace.dequant_bytes == 256 * 4096 * 10 + 512 * 4096 * 4 + 14336 * 512 * 4 == 48_234_496
+
+
 def test_the_load_maps_what_the_plan_counted(files):
     path, _ = files["llama-tied", "q8_0"]
     p = cpu_plan(path, 128)

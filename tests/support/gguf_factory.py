@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -218,4 +219,77 @@ def write_random_q8_0(path: Path, tokenizer_dir: Path, *, layers: int, hidden: i
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return total
+
+
+def byte_level_vocab(size: int) -> tuple[list[str], list[str]]:
+    """`size` byte-level BPE tokens (the 256 bytes, then merges of earlier tokens) and their merges."""
+    from tokenizers import pre_tokenizers
+
+    tokens = sorted(pre_tokenizers.ByteLevel.alphabet())
+    seen, merges = set(tokens), []
+    i = 0
+    while len(tokens) < size:
+        left, right = tokens[i % 256], tokens[(i * 7 + 3) % len(tokens)]
+        i += 1
+        if left + right in seen:
+            continue
+        seen.add(left + right)
+        tokens.append(left + right)
+        merges.append(f"{left} {right}")
+    return tokens, merges
+
+
+def write_sparse_gguf(path: Path, config: dict, types: dict[str, str], default: str = "q4_k") -> int:
+    """A real-shape llama-architecture GGUF whose tensor data is a hole (os.truncate): headers, metadata and a
+    `vocab_size`-token tokenizer as a download has them, a few MiB of disk. `types`: ggml type
+    by role (the name without "blk.N.": "output.weight", "ffn_down.weight"); matrices default to `default`, norms
+    are f32. Returns the tensors' bytes."""
+    hidden, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    heads, kv_heads, vocab = config["num_attention_heads"], config["num_key_value_heads"], config["vocab_size"]
+    head_dim = config.get("head_dim") or hidden // heads
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_context_length(config["max_position_embeddings"])
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(config.get("rope_theta", 10000.0))
+    w.add_layer_norm_rms_eps(config.get("rms_norm_eps", 1e-5))
+    tokens, merges = byte_level_vocab(vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("llama-bpe")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.NORMAL] * vocab)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,), "output.weight": (vocab, hidden)}
+    for i in range(layers):
+        shapes |= {f"blk.{i}.attn_norm.weight": (hidden,), f"blk.{i}.ffn_norm.weight": (hidden,),
+                   f"blk.{i}.attn_q.weight": (heads * head_dim, hidden),
+                   f"blk.{i}.attn_k.weight": (kv_heads * head_dim, hidden),
+                   f"blk.{i}.attn_v.weight": (kv_heads * head_dim, hidden),
+                   f"blk.{i}.attn_output.weight": (hidden, heads * head_dim),
+                   f"blk.{i}.ffn_gate.weight": (inter, hidden), f"blk.{i}.ffn_up.weight": (inter, hidden),
+                   f"blk.{i}.ffn_down.weight": (hidden, inter)}
+    total = padded = 0
+    for name, shape in shapes.items():
+        role = name.split(".", 2)[2] if name.startswith("blk.") else name
+        qtype = "f32" if len(shape) == 1 else types.get(role, default)
+        ggml = GGML[qtype.upper()]
+        block, block_bytes = gguf.GGML_QUANT_SIZES[ggml]
+        nbytes = math.prod(shape) // block * block_bytes
+        w.add_tensor_info(name, shape, np.dtype(np.float32), nbytes, raw_dtype=ggml)
+        total += nbytes
+        padded += -(-nbytes // 32) * 32
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    fout = w.fout[0]
+    w.write_padding(fout, fout.tell())
+    start = fout.tell()
+    w.close()
+    os.truncate(path, start + padded)
     return total

@@ -1,6 +1,8 @@
 """Open the app and drive it into one state for a screenshot (run under Xvfb by ../shared/tools/screenshot).
 
-Usage: STOWAGE_DATA_DIR=$(mktemp -d) python docs/screenshots/drive.py empty|reply|overflow|error
+Usage: STOWAGE_DATA_DIR=$(mktemp -d) python docs/screenshots/drive.py STATE
+States: empty, reply, overflow, error, history (a corrupt history moved aside), about, small (1000x700,
+a context typed that is not whole blocks).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from PySide6.QtCore import QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
+from app import paths  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
 from app.paths import demo_model_dir  # noqa: E402
+from app.store import FILE_NAME  # noqa: E402
 from engine.planning.plan import PlanRequest, plan  # noqa: E402
 
 QUESTIONS = ["What does Stowage do when I move the context slider?", "What if it does not fit?"]
@@ -34,9 +38,11 @@ def when(condition, then, interval_ms=100):
 
 def main(state: str) -> None:
     app = QApplication(sys.argv)
+    if state == "history":
+        (paths.data_dir() / FILE_NAME).write_bytes(b"this is not an SQLite database " * 100)
     window = MainWindow()
     window.move(0, 0)
-    window.resize(1280, 800)
+    window.resize(*((1000, 700) if state == "small" else (1280, 800)))
     window.show()
     panel = window.settings_panel
     planned = lambda: panel.plan is not None  # noqa: E731
@@ -72,7 +78,9 @@ def main(state: str) -> None:
         panel.select_model_dir(str(folder))
         window.choose_model(str(folder))
 
-    actions = {"empty": lambda: None, "reply": load_and_ask, "overflow": overflow, "error": broken}
+    actions = {"empty": lambda: None, "reply": load_and_ask, "overflow": overflow, "error": broken,
+               "history": lambda: None, "about": window.about_action.trigger,
+               "small": lambda: panel.context.spin.setValue(1000)}
     when(planned, actions[state])
     app.exec()
 

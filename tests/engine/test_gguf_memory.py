@@ -1,4 +1,5 @@
-"""Loading a quantized GGUF model on the CPU maps its blocks in place: nothing is copied, private memory barely grows."""
+"""A quantized GGUF model in memory: a CPU load maps its blocks in place (nothing copied, private memory barely grows),
+and a load with its heaviest prefill chunk uses what the plan forecast."""
 
 import json
 
@@ -47,3 +48,40 @@ def test_a_quantized_cpu_load_maps_the_blocks_in_place(tmp_path):
     # measured over runs here, never more than the workspace the plan charged
     assert 0 < measured["dequant"] < 0.10 * weight_bytes
     assert measured["run"] < 0.10 * weight_bytes + measured["workspace"], measured
+
+
+MEASURE = """
+import json, sys
+import torch
+torch.set_num_threads(1)
+from bench.plan_check import check_plan
+from engine.planning.budgets import given_budgets
+from engine.planning.inspect import inspect
+from engine.planning.plan import PlanRequest, plan
+from engine.units import GiB
+p = plan(inspect(sys.argv[1]), PlanRequest(65536, prefill_chunk=512), given_budgets([], 16 * GiB))
+assert p.fits, p.error
+(cpu,) = check_plan(sys.argv[1], p)
+print(json.dumps({**cpu.__dict__, "dtype": p.dtype, "dequant": p.device("cpu").workspace.dequant_bytes}))
+"""
+
+
+@pytest.mark.slow
+def test_a_quantized_plan_is_what_a_load_and_its_heaviest_chunk_use(tmp_path):
+    # tests/engine/test_plan_measured.py's shape (a ~0.9 GiB plan, so glibc's +-35 MiB cannot hide a wrong term),
+    # written as Q8_0: the weights are quantized blocks, the products dequantize tile by tile
+    import torch
+    from gguf_factory import write_gguf
+
+    model_dir = make_model(tmp_path / "m", "llama", dtype=torch.float32, hidden_size=512, intermediate_size=1376,
+                           num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8,
+                           max_position_embeddings=131072)
+    path = write_gguf(model_dir, tmp_path / "m.gguf", "q8_0")
+    out = run_fresh(MEASURE, path)
+    assert out.returncode == 0, out.stderr
+    cpu = json.loads(out.stdout.strip().splitlines()[-1])
+    assert cpu["dtype"] == "bfloat16" and cpu["dequant"] > 0
+    assert cpu["kv_bytes"] == cpu["predicted_kv_bytes"] == 4 * 65536 * 2 * 8 * 64 * 2
+    assert cpu["weights_bytes"] == cpu["predicted_weights_bytes"]
+    error = (cpu["peak_bytes"] - cpu["predicted_bytes"]) / cpu["predicted_bytes"]
+    assert abs(error) <= 0.05, f"measured {cpu['peak_bytes']:,} bytes, predicted {cpu['predicted_bytes']:,} ({error:+.1%})"

@@ -1,7 +1,8 @@
-"""The list of conversations: new, rename (in place), delete, export."""
+"""The list of conversations: search, new, rename (in place), delete, export; each with its date."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
@@ -10,11 +11,14 @@ from PySide6.QtWidgets import (
     QAbstractItemView,
     QFileDialog,
     QHBoxLayout,
+    QLineEdit,
     QListWidget,
     QListWidgetItem,
     QMenu,
     QMessageBox,
     QPushButton,
+    QStyle,
+    QStyledItemDelegate,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -24,6 +28,46 @@ from . import export
 from .store import ConversationStore
 
 ID_ROLE = Qt.ItemDataRole.UserRole
+DATE_ROLE = Qt.ItemDataRole.UserRole + 1  # "14:05", "Yesterday", "Mon", "3 Nov", "3 Nov 2025"
+MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+
+
+def when(updated: float, now: float) -> str:
+    """When a conversation last changed, as short as the distance allows (local time, English like the rest)."""
+    then, today = time.localtime(updated), time.localtime(now)
+    days = (time.mktime(today[:3] + (0, 0, 0, 0, 0, -1)) - time.mktime(then[:3] + (0, 0, 0, 0, 0, -1))) / 86400
+    if days < 0.5:
+        return f"{then.tm_hour:02d}:{then.tm_min:02d}"
+    if days < 1.5:
+        return "Yesterday"
+    if days < 6.5:
+        return DAYS[then.tm_wday]
+    day = f"{then.tm_mday} {MONTHS[then.tm_mon - 1]}"
+    return day if then.tm_year == today.tm_year else f"{day} {then.tm_year}"
+
+
+class DatedItemDelegate(QStyledItemDelegate):
+    """Draws the title elided on the left and the date in grey on the right; the editor edits the title only."""
+
+    def paint(self, painter, option, index) -> None:
+        date = index.data(DATE_ROLE) or ""
+        width = option.fontMetrics.horizontalAdvance(date) + 10 if date else 0
+        opt = option.__class__(option)
+        self.initStyleOption(opt, index)
+        title, opt.text = opt.text, ""
+        style = opt.widget.style() if opt.widget else QStyle()
+        style.drawControl(QStyle.ControlElement.CE_ItemViewItem, opt, painter, opt.widget)
+        selected = bool(opt.state & QStyle.StateFlag.State_Selected)
+        text_rect = opt.rect.adjusted(4, 0, -4, 0)
+        painter.save()
+        painter.setPen(opt.palette.highlightedText().color() if selected else opt.palette.text().color())
+        elided = opt.fontMetrics.elidedText(title, Qt.TextElideMode.ElideRight, text_rect.width() - width)
+        painter.drawText(text_rect, Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft, elided)
+        if date:
+            painter.setPen(opt.palette.highlightedText().color() if selected else opt.palette.placeholderText().color())
+            painter.drawText(text_rect, Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignRight, date)
+        painter.restore()
 
 
 class ConversationList(QWidget):
@@ -41,6 +85,11 @@ class ConversationList(QWidget):
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.list.setEditTriggers(QAbstractItemView.EditTrigger.EditKeyPressed
                                   | QAbstractItemView.EditTrigger.DoubleClicked)
+        self.list.setItemDelegate(DatedItemDelegate(self.list))
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Search chats (Ctrl+F)")
+        self.search.setAccessibleName("Search conversations")
+        self.search.setClearButtonEnabled(True)
         self.new_button = QPushButton("New chat")
         self.new_button.setToolTip("Start a new conversation (Ctrl+N)")
         self.rename_button = QToolButton()
@@ -61,6 +110,7 @@ class ConversationList(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.new_button)
+        layout.addWidget(self.search)
         layout.addWidget(self.list, 1)
         layout.addLayout(buttons)
         delete_action = QAction(self)
@@ -74,6 +124,7 @@ class ConversationList(QWidget):
         self.delete_button.clicked.connect(self.confirm_delete)
         self.list.currentItemChanged.connect(self._current_changed)
         self.list.itemChanged.connect(self._renamed)
+        self.search.textChanged.connect(lambda _: self.refresh())
         self.refresh()
 
     @property
@@ -86,9 +137,12 @@ class ConversationList(QWidget):
         keep = select_id if select_id is not None else self.current_id
         self.list.blockSignals(True)
         self.list.clear()
-        for row in self.store.conversations():
+        now = time.time()
+        for row in self.store.search(self.search.text().strip()):
             item = QListWidgetItem(row.title)
             item.setData(ID_ROLE, row.id)
+            item.setData(DATE_ROLE, when(row.updated, now))
+            item.setToolTip(time.strftime("%Y-%m-%d %H:%M", time.localtime(row.updated)))
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
             self.list.addItem(item)
             if row.id == keep:
@@ -102,7 +156,13 @@ class ConversationList(QWidget):
         self.refresh(conversation_id)
         self.selected.emit(conversation_id)
 
+    def find(self) -> None:
+        """Ctrl+F: into the search box, its text selected."""
+        self.search.setFocus()
+        self.search.selectAll()
+
     def new_conversation(self) -> int:
+        self.search.clear()  # a new chat matches no search: it must show
         conversation_id = self.store.create()
         self.select(conversation_id)
         return conversation_id

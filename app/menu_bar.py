@@ -50,6 +50,8 @@ def build_menus(window) -> None:
 
     edit = bar.addMenu("&Edit")
     # "\t" shows the key without taking it: the list itself handles F2 and Delete where it has focus.
+    window.find_action = _action(window, edit, "&Find chats…", chats.find, QKeySequence.StandardKey.Find,
+                                 "Search the titles and messages of all conversations")
     _action(window, edit, "&Rename chat\tF2", chats.rename_current)
     _action(window, edit, "&Delete chat…\tDel", chats.confirm_delete)
     edit.addSeparator()

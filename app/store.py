@@ -234,6 +234,19 @@ class ConversationStore:
         )
         return [ConversationRow(*row) for row in rows]
 
+    def search(self, text: str) -> list[ConversationRow]:
+        """Conversations whose title or any message holds `text` (ASCII case ignored), most recent first."""
+        if not text:
+            return self.conversations()
+        pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        rows = self._db.execute(
+            "SELECT id, title, updated, memory_start_id FROM conversations c WHERE title LIKE ?1 ESCAPE '\\' OR "
+            "EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id AND m.content LIKE ?1 ESCAPE '\\') "
+            "ORDER BY updated DESC, id DESC",
+            (pattern,),
+        )
+        return [ConversationRow(*row) for row in rows]
+
     def conversation(self, conversation_id: int) -> ConversationRow:
         row = self._db.execute(
             "SELECT id, title, updated, memory_start_id FROM conversations WHERE id = ?", (conversation_id,)

@@ -2,7 +2,7 @@
 
 Usage: STOWAGE_DATA_DIR=$(mktemp -d) python docs/screenshots/drive.py STATE
 States: empty, reply, overflow, error, history (a corrupt history moved aside), about, small (1000x700,
-a context typed that is not whole blocks).
+a context typed that is not whole blocks), search (three chats, one found).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from PySide6.QtCore import QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
 from app import paths  # noqa: E402
+from app.conversation_list import ID_ROLE  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
 from app.paths import demo_model_dir  # noqa: E402
 from app.store import FILE_NAME  # noqa: E402
@@ -78,7 +79,18 @@ def main(state: str) -> None:
         panel.select_model_dir(str(folder))
         window.choose_model(str(folder))
 
-    actions = {"empty": lambda: None, "reply": load_and_ask, "overflow": overflow, "error": broken,
+    def search():
+        store = window.store
+        for title, text in (("Trip to Lisbon", "Which trams go up to the castle?"),
+                            ("Taxes 2026", "What counts as a home office?"),
+                            ("Sourdough", "My starter smells of acetone after a week in the fridge.")):
+            store.add_message(store.create(title), "user", text)
+        window.conversations.refresh()
+        window.conversations.find()
+        window.conversations.search.setText("fridge")
+        window.conversations.select(window.conversations.list.item(0).data(ID_ROLE))
+
+    actions = {"empty": lambda: None, "search": search, "reply": load_and_ask, "overflow": overflow, "error": broken,
                "history": lambda: None, "about": window.about_action.trigger,
                "small": lambda: panel.context.spin.setValue(1000)}
     when(planned, actions[state])

@@ -1,6 +1,6 @@
 import json
 
-from app.conversation_list import ConversationList
+from app.conversation_list import ID_ROLE, ConversationList
 from app.store import ConversationStore
 
 
@@ -29,4 +29,29 @@ def test_new_rename_delete_export(qtbot, tmp_path):
         widget.delete(second)
     assert blocker.args == [first]
     assert [r.id for r in store.conversations()] == [first]
+    store.close()
+
+
+def test_search_box_filters_the_list_and_items_show_their_date(qtbot, tmp_path):
+    import time
+
+    from PySide6.QtCore import QDateTime
+
+    from app.conversation_list import DATE_ROLE, when
+
+    store = ConversationStore(tmp_path / "c.sqlite3")
+    plans = store.create("Weekend plans")
+    store.add_message(plans, "user", "a hike near the lake")
+    other = store.create("Taxes")
+    widget = ConversationList(store)
+    qtbot.addWidget(widget)
+    assert widget.list.count() == 2
+    qtbot.keyClicks(widget.search, "LAKE")
+    assert [widget.list.item(i).data(ID_ROLE) for i in range(widget.list.count())] == [plans]
+    widget.search.clear()
+    assert widget.list.count() == 2
+    today = widget.list.item(0).data(DATE_ROLE)
+    assert today == QDateTime.fromSecsSinceEpoch(int(store.conversation(other).updated)).toString("HH:mm")
+    long_ago = time.mktime((2020, 3, 14, 12, 0, 0, 0, 0, -1))
+    assert when(long_ago, now=time.time()) == "14 Mar 2020"
     store.close()

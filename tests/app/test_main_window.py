@@ -298,3 +298,10 @@ def test_settings_changed_after_load_say_they_wait_for_the_next_load(window, app
     qtbot.waitUntil(lambda: window.loaded_dir is not None, timeout=app_driver.timeout_ms)
     assert not panel.pending.isVisible()
     assert "2,048-token" in window.plan_label.text()
+
+
+def test_ctrl_f_goes_to_the_chat_search(window, qtbot):
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow)
+    qtbot.keyClick(window, Qt.Key.Key_F, Qt.KeyboardModifier.ControlModifier)
+    qtbot.waitUntil(window.conversations.search.hasFocus)

@@ -64,3 +64,17 @@ def test_streamed_reply_is_saved_as_it_grows(tmp_path):
     store.close()
     last = last_message(path, cid)
     assert (last.id, last.content, last.meta) == (reply, "One, two, three.", {"finish_reason": "stop"})
+
+
+def test_search_finds_titles_and_message_text(tmp_path):
+    store = ConversationStore(tmp_path / "c.sqlite3")
+    trip = store.create("Trip to Lisbon")
+    code = store.create("Python help")
+    store.add_message(code, "user", "Why does my LISBON_TZ constant break?")
+    other = store.create("Groceries")
+    store.add_message(other, "user", "milk, 100% cocoa")
+    assert {r.id for r in store.search("lisbon")} == {trip, code}  # the title, and a message (any case)
+    assert [r.id for r in store.search("100%")] == [other]  # % and _ are literal, not wildcards
+    assert store.search("0_c") == [] and store.search("nowhere") == []
+    assert [r.id for r in store.search("")] == [r.id for r in store.conversations()]
+    store.close()

@@ -47,7 +47,7 @@ _HF_GLOBAL = {hf: gguf for gguf, hf in _GLOBAL.items()}
 
 
 def hf_name(name: str) -> str | None:
-    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; None for a tensor the engine has no name for."""
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; None for one the engine has no name for."""
     if name in _GLOBAL:
         return _GLOBAL[name]
     parts = name.split(".")
@@ -200,7 +200,7 @@ def _torch_view(raw: np.ndarray, type_name: str) -> torch.Tensor:
 
 
 def config_from_gguf(file: GGUFCheckpoint, name: str) -> ModelConfig:
-    """The ModelConfig the metadata describes (keys `{arch}.*`, llama.cpp's names); typed errors say which key is wrong."""
+    """The ModelConfig the metadata describes (llama.cpp's `{arch}.*` keys); typed errors say which key is wrong."""
     meta = file.metadata
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:

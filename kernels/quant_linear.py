@@ -91,7 +91,7 @@ class QuantizedWeight:
     def to(self, device: torch.device) -> "QuantizedWeight":
         """The same blocks on `device` (a copy of the stored bytes: quantized weights stay quantized there)."""
         moved = QuantizedWeight.__new__(QuantizedWeight)
-        moved.raw, moved.type_name, moved.shape, moved.dtype = self.raw.to(device), self.type_name, self.shape, self.dtype
+        moved.__dict__ = {**self.__dict__, "raw": self.raw.to(device)}
         return moved
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

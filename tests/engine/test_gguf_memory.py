@@ -84,4 +84,5 @@ def test_a_quantized_plan_is_what_a_load_and_its_heaviest_chunk_use(tmp_path):
     assert cpu["kv_bytes"] == cpu["predicted_kv_bytes"] == 4 * 65536 * 2 * 8 * 64 * 2
     assert cpu["weights_bytes"] == cpu["predicted_weights_bytes"]
     error = (cpu["peak_bytes"] - cpu["predicted_bytes"]) / cpu["predicted_bytes"]
-    assert abs(error) <= 0.05, f"measured {cpu['peak_bytes']:,} bytes, predicted {cpu['predicted_bytes']:,} ({error:+.1%})"
+    assert abs(error) <= 0.05, (f"measured {cpu['peak_bytes']:,} bytes, predicted {cpu['predicted_bytes']:,} "
+                                f"({error:+.1%})")

@@ -10,7 +10,7 @@ import torch
 
 gguf = pytest.importorskip("gguf")
 from factory import cpu_plan, make_model  # noqa: E402
-from gguf_factory import dequantized_copy, permute, random_q8_0, rope_factors, write_gguf  # noqa: E402
+from gguf_factory import dequantized_copy, permute, rope_factors, write_gguf  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from engine import cli  # noqa: E402
@@ -274,7 +274,8 @@ def test_a_type_the_engine_refuses_is_named_before_anything_is_loaded(models, tm
     # Q2_K: a block format llama.cpp writes that Stowage does not compute on
     path = tmp_path / "m.gguf"
     w = gguf.GGUFWriter(path, "llama")
-    w.add_tensor("blk.0.ffn_down.weight", np.zeros((4, 256 // 256 * 84), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q2_K)
+    q2_k = gguf.GGMLQuantizationType.Q2_K  # 84 bytes per block of 256
+    w.add_tensor("blk.0.ffn_down.weight", np.zeros((4, 84), np.uint8), raw_dtype=q2_k)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

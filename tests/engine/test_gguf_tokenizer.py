@@ -30,7 +30,8 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # control tokens
 USER = "<tool_call>"  # a user-defined token: matched whole, not special
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "memory", "plan", "context", "Stowage",
          "tokens", "weights", "don't", "I'm", "we'll", "they're", "it's", "HELLO", "Hello", "camelCase", "snake_case",
-         "Café", "naïve", "Ünïcödé", "東京", "日本語", "Привет", "мир", "مرحبا", "שלום", "🚀", "😀👍", "ß", "e\u0301",
+         "Café", "naïve", "Ünïcödé", "東京", "日本語", "Привет", "мир", "مرحبا", "שלום", "🚀", "😀👍", "ß",
+         "e\u0301",
          "x²", "½", "—", "…", "«quote»", "fi", "ǅ", "ﬀ"]
 PUNCT = ["!", "?", ".", ",", "...", "?!", "(", ")", "[", "]", "{", "}", '"', "'", "-", "_", "/", "\\", "#", "@",
          "$", "%", "&", "*", "+", "=", "<", ">", "|", "~", "`", ":", ";"]

@@ -52,6 +52,7 @@ class ChatPanel(QWidget):
         self.counter = QLabel()
         self.counter.setStyleSheet("color: #555;")
         self.counter.setAccessibleName("Speed and context used")
+        self.counter.setWordWrap(True)  # it grows with the numbers: in a narrow chat it wraps, never widens the window
         self.error = QLabel()
         self.error.setWordWrap(True)
         self.error.setStyleSheet("color: #b00020;")
@@ -199,7 +200,9 @@ class ChatPanel(QWidget):
 
     def _reply_finished(self, reply: Reply) -> None:
         meta = {"finish_reason": reply.finish_reason, "tokens_per_s": round(reply.decode_tokens_per_s, 2),
-                "prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens}
+                "prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
+                "first_token_s": round(reply.first_token_seconds, 3),
+                "prompt_tokens_per_s": round(reply.prefill_tokens_per_s, 1)}
         if self._kept_head:  # the memory line's wording when the chat is shown again
             meta["kept_head"] = self._kept_head
         message = None

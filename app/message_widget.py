@@ -72,6 +72,7 @@ class MessageWidget(QFrame):
         self.title = QLabel(f"<b>{TITLES.get(message.role, message.role)}</b>")
         self.note = QLabel()
         self.note.setStyleSheet("color: #777; border: none;")
+        self.note.setWordWrap(True)  # the figures must not widen a narrow chat
         self.copy_button = _small_button("Copy", "Copy this message")
         self.edit_button = _small_button("Edit", "Edit this message and resend it")
         self.edit_button.setVisible(message.role == "user")
@@ -117,8 +118,12 @@ class MessageWidget(QFrame):
         self.body.set_markdown(text)
 
     def set_meta(self, meta: dict) -> None:
-        """Under a reply: its speed, and why it ended when that was not the model's own choice."""
+        """Under a reply: time to its first token, both speeds, and why it ended when not by the model's choice."""
         parts = []
+        if meta.get("first_token_s"):
+            parts.append(f"{meta['first_token_s']:.2f} s to first token")
+        if meta.get("prompt_tokens_per_s"):
+            parts.append(f"{meta['prompt_tokens_per_s']:,.0f} prompt tokens/s")
         if meta.get("tokens_per_s"):
             parts.append(f"{meta['tokens_per_s']:.1f} tokens/s")
         reason = meta.get("finish_reason")

@@ -58,6 +58,7 @@ class Reply:
     reused_tokens: int
     decode_tokens_per_s: float
     prefill_tokens_per_s: float
+    first_token_seconds: float = 0.0  # from the start of the prompt's prefill
 
     @property
     def context_tokens(self) -> int:
@@ -223,6 +224,7 @@ class EngineWorker(QObject):
                 reused_tokens=getattr(r, "reused_tokens", 0),
                 decode_tokens_per_s=getattr(r, "decode_tokens_per_s", 0.0) or 0.0,
                 prefill_tokens_per_s=getattr(r, "prefill_tokens_per_s", 0.0) or 0.0,
+                first_token_seconds=r.first_token_seconds,
             )
         )
 

@@ -2,7 +2,7 @@
 
 Usage: STOWAGE_DATA_DIR=$(mktemp -d) python docs/screenshots/drive.py STATE
 States: empty, reply, overflow, error, history (a corrupt history moved aside), about, small (1000x700,
-a context typed that is not whole blocks), search (three chats, one found).
+a context typed that is not whole blocks), small-reply (1000x700 with replies), search (three chats, one found).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def main(state: str) -> None:
         (paths.data_dir() / FILE_NAME).write_bytes(b"this is not an SQLite database " * 100)
     window = MainWindow()
     window.move(0, 0)
-    window.resize(*((1000, 700) if state == "small" else (1280, 800)))
+    window.resize(*((1000, 700) if state in ("small", "small-reply") else (1280, 800)))
     window.show()
     panel = window.settings_panel
     planned = lambda: panel.plan is not None  # noqa: E731
@@ -90,7 +90,7 @@ def main(state: str) -> None:
         window.conversations.search.setText("fridge")
         window.conversations.select(window.conversations.list.item(0).data(ID_ROLE))
 
-    actions = {"empty": lambda: None, "search": search, "reply": load_and_ask, "overflow": overflow, "error": broken,
+    actions = {"empty": lambda: None, "search": search, "small-reply": load_and_ask, "reply": load_and_ask, "overflow": overflow, "error": broken,
                "history": lambda: None, "about": window.about_action.trigger,
                "small": lambda: panel.context.spin.setValue(1000)}
     when(planned, actions[state])

@@ -42,6 +42,10 @@ def test_reply_streams_into_the_view_and_is_stored(window, app_driver):
     assert stored[1].content == reply.text
     assert f"/ {1024:,} tokens" in window.chat.counter.text()
     assert "tokens/s" in window.chat.counter.text()
+    # Under the reply: how long the prompt took to first token, and both speeds.
+    assert stored[1].meta["first_token_s"] > 0 and stored[1].meta["prompt_tokens_per_s"] > 0
+    note = shown.note.text()
+    assert "s to first token" in note and "prompt tokens/s" in note and f"{stored[1].meta['tokens_per_s']:.1f} tokens/s" in note
 
 
 def test_stop_stops_the_reply(window, app_driver, qtbot):
@@ -273,6 +277,13 @@ def test_nothing_on_the_right_is_cut_off_in_a_1000_by_700_window(app_driver, tin
     assert window.minimumSizeHint().width() <= 1000 and window.width() == 1000
     # The panel's scroll area has no horizontal scroll bar: content wider than it would be cut at its right edge.
     assert panel.scroll.widget().minimumSizeHint().width() <= panel.scroll.viewport().width()
+    assert panel.mapTo(window, panel.rect().topRight()).x() < window.width()
+    # Still so with a model loaded and a reply on screen (the counter and the reply's figures are long).
+    app_driver.load(window)
+    panel.max_tokens.setValue(4)
+    app_driver.reply(window, lambda: app_driver.send(window, "hello"))
+    qtbot.wait(50)
+    assert window.minimumSizeHint().width() <= 1000 and window.width() == 1000
     assert panel.mapTo(window, panel.rect().topRight()).x() < window.width()
 
 

@@ -135,6 +135,38 @@ def test_logits_and_greedy_tokens_match_transformers(files, arch, qtype):
     assert engine.memory_report()["cpu"]["weights_copied"] == 0
 
 
+# what llama.cpp's Q4_K_M puts where (attn_v and ffn_down in q6_k), with an f16 head beside it
+Q4_K_M = {"attn_v.weight": "q6_k", "ffn_down.weight": "q6_k", "output.weight": "f16", "ffn_up.weight": "q5_k"}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_k_quants_and_an_f16_head_match_transformers(arch, tmp_path):
+    from gguf_factory import write_k_quant_gguf
+
+    # K-quant rows are blocks of 256 weights: hidden and intermediate sizes of 256 and 512
+    hf = make_model(tmp_path / "hf", arch, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                    num_key_value_heads=2)
+    path, reference_dir = write_k_quant_gguf(hf, tmp_path / "m.gguf", tmp_path / "ref", Q4_K_M)
+    types = {t.type_name for t in GGUFModel(path).specs.values()}
+    assert {"q4_k", "q5_k", "q6_k", "f16"} <= types
+    reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32).eval()
+    ids = read_tokenizer(path).encode(PROMPT)
+    with torch.no_grad():
+        theirs = reference(torch.tensor([ids])).logits[0]
+    assert theirs.abs().max() > 1.0
+    engine = Engine.load(path, cpu_plan(path, 256, dtype="float32", prefill_chunk=7))
+    ours = engine.model.forward(ids, engine.new_conversation().seq, engine.cache, all_logits=True)
+    assert (ours - theirs).abs().max().item() <= 1e-4
+    result = engine.generate(engine.new_conversation(), ids, SamplingParams(temperature=0, max_tokens=16)).run()
+    assert result.token_ids == greedy_reference(reference, ids, engine.eos_ids, 16)
+    # by default: bf16 activations; the f16 head computes tile by tile too (converted per tile, never copied)
+    engine = Engine.load(path, cpu_plan(path, 256))
+    assert engine.plan.dtype == "bfloat16" and isinstance(engine.model.head["lm_head"], QuantizedWeight)
+    ours = engine.model.forward(ids, engine.new_conversation().seq, engine.cache, all_logits=True)
+    assert (ours - theirs).abs().max().item() <= 0.1 * theirs.abs().max().item()
+    assert engine.memory_report()["cpu"]["weights_copied"] == 0
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_a_quantized_file_computes_in_bfloat16_by_default(files, arch):
     path, hf = files[arch, "q8_0"]

@@ -293,3 +293,58 @@ def write_sparse_gguf(path: Path, config: dict, types: dict[str, str], default: 
     w.close()
     os.truncate(path, start + padded)
     return total
+
+
+# Byte offsets of the float16 scales (d, dmin) in each block of the K-quants, and a magnitude for them that keeps
+# the weights below ~0.5 (q6_k: d * 127 * 32; q4_k/q5_k: d * 63 * 31 + dmin * 63).
+K_SCALES = {"q4_k": ([0, 2], 2e-4), "q5_k": ([0, 2], 2e-4), "q6_k": ([208], 1e-4)}
+
+
+def random_k_blocks(qtype: str, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+    """Random `qtype` blocks for a [rows, cols] matrix (gguf-py cannot quantize to K-quants), small finite scales."""
+    block, block_bytes = gguf.GGML_QUANT_SIZES[GGML[qtype.upper()]]
+    blocks = rng.integers(0, 256, (shape[0] * shape[1] // block, block_bytes), dtype=np.uint8)
+    fields, scale = K_SCALES[qtype]
+    for start in fields:
+        blocks[:, start : start + 2] = rng.uniform(0, scale, (len(blocks), 1)).astype(np.float16).view(np.uint8)
+    return blocks.reshape(shape[0], -1)
+
+
+def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """The inverse of permute: llama.cpp's stored rows back in Hugging Face order."""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_k_quant_gguf(model_dir: Path, path: Path, hf_out: Path, types: dict[str, str], *,
+                       default: str = "q4_k") -> tuple[Path, Path]:
+    """A K-quant GGUF of `model_dir`'s shape with random blocks (roles as in write_sparse_gguf: "attn_v.weight",
+    "output.weight"; "f16" allowed), and beside it the HF model holding exactly the weights the file does."""
+    from safetensors.torch import save_file
+
+    config = _config(model_dir)
+    arch = ARCH[config["model_type"]]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    rng = np.random.default_rng(0)
+    override, hf = {}, {}
+    for name, t in hf_tensors(model_dir).items():
+        target = gguf_name(name)
+        role = target.split(".", 2)[2] if target.startswith("blk.") else target
+        qtype = types.get(role, default)
+        if t.dim() != 2 or name == "lm_head.weight" and config.get("tie_word_embeddings"):
+            hf[name] = t
+            continue
+        if qtype == "f16":
+            raw, ggml = (torch.from_numpy(rng.standard_normal(tuple(t.shape))) * 0.05).half().numpy(), None
+            stored = torch.from_numpy(raw).float()
+        else:
+            raw, ggml = random_k_blocks(qtype, tuple(t.shape), rng), GGML[qtype.upper()]
+            stored = torch.from_numpy(gguf.quants.dequantize(raw, ggml).copy()).reshape(t.shape)
+        override[target] = (raw, ggml)
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            stored = unpermute(stored, heads)
+        elif arch == "llama" and name.endswith("k_proj.weight"):
+            stored = unpermute(stored, kv_heads)
+        hf[name] = stored
+    shutil.copytree(model_dir, hf_out)
+    save_file({n: t.contiguous() for n, t in hf.items()}, hf_out / "model.safetensors")
+    return write_gguf(model_dir, path, "f32", override=override), hf_out

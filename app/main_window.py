@@ -17,7 +17,7 @@ from .memory_graph import MemoryGraph
 from .memory_stats import MemoryStats
 from .menu_bar import build_menus
 from .model_catalog import find_models
-from .model_settings import load_model_settings, open_settings, save_model_settings
+from .model_settings import load_model_settings, model_defaults, open_settings, save_model_settings
 from .settings_panel import SettingsPanel
 from .store import ConversationStore
 from .worker import EngineClient
@@ -145,9 +145,10 @@ class MainWindow(QMainWindow):
             return  # the user already chose another
         self._save_settings()  # the previous model's last changes, before its settings leave the panel
         self.forecast = Forecast(info, budgets)
-        settings = load_model_settings(self.qsettings, Path(model_dir))
+        defaults = model_defaults(Path(model_dir))
+        settings = load_model_settings(self.qsettings, Path(model_dir), defaults)
         self.chat.settings = settings
-        self.settings_panel.set_model(self.forecast, settings)
+        self.settings_panel.set_model(self.forecast, settings, defaults)
         self.qsettings.setValue("last_model", model_dir)
         if model_dir not in self.settings_panel.catalog_dirs:
             self._remember_folder(model_dir, True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -12,6 +13,12 @@ from PySide6.QtCore import QSettings
 from . import context_policy, paths
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+# The range the settings offer for each sampling field (the sampling form's boxes take theirs from here).
+SAMPLING_LIMITS = {"temperature": (0.0, 2.0), "top_p": (0.01, 1.0), "top_k": (0, 1000), "min_p": (0.0, 0.99),
+                   "repetition_penalty": (0.5, 2.0), "max_tokens": (1, 1_000_000)}
+# generation_config.json (Hugging Face) key -> ModelSettings field
+GENERATION_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                   "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,32 @@ class ModelSettings:
         return [{"role": "system", "content": self.system_prompt}] if self.system_prompt.strip() else []
 
 
+def model_defaults(model_dir: Path) -> ModelSettings:
+    """ModelSettings() with the sampling the model's authors chose in generation_config.json, where it is sane.
+
+    do_sample false means greedy (temperature 0). A value of the wrong type or out of range is ignored.
+    """
+    try:
+        raw = json.loads((Path(model_dir) / "generation_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ModelSettings()
+    if not isinstance(raw, dict):
+        return ModelSettings()
+    base, values = ModelSettings(), {}
+    for key, name in GENERATION_KEYS.items():
+        value, kind = raw.get(key), type(getattr(base, name))
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if kind is int and not float(value).is_integer():
+            continue
+        lo, hi = SAMPLING_LIMITS[name]
+        if lo <= value <= hi:
+            values[name] = kind(value)
+    if raw.get("do_sample") is False:
+        values["temperature"] = 0.0
+    return replace(base, **values)
+
+
 def open_settings() -> QSettings:
     """The app's QSettings; under STOWAGE_DATA_DIR an INI file there, so tests and portable runs stay apart."""
     if os.environ.get(paths.DATA_DIR_ENV):
@@ -60,11 +93,12 @@ def _group(model_dir: Path) -> str:
     return f"models/{Path(model_dir).name.replace('/', '_')}-{digest}"
 
 
-def load_model_settings(settings: QSettings, model_dir: Path) -> ModelSettings:
+def load_model_settings(settings: QSettings, model_dir: Path, defaults: ModelSettings | None = None) -> ModelSettings:
+    """What the user chose for this model, over `defaults` (the model's own, model_defaults(), when None)."""
+    defaults = model_defaults(model_dir) if defaults is None else defaults
     settings.beginGroup(_group(model_dir))
     try:
         values = {}
-        defaults = ModelSettings()
         for f in fields(ModelSettings):
             if not settings.contains(f.name):
                 continue

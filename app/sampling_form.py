@@ -5,25 +5,27 @@ from __future__ import annotations
 from dataclasses import replace
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QDoubleSpinBox, QFormLayout, QGroupBox, QSpinBox
+from PySide6.QtWidgets import QDoubleSpinBox, QFormLayout, QGroupBox, QPushButton, QSpinBox
 
-from .model_settings import ModelSettings
+from .model_settings import SAMPLING_LIMITS, ModelSettings
 
 
 class SamplingForm(QGroupBox):
     """Shows and reads the sampling fields; `edited` on any change by the user."""
 
     edited = Signal()
+    reset_requested = Signal()  # "Model defaults": the panel shows the model's own sampling again
 
     def __init__(self, parent=None):
         super().__init__("Sampling", parent)
-        self.temperature = _double(0.0, 2.0, 0.05, 2)
+        lim = SAMPLING_LIMITS
+        self.temperature = _double(*lim["temperature"], 0.05, 2)
         self.temperature.setToolTip("0 always picks the most likely token")
-        self.top_p = _double(0.01, 1.0, 0.05, 2)
-        self.top_k = _int(0, 1000, "off")
-        self.min_p = _double(0.0, 0.99, 0.01, 2)
-        self.repetition_penalty = _double(0.5, 2.0, 0.05, 2)
-        self.max_tokens = _int(1, 1_000_000, None)
+        self.top_p = _double(*lim["top_p"], 0.05, 2)
+        self.top_k = _int(*lim["top_k"], "off")
+        self.min_p = _double(*lim["min_p"], 0.01, 2)
+        self.repetition_penalty = _double(*lim["repetition_penalty"], 0.05, 2)
+        self.max_tokens = _int(*lim["max_tokens"], None)
         self.seed = _int(-1, 2**31 - 1, "random")
         form = QFormLayout(self)
         form.addRow("Temperature", self.temperature)
@@ -33,6 +35,10 @@ class SamplingForm(QGroupBox):
         form.addRow("Repetition penalty", self.repetition_penalty)
         form.addRow("Max new tokens", self.max_tokens)
         form.addRow("Seed", self.seed)
+        self.reset_button = QPushButton("Model defaults")
+        self.reset_button.setToolTip("The sampling the model comes with (its generation_config.json)")
+        form.addRow("", self.reset_button)
+        self.reset_button.clicked.connect(self.reset_requested)
         for box in (self.temperature, self.top_p, self.top_k, self.min_p, self.repetition_penalty,
                     self.max_tokens, self.seed):
             box.valueChanged.connect(self.edited)

@@ -56,6 +56,7 @@ class SettingsPanel(QWidget):
         self.forecast: Forecast | None = None
         self.plan = None
         self.settings = ModelSettings()
+        self.defaults = ModelSettings()  # the chosen model's own sampling (generation_config.json)
         self.max_fit_tokens = 0
         self._updating = False
 
@@ -195,6 +196,7 @@ class SettingsPanel(QWidget):
                        self.ram_limit.valueChanged, self.policy.currentIndexChanged, self.sampling.edited,
                        self.system_prompt.textChanged):
             signal.connect(self._edited)
+        self.sampling.reset_requested.connect(self._reset_sampling)
         self.load_button.clicked.connect(self.load_requested)
         self.unload_button.clicked.connect(self.unload_requested)
         self.cancel_button.clicked.connect(self.cancel_requested)
@@ -243,9 +245,10 @@ class SettingsPanel(QWidget):
             self.model_chosen.emit(folder)
 
     # -- the inspected model --------------------------------------------------------------------
-    def set_model(self, forecast: Forecast, settings: ModelSettings) -> None:
+    def set_model(self, forecast: Forecast, settings: ModelSettings, defaults: ModelSettings | None = None) -> None:
         """A model was inspected: show its facts and plan with the settings saved for it."""
         self.forecast = forecast
+        self.defaults = defaults or ModelSettings()
         info = forecast.info
         c = info.config
         self.model_info.setStyleSheet("color: #555;")
@@ -300,6 +303,14 @@ class SettingsPanel(QWidget):
             self.settings = replace(s, context_tokens=self.context.tokens)
         finally:
             self._updating = False
+
+    def _reset_sampling(self) -> None:
+        self._updating = True
+        try:
+            self.sampling.show_settings(self.defaults)
+        finally:
+            self._updating = False
+        self._edited()
 
     def _read_settings(self) -> ModelSettings:
         return replace(

@@ -197,3 +197,38 @@ def test_truncate_the_middle_says_the_first_exchange_is_still_remembered(app_dri
         assert column.indexOf(kept) == column.indexOf(marker) + 1
         window.conversations.new_conversation()
         window.conversations.select(cid)
+
+
+def test_sampling_starts_from_the_models_generation_config_and_resets_to_it(app_driver, tiny_model_dir, tmp_path):
+    import json
+    import shutil
+
+    model = tmp_path / "tuned-model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": 2, "do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 20,
+         "repetition_penalty": 1.05, "max_new_tokens": 300}))
+    window = app_driver.open(model)
+    app_driver.wait_planned(window)
+    form = window.settings_panel.sampling
+    values = lambda: (form.temperature.value(), form.top_p.value(), form.top_k.value(),  # noqa: E731
+                      form.repetition_penalty.value(), form.max_tokens.value())
+    assert values() == (0.6, 0.9, 20, 1.05, 300)
+    form.temperature.setValue(1.3)
+    form.top_k.setValue(77)
+    assert window.chat.settings.temperature == 1.3
+    form.reset_button.click()
+    assert values() == (0.6, 0.9, 20, 1.05, 300)
+    assert window.chat.settings.temperature == 0.6 and window.chat.settings.top_k == 20  # and what is sent
+
+
+def test_a_greedy_generation_config_means_temperature_zero(tmp_path):
+    import json
+
+    from app.model_settings import ModelSettings, model_defaults
+
+    (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": False, "max_new_tokens": "lots"}))
+    defaults = model_defaults(tmp_path)
+    assert defaults.temperature == 0.0
+    assert defaults.max_tokens == ModelSettings().max_tokens  # a value of the wrong type is ignored
+    assert model_defaults(tmp_path / "nowhere") == ModelSettings()

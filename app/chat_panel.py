@@ -33,10 +33,12 @@ class ChatPanel(QWidget):
         self.settings = ModelSettings()
         self.conversation_id: int | None = None
         self.context_tokens = 0  # of the loaded model; 0 while none is loaded
+        self.model_name = ""  # of the loaded model, kept with each reply
         self._reply_started_at = 0.0
         self._reply_tokens = 0
         self._prompt_tokens = 0
         self._kept_head = 0
+        self._sampling: dict = {}
         self._generating_for: int | None = None
         self._message_ids: list[int] = []
 
@@ -102,8 +104,9 @@ class ChatPanel(QWidget):
             self.client.stop()
         self.client.forget(conversation_id)
 
-    def set_model_loaded(self, context_tokens: int) -> None:
+    def set_model_loaded(self, context_tokens: int, model_name: str = "") -> None:
         self.context_tokens = context_tokens
+        self.model_name = model_name
         if context_tokens:
             self.error.hide()  # what it said was about the model before (or none): it no longer holds
         self.view.set_placeholder(HINT_READY if context_tokens else HINT_NO_MODEL)
@@ -167,6 +170,9 @@ class ChatPanel(QWidget):
             policy=self.settings.overflow_policy,
         )
         self._generating_for = self.conversation_id
+        s = self.settings  # as sent: the panel may change while the reply runs
+        self._sampling = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p,
+                          "repetition_penalty": s.repetition_penalty, "max_tokens": s.max_tokens, "seed": s.seed}
         self._reply_started_at = time.perf_counter()
         self._reply_tokens = 0
         self._prompt_tokens = 0
@@ -202,7 +208,8 @@ class ChatPanel(QWidget):
         meta = {"finish_reason": reply.finish_reason, "tokens_per_s": round(reply.decode_tokens_per_s, 2),
                 "prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
                 "first_token_s": round(reply.first_token_seconds, 3),
-                "prompt_tokens_per_s": round(reply.prefill_tokens_per_s, 1)}
+                "prompt_tokens_per_s": round(reply.prefill_tokens_per_s, 1),
+                "model": self.model_name, "sampling": self._sampling}
         if self._kept_head:  # the memory line's wording when the chat is shown again
             meta["kept_head"] = self._kept_head
         message = None

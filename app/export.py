@@ -1,27 +1,40 @@
-"""A conversation written out as Markdown or JSON."""
+"""A conversation written out as Markdown or JSON: each message with its time, each reply with its model and sampling."""
 
 from __future__ import annotations
 
 import json
+import time
 
 from .store import Message
 
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
+SAMPLING_NAMES = (("temperature", "temperature"), ("top_p", "top-p"), ("top_k", "top-k"), ("min_p", "min-p"),
+                  ("repetition_penalty", "repetition penalty"), ("seed", "seed"))
+
+
+def _stamp(created: float, fmt: str = "%Y-%m-%d %H:%M") -> str:
+    return time.strftime(fmt, time.localtime(created)) if created else ""
+
+
+def _about(message: Message) -> str:
+    """'demo-model · 2026-03-14 15:09 · temperature 0.3, ...': what is known of how a message came about."""
+    sampling = message.meta.get("sampling") or {}
+    settings = ", ".join(f"{label} {sampling[key]}" for key, label in SAMPLING_NAMES if sampling.get(key) is not None)
+    return " · ".join(filter(None, [message.meta.get("model", ""), _stamp(message.created), settings]))
 
 
 def to_markdown(title: str, messages: list[Message]) -> str:
     parts = [f"# {title}\n"]
     for message in messages:
-        parts.append(f"## {ROLE_TITLES.get(message.role, message.role)}\n\n{message.content.strip()}\n")
+        about = _about(message)
+        header = f"## {ROLE_TITLES.get(message.role, message.role)}\n\n" + (f"*{about}*\n\n" if about else "")
+        parts.append(f"{header}{message.content.strip()}\n")
     return "\n".join(parts)
 
 
 def to_json(title: str, messages: list[Message]) -> str:
-    return json.dumps(
-        {
-            "title": title,
-            "messages": [{"role": m.role, "content": m.content, **({"meta": m.meta} if m.meta else {})} for m in messages],
-        },
-        indent=2,
-        ensure_ascii=False,
-    )
+    def entry(m: Message) -> dict:
+        stamp = {"created": _stamp(m.created, "%Y-%m-%dT%H:%M:%S")} if m.created else {}
+        return {"role": m.role, "content": m.content, **stamp, **({"meta": m.meta} if m.meta else {})}
+
+    return json.dumps({"title": title, "messages": [entry(m) for m in messages]}, indent=2, ensure_ascii=False)

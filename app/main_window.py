@@ -228,7 +228,7 @@ class MainWindow(QMainWindow):
         self.settings_panel.show_pending("")
         self.plan_label.setText(summary(self.loaded_plan))
         self.plan_label.setToolTip(self.plan_label.text())
-        self.chat.set_model_loaded(self.loaded_plan.context_tokens)
+        self.chat.set_model_loaded(self.loaded_plan.context_tokens, name)
         self.chat.input.setFocus()
 
     def _load_failed(self, message: str) -> None:

@@ -46,7 +46,8 @@ class Message:
     id: int
     role: str  # "user" | "assistant" | "system"
     content: str
-    meta: dict = field(default_factory=dict)  # tokens/s, finish reason, ... of an assistant reply
+    meta: dict = field(default_factory=dict)  # tokens/s, finish reason, model, sampling, ... of an assistant reply
+    created: float = 0.0  # seconds since the epoch (0: not known, as for a message not stored yet)
 
 
 class _UnreadableHistory(Exception):
@@ -280,10 +281,10 @@ class ConversationStore:
     # messages
     def messages(self, conversation_id: int) -> list[Message]:
         rows = self._db.execute(
-            "SELECT id, role, content, meta FROM messages WHERE conversation_id = ? ORDER BY id",
+            "SELECT id, role, content, meta, created FROM messages WHERE conversation_id = ? ORDER BY id",
             (conversation_id,),
         )
-        return [Message(id, role, content, json.loads(meta)) for id, role, content, meta in rows]
+        return [Message(id, role, content, json.loads(meta), created) for id, role, content, meta, created in rows]
 
     def add_message(self, conversation_id: int, role: str, content: str, meta: dict | None = None) -> int:
         now = time.time()

@@ -22,7 +22,8 @@ def test_new_rename_delete_export(qtbot, tmp_path):
 
     widget.export(first, tmp_path / "chat.md")
     widget.export(first, tmp_path / "chat.json")
-    assert "## Assistant\n\nHello! `code`" in (tmp_path / "chat.md").read_text()
+    assert "## Assistant\n\n*" in (tmp_path / "chat.md").read_text()  # when it was written, then the text
+    assert "*\n\nHello! `code`" in (tmp_path / "chat.md").read_text()
     assert json.loads((tmp_path / "chat.json").read_text())["messages"][0] == {"role": "user", "content": "Hi"}
 
     with qtbot.waitSignal(widget.selected) as blocker:

@@ -42,6 +42,10 @@ def test_reply_streams_into_the_view_and_is_stored(window, app_driver):
     assert stored[1].content == reply.text
     assert f"/ {1024:,} tokens" in window.chat.counter.text()
     assert "tokens/s" in window.chat.counter.text()
+    # What export needs to say how the reply came about: the model, the sampling, when.
+    assert stored[1].meta["model"] == Path(window.loaded_dir).name
+    assert stored[1].meta["sampling"]["temperature"] == 0.0 and stored[1].meta["sampling"]["seed"] == 1
+    assert stored[1].created >= stored[0].created > 0
     # Under the reply: how long the prompt took to first token, and both speeds.
     assert stored[1].meta["first_token_s"] > 0 and stored[1].meta["prompt_tokens_per_s"] > 0
     note = shown.note.text()

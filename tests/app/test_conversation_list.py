@@ -24,7 +24,8 @@ def test_new_rename_delete_export(qtbot, tmp_path):
     widget.export(first, tmp_path / "chat.json")
     assert "## Assistant\n\n*" in (tmp_path / "chat.md").read_text()  # when it was written, then the text
     assert "*\n\nHello! `code`" in (tmp_path / "chat.md").read_text()
-    assert json.loads((tmp_path / "chat.json").read_text())["messages"][0] == {"role": "user", "content": "Hi"}
+    first_message = json.loads((tmp_path / "chat.json").read_text())["messages"][0]
+    assert (first_message["role"], first_message["content"]) == ("user", "Hi") and first_message["created"]
 
     with qtbot.waitSignal(widget.selected) as blocker:
         widget.delete(second)

@@ -57,9 +57,9 @@ def run_serve(args: argparse.Namespace) -> int:
             raise InvalidArgumentError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if args.context is None:
-        from ..config import ModelConfig
+        from ..formats import read_config
 
-        args.context = min(DEFAULT_CONTEXT, ModelConfig.from_dir(args.model_dir).max_position_embeddings)
+        args.context = min(DEFAULT_CONTEXT, read_config(args.model_dir).max_position_embeddings)
     # Planned against this machine first: a shortage is an error before anything is allocated.
     try:
         plan = plan_for(args.model_dir, args.context, dtype=args.dtype, kv_dtype=args.kv_dtype,

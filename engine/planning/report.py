@@ -33,7 +33,7 @@ def layer_ranges(layers: tuple[int, ...]) -> str:
 
 def format_table(plan: Plan) -> str:
     """The readable plan: one row per device, then whether it fits and the largest context that does."""
-    head = (f"{plan.model_name or 'model'}: {plan.num_layers} layers, {plan.dtype} weights, {plan.kv_dtype} KV cache, "
+    head = (f"{plan.model_name or 'model'}: {plan.num_layers} layers, {plan.dtype} compute, {plan.kv_dtype} KV cache, "
             f"{plan.context_tokens:,} tokens (block {plan.block_size}, prefill chunk {plan.prefill_chunk})")
     rows = [COLUMNS]
     for d in plan.devices:

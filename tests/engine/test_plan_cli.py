@@ -26,7 +26,7 @@ def test_table_from_the_console_command(model_dir):
          "--gpu-budget", "8GiB", "--ram-budget", "16GiB"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].endswith("32 layers, bfloat16 weights, float16 KV cache, 32,768 tokens (block 16, prefill chunk 512)")
+    assert lines[0].endswith("32 layers, bfloat16 compute, float16 KV cache, 32,768 tokens (block 16, prefill chunk 512)")
     assert lines[1].split()[:3] == ["device", "layers", "weights"]
     assert lines[2].split()[:3] == ["cuda:0", "(GPU)", "0-11"]
     assert lines[3].split()[:3] == ["cpu", "(RAM)", "12-31"]

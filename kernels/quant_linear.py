@@ -7,7 +7,8 @@ up to the order of the float32 sums (tests/kernels/test_quant_linear.py states t
 types (f32/f16/bf16) go through the same path when their dtype is not the compute dtype, so a mixed
 file converts tile by tile instead of copying a matrix. The scratch of one product is
 `workspace_bytes(shape, num_tokens, dtype)`; the planner charges it (engine/planning/workspace.py).
-A native matrix-vector kernel per type is a later step (docs/gguf.md).
+On the CPU, decode (up to MAX_NATIVE_TOKENS rows) runs the C kernels of kernels/cpu_quant.py on the
+blocks themselves instead, when they can be built: no tile, the same float32 product.
 """
 
 from __future__ import annotations
@@ -19,11 +20,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from . import cpu_quant
 from .quants import FORMATS, dequantize, dequantize_rows
 
 # Weights dequantized per tile: 4 MiB of float32, big enough that the per-tile Python cost is small
 # against the work (measured: 2^18 is up to 2x slower on a 4096 x 4096 matrix), small enough to stay in cache-ish sizes.
 TILE_WEIGHTS = 1 << 20
+# Input rows up to which the CPU uses the native kernels: each reads the blocks once for all rows, so a few rows cost
+# little more than one; past this the tile's float32 matmul (BLAS) is faster (measured in docs/kernels.md).
+MAX_NATIVE_TOKENS = 8
 # Peak bytes per weight while kernels.quants dequantizes a tile, its float32 result (4) included: the
 # temporaries of the vectorized unpacking. Measured on the peak RSS of a 16M-weight tile
 # (tests/kernels/test_quant_linear.py checks these bound it), rounded up.
@@ -50,7 +55,9 @@ def is_tiled(type_name: str, dtype: torch.dtype) -> bool:
 
 
 def workspace_bytes(shape: MatrixShape, num_tokens: int, dtype: torch.dtype, *, bias: bool = False) -> int:
-    """Peak scratch of one `QuantizedWeight.linear` of `num_tokens` rows, the output itself not included."""
+    """Peak scratch of one `QuantizedWeight.linear` of `num_tokens` rows, the output itself not included.
+
+    The tile path's; it bounds the native decode path too, whose scratch is x and y in float32 and a float per 32 inputs."""
     tile = math.ceil(shape.tile_rows * shape.in_features * DEQUANT_PEAK_BYTES[shape.type_name])
     x32 = 0 if dtype == torch.float32 else num_tokens * shape.in_features * 4
     acc = num_tokens * shape.out_features * 4  # the float32 accumulator [out, n]
@@ -96,6 +103,10 @@ class QuantizedWeight:
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x @ W.T (+ bias): [n, in] -> [n, out] in `self.dtype`, dequantizing one tile of rows at a time."""
+        if x.shape[0] <= MAX_NATIVE_TOKENS and self.raw.device.type == "cpu" and cpu_quant.is_available() \
+                and cpu_quant.supports(self.type_name):
+            y = cpu_quant.matvec(self.raw, self.type_name, x.float(), bias)  # [n, out] float32
+            return y if self.dtype == torch.float32 else y.to(self.dtype)
         out_features, in_features = self.shape.out_features, self.shape.in_features
         x32 = x.float()
         # Accumulated transposed, so each tile's product fills a contiguous slice: acc[r0:r1] = W[r0:r1] @ x.T.

@@ -9,7 +9,7 @@ import torch
 from factory import run_fresh
 from quant_blocks import BLOCK_TYPES, random_blocks
 
-from kernels import quant_linear
+from kernels import cpu_quant, quant_linear
 from kernels.quant_linear import (DEQUANT_PEAK_BYTES, MatrixShape, QuantizedWeight, is_tiled,
                                   rows_workspace_bytes, workspace_bytes)
 from kernels.quants import FORMATS, dequantize
@@ -36,9 +36,18 @@ def check_close(ours: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias=None,
     assert (err <= rtol * scale + 1e-30).all(), (err / scale).max().item()
 
 
+@pytest.fixture(params=["tiles", "native"])
+def path(request, monkeypatch):
+    """Each product through the torch tile path, and through the native kernels where they build (decode only)."""
+    if request.param == "native" and not cpu_quant.is_available():
+        pytest.skip("the native kernels cannot be built here")
+    monkeypatch.setattr(quant_linear, "MAX_NATIVE_TOKENS", 0 if request.param == "tiles" else 8)
+    return request.param
+
+
 @pytest.mark.parametrize("type_name", ALL_TYPES)
 @pytest.mark.parametrize("num_tokens", [1, 5])
-def test_linear_matches_the_dequantized_product(type_name, num_tokens, monkeypatch):
+def test_linear_matches_the_dequantized_product(type_name, num_tokens, path, monkeypatch):
     # 3 rows per tile: the last tile is partial, and tiles straddle nothing but whole rows
     monkeypatch.setattr(quant_linear, "TILE_WEIGHTS", 3 * 512)
     shape = (10, 512)
@@ -52,7 +61,7 @@ def test_linear_matches_the_dequantized_product(type_name, num_tokens, monkeypat
 
 
 @pytest.mark.parametrize("type_name", ["q8_0", "q4_k", "q6_k"])
-def test_bias_and_bf16_activations(type_name):
+def test_bias_and_bf16_activations(type_name, path):
     shape = (48, 256)
     raw = weight_bytes(type_name, shape, seed=7)
     w = dequantize(raw, type_name, shape)
@@ -75,7 +84,7 @@ def test_rows_are_the_dequantized_rows_exactly(type_name):
     assert torch.equal(rows, dequantize(raw, type_name, shape)[ids])
 
 
-def test_a_memory_map_is_held_in_place(tmp_path):
+def test_a_memory_map_is_held_in_place(tmp_path, path):
     raw = random_blocks("q4_k", (8, 512))
     raw.tofile(tmp_path / "w.bin")
     mapped = np.memmap(tmp_path / "w.bin", dtype=np.uint8, mode="r").reshape(raw.shape)
@@ -146,6 +155,7 @@ def test_the_stated_scratch_bounds_the_measured_peak(type_name, monkeypatch):
     # one tile is the whole 4096 x 256 matrix (2^20 weights): the peak resident growth of a product is its
     # scratch and its output, megabytes against tens of KiB of noise
     rows, cols = 4096, 256
+    monkeypatch.setenv("STOWAGE_FORCE_REFERENCE", "1")  # the tile path, for decode too
     out = run_fresh(PEAK, type_name, rows, cols, 1, 512)
     assert out.returncode == 0, out.stderr
     measured = {int(n): m for n, m in json.loads(out.stdout.strip().splitlines()[-1]).items()}
@@ -157,3 +167,17 @@ def test_the_stated_scratch_bounds_the_measured_peak(type_name, monkeypatch):
     # overhead the planner charges every device (engine/planning/workspace.py CPU_OVERHEAD_BYTES)
     stated = workspace_bytes(shape, 512, torch.bfloat16) + measured[512]["out"]
     assert measured[512]["peak"] <= stated + 2 * 2**20, (measured, stated)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not cpu_quant.is_available(), reason="needs a C compiler for the native kernels")
+def test_native_decode_needs_no_tile(monkeypatch):
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    rows, cols = 4096, 256
+    out = run_fresh(PEAK, "q4_k", rows, cols, 1, 8)
+    assert out.returncode == 0, out.stderr
+    measured = {int(n): m for n, m in json.loads(out.stdout.strip().splitlines()[-1]).items()}
+    shape = MatrixShape("q4_k", rows, cols)
+    for n in (1, 8):  # x and y in float32 and the output, under the tile path's statement; no tile
+        assert measured[n]["peak"] <= n * (cols + rows) * 4 + measured[n]["out"] + 2**18, measured
+        assert measured[n]["peak"] < workspace_bytes(shape, n, torch.bfloat16) / 4

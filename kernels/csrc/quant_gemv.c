@@ -1,0 +1,97 @@
+// y = W x for the decode step, W in ggml blocks where they lie (the memory map), x and y float32.
+// Decoding reads every weight once per token, so it is bound by memory bandwidth: each row's blocks are
+// read once for all `n` input rows, widened to float32 in registers and never written anywhere.
+// Rows are split over OpenMP threads. Built at first use by kernels/cpu_quant.py, once per instruction
+// set (no -m flags: portable C; -mavx2 -mfma; -mavx512f -mavx512bw); see docs/kernels.md.
+#include <stdlib.h>
+
+#include "quant_blocks.h"
+#if defined(__x86_64__) || defined(__i386__)
+#include "quant_x86.h"
+#endif
+
+typedef float (*row_dot)(const uint8_t *row, const float *x, const float *xsum, int64_t num_blocks);
+
+// Any type: each block dequantized exactly as kernels/quants.py does into a buffer, then dotted with x.
+#define GENERIC_DOT(T)                                                                          \
+    static float dot_generic_##T(const uint8_t *row, const float *x, const float *xsum, int64_t nb) { \
+        (void)xsum;                                                                             \
+        float w[QK_K], sum = 0.0f;                                                              \
+        const int elems = TYPES[T].elems, bytes = TYPES[T].bytes;                               \
+        for (int64_t i = 0; i < nb; i++, row += bytes, x += elems) {                            \
+            dequantize_block(T, row, w);                                                        \
+            sum += dot_block(w, x, elems);                                                      \
+        }                                                                                       \
+        return sum;                                                                             \
+    }
+
+#ifndef HAS_SIMD_DOTS
+static inline float dot_block(const float *w, const float *x, int n) {
+    float sum = 0.0f;
+    for (int j = 0; j < n; j++) sum += w[j] * x[j];
+    return sum;
+}
+#endif
+
+#ifdef HAS_SIMD_DOTS
+static const row_dot DOTS[NUM_TYPES] = {
+    [Q8_0] = dot_q8_0, [Q4_0] = dot_q4_0, [Q4_1] = dot_q4_1, [Q5_0] = dot_q5_0,
+    [Q5_1] = dot_q5_1, [Q4_K] = dot_q4_k, [Q5_K] = dot_q5_k, [Q6_K] = dot_q6_k,
+};
+#else
+GENERIC_DOT(Q8_0)
+GENERIC_DOT(Q4_0)
+GENERIC_DOT(Q4_1)
+GENERIC_DOT(Q5_0)
+GENERIC_DOT(Q5_1)
+GENERIC_DOT(Q4_K)
+GENERIC_DOT(Q5_K)
+GENERIC_DOT(Q6_K)
+static const row_dot DOTS[NUM_TYPES] = {
+    [Q8_0] = dot_generic_Q8_0, [Q4_0] = dot_generic_Q4_0, [Q4_1] = dot_generic_Q4_1, [Q5_0] = dot_generic_Q5_0,
+    [Q5_1] = dot_generic_Q5_1, [Q4_K] = dot_generic_Q4_K, [Q5_K] = dot_generic_Q5_K, [Q6_K] = dot_generic_Q6_K,
+};
+#endif
+
+// The type's id for quant_gemv, or -1: the names are kernels/quants.py's.
+int quant_type_id(const char *name) {
+    for (int t = 0; t < NUM_TYPES; t++)
+        if (strcmp(TYPES[t].name, name) == 0) return t;
+    return -1;
+}
+
+// The instruction set this library was built for.
+const char *quant_isa(void) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    return "avx512";
+#elif defined(HAS_SIMD_DOTS)
+    return "avx2";
+#else
+    return "scalar";
+#endif
+}
+
+// y[t, r] = sum_c W[r, c] x[t, c] (+ bias[r]) for t < n: W [rows, cols] in blocks of `type` (rows contiguous),
+// x float32 [n, cols], bias float32 [rows] or NULL, y float32 [n, rows]. Returns 0, or -1 when out of memory.
+int quant_gemv(int type, const uint8_t *w, const float *x, const float *bias, float *y, int64_t rows,
+               int64_t cols, int64_t n, int num_threads) {
+    const int64_t num_blocks = cols / TYPES[type].elems, row_bytes = num_blocks * TYPES[type].bytes;
+    const int64_t num_sums = cols / 32;
+    float *xsum = malloc((size_t)(n * num_sums) * sizeof(float));  // per 32 weights of x: Q4_K's minimums
+    if (xsum == NULL) return -1;
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t s = 0; s < num_sums; s++) {
+            float sum = 0.0f;
+            for (int j = 0; j < 32; j++) sum += x[t * cols + 32 * s + j];
+            xsum[t * num_sums + s] = sum;
+        }
+    const row_dot dot = DOTS[type];
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = w + r * row_bytes;
+        for (int64_t t = 0; t < n; t++)  // the row's blocks stay in L1 for every input row
+            y[t * rows + r] = dot(row, x + t * cols, xsum + t * num_sums, num_blocks) + (bias ? bias[r] : 0.0f);
+    }
+    free(xsum);
+    return 0;
+}

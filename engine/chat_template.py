@@ -27,6 +27,38 @@ FALLBACK_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] | capitalize }}: {{ message['content'] }}\n\n{% endfor %}"
     "{% if add_generation_prompt %}Assistant:{% endif %}"
 )
+# Built-in formats, by architecture, for models that bring no template (GGUF files often carry none).
+# Gemma's published one: the `model` role, the system message folded into the first user turn.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+
+
+@dataclass(frozen=True)
+class BuiltinTemplate:
+    name: str
+    template: str
+    stop_tokens: tuple[str, ...] = ()  # the end of a turn, which the model's own eos ids may not include
+
+
+BUILTIN = {"gemma": BuiltinTemplate("gemma", GEMMA_TEMPLATE, ("<end_of_turn>",))}
+
+
+def builtin_for(model_type: str) -> BuiltinTemplate | None:
+    """The built-in chat format of an architecture ("gemma2", "gemma3_text", ...), if it has one."""
+    return next((t for family, t in BUILTIN.items() if model_type.startswith(family)), None)
+
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,14 @@
-"""Model configuration read from a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3), every value checked.
+"""Model configuration read from a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 text),
+every value checked.
 
 Types are checked where config.json is read (`from_dict`), ranges in `__post_init__`. RoPE: transformers 5
 writes `rope_parameters`, older files `rope_scaling` and a top-level `rope_theta`. Given both dicts,
 transformers keeps `rope_scaling` and silently drops `rope_parameters`; Stowage merges them and refuses
 a file in which two of them give one key different values, since either guess could be wrong.
+Sliding windows: `layer_windows` holds each layer's window (None: full attention) as transformers derives it
+(Mistral: `sliding_window` on every layer; Qwen2/3: only with `use_sliding_window`; Gemma: `layer_types`, else
+Gemma 2 alternates and Gemma 3 follows `sliding_window_pattern`). Gemma 3's sliding layers rotate with their
+own base (`rope_local_base_freq`, or `rope_parameters["sliding_attention"]`): `local_rope`.
 """
 
 from __future__ import annotations
@@ -21,9 +26,21 @@ SUPPORTED = {
     "mistral": ("MistralForCausalLM",),
     "qwen2": ("Qwen2ForCausalLM",),
     "qwen3": ("Qwen3ForCausalLM",),
+    "gemma2": ("Gemma2ForCausalLM",),
+    "gemma3_text": ("Gemma3ForCausalLM",),
 }
+_GEMMA = ("gemma2", "gemma3_text")
+# transformers' defaults for keys a Gemma config.json may leave out (Gemma2Config, Gemma3TextConfig)
+_GEMMA_DEFAULTS = {
+    "gemma2": dict(query_pre_attn_scalar=256, final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
+                   sliding_window=4096, max_position_embeddings=8192, rope_theta=10000.0),
+    "gemma3_text": dict(query_pre_attn_scalar=256, final_logit_softcapping=None, attn_logit_softcapping=None,
+                        sliding_window=4096, max_position_embeddings=131072, rope_theta=1_000_000.0),
+}
+# The activations the MLP computes (Gemma: "gelu_pytorch_tanh", GELU with the tanh approximation).
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # transformers' head_dim when config.json has none: hidden_size // num_attention_heads, except Qwen3Config's 128.
-_DEFAULT_HEAD_DIM = {"qwen3": 128}
+_DEFAULT_HEAD_DIM = {"qwen3": 128, "gemma2": 256, "gemma3_text": 256}
 # Larger than any real config, tokenizer_config.json (chat templates included) or shard index.
 MAX_JSON_BYTES = 64 * 1024 * 1024
 _MISSING = object()
@@ -32,7 +49,7 @@ _MISSING = object()
 @dataclass(frozen=True)
 class RopeConfig:
     theta: float = 10000.0
-    kind: str = "default"  # "default" or "llama3"
+    kind: str = "default"  # "default", "linear" (positions divided by factor) or "llama3"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
@@ -40,9 +57,10 @@ class RopeConfig:
 
     def __post_init__(self):
         _require(math.isfinite(self.theta) and self.theta > 0, f"rope_theta must be a positive number, got {self.theta}")
-        if self.kind == "llama3":
+        if self.kind in ("llama3", "linear"):
             _require(math.isfinite(self.factor) and self.factor > 0,
                      f"rope factor must be a positive number, got {self.factor}")
+        if self.kind == "llama3":
             _require(math.isfinite(self.high_freq_factor) and 0 < self.low_freq_factor < self.high_freq_factor,
                      f"llama3 rope needs 0 < low_freq_factor < high_freq_factor, got {self.low_freq_factor} "
                      f"and {self.high_freq_factor}")
@@ -71,6 +89,17 @@ class ModelConfig:
     torch_dtype: str | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # Gemma: RMSNorm scales by (1 + weight) in fp32; norms after attention and MLP too ("sandwich");
+    # embeddings times sqrt(hidden_size); scores scaled by query_pre_attn_scalar**-0.5; tanh soft-capping.
+    hidden_act: str = "silu"
+    norm_plus_one: bool = False
+    sandwich_norm: bool = False
+    embed_scale: float = 1.0
+    query_pre_attn_scalar: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    layer_windows: tuple[int | None, ...] = ()  # per layer: its sliding window in tokens, None = full; () = all full
+    local_rope: RopeConfig | None = None  # the sliding layers' rotary embedding when it differs (Gemma 3)
     # config.json keys that were absent, with how their value was derived (the layout's errors quote it)
     implied: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -88,6 +117,25 @@ class ModelConfig:
         _require(self.head_dim % 2 == 0, f"head_dim must be even, got {self.head_dim}")
         _require(math.isfinite(self.rms_norm_eps) and self.rms_norm_eps > 0,
                  f"rms_norm_eps must be a positive number, got {self.rms_norm_eps}")
+        _require(self.hidden_act in ACTIVATIONS,
+                 f"hidden activation {self.hidden_act!r} is not supported (supported: {', '.join(ACTIVATIONS)})")
+        for name in ("query_pre_attn_scalar", "attn_softcap", "final_softcap"):
+            value = getattr(self, name)
+            _require(value is None or (math.isfinite(value) and value > 0),
+                     f"{name} must be a positive number or null, got {value!r}")
+        _require(len(self.layer_windows) in (0, self.num_layers),
+                 f"{len(self.layer_windows)} layer types for {self.num_layers} layers")
+        for w in self.layer_windows:
+            _require(w is None or (isinstance(w, int) and not isinstance(w, bool) and w > 0),
+                     f"sliding_window must be a positive integer, got {w!r}")
+
+    def window(self, layer: int) -> int | None:
+        """Layer `layer`'s sliding window in tokens (a query sees itself and the window - 1 before it); None: all."""
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
@@ -125,27 +173,33 @@ class ModelConfig:
                 head_dim = hidden // num_heads if num_heads > 0 else 0
                 implied["head_dim"] = "hidden_size/num_attention_heads"
         attention_bias = _bool(raw, "attention_bias")
+        num_layers = _int(raw, "num_hidden_layers")
+        gemma = _gemma_fields(raw, model_type, hidden) if model_type in _GEMMA else {}
         return cls(
             model_type=model_type,
             vocab_size=_int(raw, "vocab_size"),
             hidden_size=hidden,
             intermediate_size=_int(raw, "intermediate_size"),
-            num_layers=_int(raw, "num_hidden_layers"),
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
             rms_norm_eps=_float(raw, "rms_norm_eps", 1e-6),
-            rope=_rope(raw),
-            max_position_embeddings=_int(raw, "max_position_embeddings", 4096),
-            tie_word_embeddings=_bool(raw, "tie_word_embeddings"),
+            rope=gemma.pop("rope", None) or _rope(raw),
+            max_position_embeddings=_int(raw, "max_position_embeddings",
+                                         _GEMMA_DEFAULTS.get(model_type, {}).get("max_position_embeddings", 4096)),
+            # Gemma ties the head unless told otherwise (transformers' default for it)
+            tie_word_embeddings=_bool(raw, "tie_word_embeddings", model_type in _GEMMA),
             qkv_bias=model_type == "qwen2" or attention_bias,
             o_bias=model_type != "qwen2" and attention_bias,
             mlp_bias=_bool(raw, "mlp_bias"),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "gemma3_text"),
             torch_dtype=_str(raw.get("torch_dtype") or raw.get("dtype")),
             bos_token_id=next(iter(_token_ids(raw.get("bos_token_id"))), None),
             eos_token_ids=_eos_ids(raw, generation or {}),
             implied=implied,
+            layer_windows=_layer_windows(raw, model_type, num_layers),
+            **gemma,
         )
 
 
@@ -190,6 +244,12 @@ def _model_type(raw: dict) -> str:
         raise ModelFormatError(f"config.json: architectures must be a list of class names, got {archs!r:.80}")
     if isinstance(model_type, str) and model_type in SUPPORTED:
         return model_type
+    if model_type == "gemma3" or "Gemma3ForConditionalGeneration" in archs:
+        raise UnsupportedModelError(
+            "Gemma 3 with vision (model_type 'gemma3', Gemma3ForConditionalGeneration: the 4B, 12B and 27B "
+            "checkpoints) keeps its text weights under language_model.* beside a vision tower, which Stowage does "
+            "not load yet; the text-only Gemma 3 models (model_type 'gemma3_text': 270M, 1B) and GGUF files "
+            "of the text model load")
     if model_type is not None and not isinstance(model_type, str):
         raise ModelFormatError(f"config.json: model_type must be a string, got {model_type!r:.80}")
     by_arch = [t for t, names in SUPPORTED.items() if any(a in names for a in archs if isinstance(a, str))]
@@ -230,8 +290,8 @@ def _float(raw: dict, key: str, default: float, where: str = "config.json") -> f
         raise ModelFormatError(f"{where}: {key} is out of range ({value:.3e})") from None
 
 
-def _bool(raw: dict, key: str) -> bool:
-    value = _get(raw, key, False)
+def _bool(raw: dict, key: str, default: bool = False) -> bool:
+    value = _get(raw, key, default)
     if not isinstance(value, bool):
         raise ModelFormatError(f"config.json: {key} must be true or false, got {value!r:.80}")
     return value
@@ -288,11 +348,14 @@ def _rope(raw: dict) -> RopeConfig:
     kind = merged.get("rope_type") or "default"
     if not isinstance(kind, str):
         raise ModelFormatError(f"config.json: rope_type must be a string, got {kind!r:.80}")
-    if kind not in ("default", "llama3"):
-        raise UnsupportedModelError(f"config.json: rope type {kind!r:.40} is not supported (supported: default, llama3)")
+    if kind not in ("default", "llama3", "linear"):
+        raise UnsupportedModelError(
+            f"config.json: rope type {kind!r:.40} is not supported (supported: default, linear, llama3)")
     theta = _float(merged, "rope_theta", 10000.0)
     if kind == "default":
         return RopeConfig(theta=theta)
+    if kind == "linear":
+        return RopeConfig(theta=theta, kind="linear", factor=_float(merged, "factor", _MISSING))
     return RopeConfig(
         theta=theta,
         kind="llama3",
@@ -301,3 +364,85 @@ def _rope(raw: dict) -> RopeConfig:
         high_freq_factor=_float(merged, "high_freq_factor", 4.0),
         original_max_position=_int(merged, "original_max_position_embeddings", 8192),
     )
+
+
+def _window(raw: dict, default: int | None) -> int | None:
+    value = _int(raw, "sliding_window", default)
+    if value is not None and value <= 0:
+        raise ModelFormatError(f"config.json: sliding_window must be a positive integer, got {value!r}")
+    return value
+
+
+def _layer_windows(raw: dict, model_type: str, num_layers: int) -> tuple[int | None, ...]:
+    """Each layer's sliding window, as transformers decides it for the architecture; () when every layer is full."""
+    if model_type == "llama":
+        return ()  # LlamaConfig has no sliding window
+    if model_type == "mistral":  # MistralConfig: sliding_window (null: none) on every layer, layer_types ignored
+        window = _window(raw, None)
+        return (window,) * num_layers if window is not None else ()
+    if model_type in ("qwen2", "qwen3") and not _bool(raw, "use_sliding_window"):
+        return ()
+    window = _window(raw, _GEMMA_DEFAULTS.get(model_type, {}).get("sliding_window"))
+    types = raw.get("layer_types")
+    if types is None:
+        if model_type in ("qwen2", "qwen3"):
+            first = _int(raw, "max_window_layers", 28)
+            types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+        else:
+            pattern = 2 if model_type == "gemma2" else _int(raw, "sliding_window_pattern", 6)
+            if pattern <= 0:
+                raise ModelFormatError(f"config.json: sliding_window_pattern must be positive, got {pattern}")
+            types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+    if not isinstance(types, list) or len(types) != num_layers or \
+            any(t not in ("sliding_attention", "full_attention") for t in types):
+        raise ModelFormatError(
+            f"config.json: layer_types must list 'sliding_attention' or 'full_attention' for each of the "
+            f"{num_layers} layers, got {types!r:.120}")
+    if "sliding_attention" in types and window is None:
+        raise ModelFormatError("config.json: layer_types has sliding layers but sliding_window is null")
+    return tuple(window if t == "sliding_attention" else None for t in types)
+
+
+def _gemma_fields(raw: dict, model_type: str, hidden: int) -> dict:
+    """What Gemma 2 and Gemma 3 (text) add to the Llama forward; ModelConfig's comments say what each does."""
+    defaults = _GEMMA_DEFAULTS[model_type]
+    act = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
+    if act == "gelu_tanh":  # the same function under its other name
+        act = "gelu_pytorch_tanh"
+    if _bool(raw, "use_bidirectional_attention"):
+        raise UnsupportedModelError("config.json: use_bidirectional_attention (an embedding model) is not supported")
+    fields = dict(
+        hidden_act=act, norm_plus_one=True, sandwich_norm=True, embed_scale=float(hidden) ** 0.5,
+        query_pre_attn_scalar=_float(raw, "query_pre_attn_scalar", defaults["query_pre_attn_scalar"]),
+        attn_softcap=_optional_float(raw, "attn_logit_softcapping", defaults["attn_logit_softcapping"]),
+        final_softcap=_optional_float(raw, "final_logit_softcapping", defaults["final_logit_softcapping"]),
+    )
+    if model_type == "gemma2":
+        return fields
+    # Gemma3TextConfig has attn_logit_softcapping, but transformers' Gemma 3 never applies it (released
+    # configs set null): ignored here too, so the logits are the ones the model was trained to give.
+    fields["attn_softcap"] = None
+    # Gemma 3: transformers 5 writes rope_parameters per layer type; older files rope_theta (global),
+    # rope_local_base_freq (sliding) and rope_scaling (global only).
+    per_type = raw.get("rope_parameters")
+    is_per_type = isinstance(per_type, dict) and all(isinstance(v, dict) for v in per_type.values())
+    if per_type is not None and not is_per_type:
+        per_type = {"full_attention": per_type}  # one set given the old way: it is the global layers'
+    per_type = per_type or {}
+    unknown = set(per_type) - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise ModelFormatError(f"config.json: rope_parameters for unknown layer types {sorted(unknown)}")
+    full = {"rope_parameters": per_type.get("full_attention"), "rope_scaling": raw.get("rope_scaling"),
+            "rope_theta": raw.get("rope_theta")}
+    if full["rope_theta"] is None and "rope_theta" not in (full["rope_parameters"] or {}):
+        full["rope_theta"] = defaults["rope_theta"]
+    local = {"rope_parameters": per_type.get("sliding_attention"), "rope_theta": raw.get("rope_local_base_freq")}
+    if local["rope_theta"] is None and "rope_theta" not in (local["rope_parameters"] or {}):
+        local["rope_theta"] = 10000.0
+    return fields | {"rope": _rope(full), "local_rope": _rope(local)}
+
+
+def _optional_float(raw: dict, key: str, default: float | None) -> float | None:
+    if key in raw and raw[key] is None:  # null: switched off, whatever the default
+        return None
+    return None if default is None and raw.get(key) is None else _float(raw, key, default)

@@ -53,6 +53,9 @@ class Engine:
         self._devices = devices  # the plan's device names -> where their tensors live
         self._conversations: list[Conversation] = []
         self.eos_ids = set(config.eos_token_ids) | ({tokenizer.token_id(tokenizer.eos_token)} - {None})
+        builtin = tokenizer.use_builtin_template(config.model_type)  # GGUF files often carry no template
+        if builtin is not None:
+            self.eos_ids |= {tokenizer.token_id(t) for t in builtin.stop_tokens} - {None}
 
     @classmethod
     def load(cls, model_dir: str | Path, plan: Plan, progress: Progress | None = None,

@@ -64,6 +64,9 @@ def layer_tensor_names(config: ModelConfig, index: int) -> dict[str, str]:
         names |= {f"{x}_bias": p + f"mlp.{x}_proj.bias" for x in ("gate", "up", "down")}
     if config.qk_norm:
         names |= {"q_norm": p + "self_attn.q_norm.weight", "k_norm": p + "self_attn.k_norm.weight"}
+    if config.sandwich_norm:  # Gemma: post_attention_layernorm normalizes the attention output; these the MLP's
+        names |= {"pre_ff_norm": p + "pre_feedforward_layernorm.weight",
+                  "post_ff_norm": p + "post_feedforward_layernorm.weight"}
     return names
 
 
@@ -151,6 +154,7 @@ def _expected_shapes(config: ModelConfig) -> dict[str, tuple[_Dim, ...]]:
     head_dim = _Dim(config.head_dim, "head_dim")
     return {
         "input_norm": (hidden,), "post_norm": (hidden,), "norm": (hidden,),
+        "pre_ff_norm": (hidden,), "post_ff_norm": (hidden,),
         "q": (q, hidden), "k": (kv, hidden), "v": (kv, hidden), "o": (hidden, q),
         "gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter),
         "q_bias": (q,), "k_bias": (kv,), "v_bias": (kv,), "o_bias": (hidden,),

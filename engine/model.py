@@ -1,4 +1,9 @@
-"""The Llama-family transformer (Llama, Mistral, Qwen2, Qwen3) over the paged KV cache."""
+"""The Llama-family transformer (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 text) over the paged KV cache.
+
+Gemma differs in ways ModelConfig names: (1 + weight) norms in fp32, a norm after attention and after the MLP,
+embeddings scaled by sqrt(hidden_size), GELU-tanh, its own attention scale, soft-capped scores and logits,
+sliding-window layers (Mistral too) and, in Gemma 3, a rotary base of their own for the sliding layers.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +26,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # bf16/fp16 results may differ from it in the last bit; fp32 is identical. GGUF keeps norms in f32
     # beside bf16 activations: the (small) weight is converted per call, the mapped file never.
     return F.rms_norm(x, weight.shape, weight.to(x.dtype), eps)
+
+
+def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Gemma scales by (1 + weight) and rounds once, at the end: all of it in fp32, as Hugging Face does.
+    return (F.rms_norm(x.float(), weight.shape, None, eps) * (1.0 + weight.float())).to(x.dtype)
+
+
+def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    return x if cap is None else torch.tanh(x / cap) * cap
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:
@@ -53,6 +67,7 @@ class StepInputs:
     block_table: torch.Tensor  # [num_blocks] int32
     context_lens: torch.Tensor  # [1] int32, decode only
     block_tables: torch.Tensor | None = None  # [num_seqs, max_blocks] int32, -1 padded: a batched decode step
+    local: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin of the sliding layers' own rope (Gemma 3)
 
 
 class Transformer:
@@ -69,7 +84,10 @@ class Transformer:
         self.layers = layers
         self.head_device = head.device
         self.rotary = RotaryTable(config, max_positions)
-        self.scale = config.head_dim**-0.5
+        self.local_rotary = RotaryTable(config, max_positions, config.local_rope) if config.local_rope else None
+        self.scale = config.attention_scale
+        self.norm = gemma_rms_norm if config.norm_plus_one else rms_norm
+        self.act = (lambda x: F.gelu(x, approximate="tanh")) if config.hidden_act == "gelu_pytorch_tanh" else F.silu
         self.dtype = layers[0]["q"].dtype if layers else embed["embed"].dtype
 
     def attention_kernels(self) -> dict[str, str]:
@@ -85,20 +103,19 @@ class Transformer:
         block_table = cache.block_table_tensor(seq)
         context_lens = torch.tensor([start + n], dtype=torch.int32)
         steps: dict[torch.device, StepInputs] = {}
-        h = embedding(torch.tensor(token_ids, device=self.embed.device), self.embed["embed"])
+        h = self._embed(token_ids)
         for i, layer in enumerate(self.layers):
             dev = layer.device
             step = steps.get(dev)
             if step is None:
                 cos, sin = self.rotary.get(positions, dev, self.dtype)
                 step = steps[dev] = StepInputs(attention_ops(dev), cos, sin, slots.to(dev), block_table.to(dev),
-                                               context_lens.to(dev))
+                                               context_lens.to(dev), local=self._local(positions, dev))
             h = self._layer(i, layer, h.to(dev), start, step, cache)
         seq.token_ids.extend(token_ids)
         if not all_logits:
             h = h[-1:]
-        h = rms_norm(h.to(self.head_device), self.head["norm"], self.config.rms_norm_eps)
-        return linear(h, self.head["lm_head"]).float()
+        return self._logits(h)
 
     @torch.inference_mode()
     def decode_step(self, token_ids: list[int], seqs: list[Sequence], cache: KVCache) -> torch.Tensor:
@@ -113,23 +130,35 @@ class Transformer:
                                     dtype=torch.int32)
         context_lens = torch.tensor([start + 1 for start in starts], dtype=torch.int32)
         steps: dict[torch.device, StepInputs] = {}
-        h = embedding(torch.tensor(token_ids, device=self.embed.device), self.embed["embed"])
+        h = self._embed(token_ids)
         for i, layer in enumerate(self.layers):
             dev = layer.device
             if dev not in steps:
                 cos, sin = self.rotary.get(positions, dev, self.dtype)
                 steps[dev] = StepInputs(attention_ops(dev), cos, sin, slots.to(dev), None, context_lens.to(dev),
-                                        block_tables.to(dev))
+                                        block_tables.to(dev), self._local(positions, dev))
             h = self._layer(i, layer, h.to(dev), 0, steps[dev], cache)
         for seq, token in zip(seqs, token_ids):
             seq.token_ids.append(token)
-        h = rms_norm(h.to(self.head_device), self.head["norm"], self.config.rms_norm_eps)
-        return linear(h, self.head["lm_head"]).float()
+        return self._logits(h)
+
+    def _embed(self, token_ids: list[int]) -> torch.Tensor:
+        h = embedding(torch.tensor(token_ids, device=self.embed.device), self.embed["embed"])
+        if self.config.embed_scale != 1.0:  # Gemma: the scale rounded to the compute dtype first, as in HF
+            h = h * torch.tensor(self.config.embed_scale, dtype=h.dtype)
+        return h
+
+    def _local(self, positions: torch.Tensor, device: torch.device):
+        return self.local_rotary.get(positions, device, self.dtype) if self.local_rotary else None
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        h = self.norm(h.to(self.head_device), self.head["norm"], self.config.rms_norm_eps)
+        return softcap(linear(h, self.head["lm_head"]).float(), self.config.final_softcap)
 
     def _layer(self, i: int, w: TensorSet, h: torch.Tensor, start: int, step: StepInputs, cache: KVCache) -> torch.Tensor:
-        cfg = self.config
+        cfg, norm = self.config, self.norm
         n = h.shape[0]
-        x = rms_norm(h, w["input_norm"], cfg.rms_norm_eps)
+        x = norm(h, w["input_norm"], cfg.rms_norm_eps)
         q = linear(x, w["q"], w.get("q_bias")).view(n, cfg.num_heads, cfg.head_dim)
         k = linear(x, w["k"], w.get("k_bias")).view(n, cfg.num_kv_heads, cfg.head_dim)
         v = linear(x, w["v"], w.get("v_bias")).view(n, cfg.num_kv_heads, cfg.head_dim)
@@ -137,22 +166,32 @@ class Transformer:
             order = self.qk_order[w.device]
             q, k = q[..., order], k[..., order]
         if cfg.qk_norm:
-            q = rms_norm(q, w["q_norm"], cfg.rms_norm_eps)
-            k = rms_norm(k, w["k_norm"], cfg.rms_norm_eps)
-        q, k = apply_rotary(q, step.cos, step.sin), apply_rotary(k, step.cos, step.sin)
+            q = norm(q, w["q_norm"], cfg.rms_norm_eps)
+            k = norm(k, w["k_norm"], cfg.rms_norm_eps)
+        window = cfg.window(i)
+        cos, sin = step.local if (window is not None and step.local is not None) else (step.cos, step.sin)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        # passed only when set, so a kernel without them (Triton, for now) still runs every other model
+        extra = {key: val for key, val in (("window", window), ("softcap", cfg.attn_softcap)) if val is not None}
         k_cache, v_cache = cache.k_cache[i], cache.v_cache[i]
         k_scale, v_scale = cache.k_scale[i], cache.v_scale[i]
         step.ops.write_kv(k, v, k_cache, v_cache, step.slots, k_scale, v_scale)
         if step.block_tables is not None:  # one new token for each of n sequences
             attn = step.ops.decode_attention(q, k_cache, v_cache, step.block_tables, step.context_lens,
-                                             self.scale, k_scale, v_scale)
+                                             self.scale, k_scale, v_scale, **extra)
         elif n == 1:
             attn = step.ops.decode_attention(q, k_cache, v_cache, step.block_table[None], step.context_lens,
-                                             self.scale, k_scale, v_scale)
+                                             self.scale, k_scale, v_scale, **extra)
         else:
             attn = step.ops.prefill_attention(q, k_cache, v_cache, step.block_table, start, self.scale,
-                                              k_scale, v_scale)
-        h = h + linear(attn.reshape(n, -1), w["o"], w.get("o_bias"))
-        x = rms_norm(h, w["post_norm"], cfg.rms_norm_eps)
-        gate = F.silu(linear(x, w["gate"], w.get("gate_bias")))
-        return h + linear(gate * linear(x, w["up"], w.get("up_bias")), w["down"], w.get("down_bias"))
+                                              k_scale, v_scale, **extra)
+        attn = linear(attn.reshape(n, -1), w["o"], w.get("o_bias"))
+        if cfg.sandwich_norm:  # Gemma: post_attention_layernorm normalizes the attention output
+            h = h + norm(attn, w["post_norm"], cfg.rms_norm_eps)
+            x = norm(h, w["pre_ff_norm"], cfg.rms_norm_eps)
+        else:
+            h = h + attn
+            x = norm(h, w["post_norm"], cfg.rms_norm_eps)
+        gate = self.act(linear(x, w["gate"], w.get("gate_bias")))
+        mlp = linear(gate * linear(x, w["up"], w.get("up_bias")), w["down"], w.get("down_bias"))
+        return h + (norm(mlp, w["post_ff_norm"], cfg.rms_norm_eps) if cfg.sandwich_norm else mlp)

@@ -1,4 +1,4 @@
-"""Rotary position embeddings, default and llama3-scaled, as Hugging Face computes them."""
+"""Rotary position embeddings, default, linear- and llama3-scaled, as Hugging Face computes them."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from .config import ModelConfig, RopeConfig
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:  # [head_dim // 2], fp32
     inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if rope.kind == "linear":  # positions divided by factor (Gemma 3's global layers)
+        return inv_freq / rope.factor
     if rope.kind != "llama3":
         return inv_freq
     # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, the band between blended.
@@ -27,8 +29,8 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:  # [he
 class RotaryTable:
     """cos/sin for every position the KV cache can hold, built once per device and dtype."""
 
-    def __init__(self, config: ModelConfig, max_positions: int):
-        self.inv_freq = inverse_frequencies(config.rope, config.head_dim)
+    def __init__(self, config: ModelConfig, max_positions: int, rope: RopeConfig | None = None):
+        self.inv_freq = inverse_frequencies(rope or config.rope, config.head_dim)
         self.max_positions = max_positions
         self._cache: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 

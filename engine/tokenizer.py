@@ -71,6 +71,20 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def use_builtin_template(self, model_type: str) -> chat_template.BuiltinTemplate | None:
+        """Without a template of its own, take the architecture's built-in one (Gemma); returns it, or None."""
+        builtin = chat_template.builtin_for(model_type) if self.chat_template is None else None
+        if builtin is not None:
+            self.chat_template, self.template_name = builtin.template, f"{builtin.name} (built in)"
+        return builtin
+
+    @property
+    def template_source(self) -> str:
+        """Which chat template is in use: the model's, a built-in one, or the plain fallback (for the GUI)."""
+        if self.chat_template is None:
+            return "plain (the model has no template)"
+        return getattr(self, "template_name", "the model's own")
+
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         template = self.chat_template
         if template is None:

@@ -8,6 +8,9 @@ compute dtype: a bf16 bmm on the CPU goes through oneDNN, which keeps a primitiv
 it has seen, and the shape changes with every token (measured: 4 GB retained after 100 tiles at 64k tokens).
 Cache layout per layer: k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim].
 A slot is block_id * block_size + offset. fp8 caches store value / scale; reads multiply back.
+`window` (sliding-window layers): a query at position p sees keys p - window + 1 .. p, and only the blocks
+that range reaches are gathered, so older blocks are never read (a cache may have recycled them).
+`softcap` (Gemma 2): scores become softcap * tanh(scores / softcap) before the mask and the softmax.
 """
 
 from __future__ import annotations
@@ -74,12 +77,15 @@ def decode_attention(
     scale: float,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-    """One new query token per sequence attends to its whole cached context."""
+    """One new query token per sequence attends to its cached context (the last `window` tokens when set)."""
     out = torch.empty_like(query)
     for i, n in enumerate(context_lens.tolist()):
         out[i : i + 1] = prefill_attention(query[i : i + 1], k_cache, v_cache, block_tables[i], n - 1, scale,
-                                           k_scale, v_scale)
+                                           k_scale, v_scale, window=window, softcap=softcap)
     return out
 
 
@@ -92,8 +98,14 @@ def prefill_attention(
     scale: float,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [num_new, num_heads, head_dim]
-    """A chunk of new tokens (their K/V already written) attends causally to the cache."""
+    """A chunk of new tokens (their K/V already written) attends causally to the cache (its last `window` tokens)."""
+    if window is not None:
+        return _window_attention(query, k_cache, v_cache, block_table, start_pos, scale, k_scale, v_scale,
+                                 window, softcap)
     n, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     group, ctx = num_heads // num_kv_heads, start_pos + n
@@ -119,6 +131,8 @@ def prefill_attention(
             q[:, t * group :].zero_()  # rows past the last query: computed, never read
         torch.bmm(q, keys_t, out=scores)
         scores.mul_(scale)
+        if softcap is not None:
+            scores.div_(softcap).tanh_().mul_(softcap)
         per_token = scores.view(num_kv_heads, tile, group, ctx)
         per_token[..., first + tile :].fill_(float("-inf"))
         band = per_token[..., first : first + tile]
@@ -132,6 +146,58 @@ def prefill_attention(
     return out
 
 
+def _window_attention(query, k_cache, v_cache, block_table, start_pos, scale, k_scale, v_scale, window, softcap):
+    # Keys from the first block the window of the chunk's first query reaches: `lo` is that block's first position.
+    n, num_heads, head_dim = query.shape
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    group, ctx = num_heads // num_kv_heads, start_pos + n
+    first_block = max(0, start_pos - window + 1) // block_size
+    lo = first_block * block_size
+    span = ctx - lo  # keys gathered (the window of every query in the chunk, and the start of its first block)
+    out = torch.empty_like(query)
+    k = gather_kv(k_cache, block_table[first_block:], span, k_scale, ACC_DTYPE)
+    v = gather_kv(v_cache, block_table[first_block:], span, v_scale, ACC_DTYPE)
+    keys_t, values = k[:, :span].transpose(1, 2), v[:, :span]  # [KVH, D, span], [KVH, span, D]
+    tile = query_tile(n, span, num_heads)
+    rows = tile * group
+    device = query.device
+    q = torch.zeros(num_kv_heads, rows, head_dim, dtype=ACC_DTYPE, device=device)
+    scores = torch.empty(num_kv_heads, rows, span, dtype=ACC_DTYPE, device=device)
+    o = torch.empty(num_kv_heads, rows, head_dim, dtype=ACC_DTYPE, device=device)
+    key_pos = torch.arange(lo, ctx, device=device)
+    for i0 in range(0, n, tile):
+        t = min(tile, n - i0)
+        q[:, : t * group].view(num_kv_heads, t, group, head_dim).copy_(
+            query[i0 : i0 + t].view(t, num_kv_heads, group, head_dim).transpose(0, 1))
+        if t < tile:
+            q[:, t * group :].zero_()
+        torch.bmm(q, keys_t, out=scores)
+        scores.mul_(scale)
+        if softcap is not None:
+            scores.div_(softcap).tanh_().mul_(softcap)
+        query_pos = torch.arange(start_pos + i0, start_pos + i0 + tile, device=device)[:, None]  # [tile, 1]
+        # masked: keys after the query (causal) or older than its window; rows past the last query see key lo
+        hidden = (key_pos > query_pos) | (key_pos <= query_pos - window)  # [tile, span]
+        hidden[t:] = key_pos != lo
+        scores.view(num_kv_heads, tile, group, span).masked_fill_(hidden[None, :, None, :], float("-inf"))
+        del hidden
+        scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
+        total = scores.sum(dim=-1, keepdim=True)
+        torch.bmm(scores, values, out=o)
+        o.div_(total)
+        out[i0 : i0 + t].view(t, num_kv_heads, group, head_dim).copy_(
+            o[:, : t * group].view(num_kv_heads, t, group, head_dim).transpose(0, 1))
+    return out
+
+
+def window_span(num_tokens: int, context_tokens: int, window: int | None, block_size: int) -> int:
+    """Keys one call gathers: the whole context, or for a window the blocks the chunk's windows reach."""
+    if window is None:
+        return context_tokens
+    # the first query's window starts at most block_size - 1 positions into its block
+    return min(context_tokens, num_tokens + window - 1 + block_size - 1)
+
+
 def query_tile(num_new: int, context_tokens: int, num_heads: int) -> int:
     """Queries per tile: the fp32 scores of a tile against the context stay under SCORES_BYTES."""
     per_query = num_heads * context_tokens * ACC_DTYPE.itemsize
@@ -139,10 +205,13 @@ def query_tile(num_new: int, context_tokens: int, num_heads: int) -> int:
 
 
 def workspace_bytes(*, num_tokens: int, context_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                    dtype: torch.dtype, cache_dtype: torch.dtype, block_size: int, num_seqs: int = 1) -> int:
+                    dtype: torch.dtype, cache_dtype: torch.dtype, block_size: int, num_seqs: int = 1,
+                    window: int | None = None, softcap: float | None = None) -> int:
     """Peak bytes one attention call allocates (its output included): `num_tokens` new tokens of one sequence
-    against `context_tokens` (prefill), or one token for each of `num_seqs` sequences (decode, num_tokens=1)."""
-    n, ctx, c, f = min(num_tokens, context_tokens), context_tokens, cache_dtype.itemsize, ACC_DTYPE.itemsize
+    against `context_tokens` (prefill), or one token for each of `num_seqs` sequences (decode, num_tokens=1);
+    with a sliding `window`, against the keys that window reaches (window_span). `softcap` works in place."""
+    n, c, f = min(num_tokens, context_tokens), cache_dtype.itemsize, ACC_DTYPE.itemsize
+    ctx = window_span(n, context_tokens, window, block_size)
     rows = -(-ctx // block_size) * block_size * num_kv_heads * head_dim  # one gathered K (or V), whole blocks
     out = num_seqs * n * num_heads * head_dim * dtype.itemsize
     # gather_kv: the gathered blocks and their head-major fp32 copy
@@ -151,6 +220,8 @@ def workspace_bytes(*, num_tokens: int, context_tokens: int, num_heads: int, num
     t = query_tile(n, ctx, num_heads)
     # the scores buffer, the tile's queries and output, the row maxima and sums, the causal mask
     tile = t * num_heads * ctx * f + 2 * t * num_heads * head_dim * f + 2 * t * num_heads * f + t * t
+    if window is not None:  # the key positions (int64) and the tile's mask with its two comparisons (bool)
+        tile += 8 * ctx + 3 * t * ctx
     return out + max(kv // 2 + gather_peak, kv + tile)
 
 

@@ -40,11 +40,18 @@ class Workspace:
 
 def attention_bytes(config: ModelConfig, attention: ModuleType, *, context_tokens: int, chunk: int,
                     dtype: torch.dtype, cache_dtype: torch.dtype, block_size: int, num_seqs: int) -> int:
-    """The attention kernel's scratch: the larger of a prefill chunk and a decode step of every sequence."""
+    """The attention kernel's scratch: the larger of a prefill chunk and a decode step of every sequence, over
+    the kinds of layer the model has (full, or a sliding window; soft-capped scores)."""
     shape = dict(context_tokens=context_tokens, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
                  head_dim=config.head_dim, dtype=dtype, cache_dtype=cache_dtype, block_size=block_size)
-    return max(attention.workspace_bytes(num_tokens=chunk, **shape),
-               attention.workspace_bytes(num_tokens=1, num_seqs=num_seqs, **shape))
+    if config.attn_softcap is not None:
+        shape["softcap"] = config.attn_softcap
+    peak = 0
+    for window in set(config.layer_windows) or {None}:
+        kind = shape if window is None else shape | {"window": window}
+        peak = max(peak, attention.workspace_bytes(num_tokens=chunk, **kind),
+                   attention.workspace_bytes(num_tokens=1, num_seqs=num_seqs, **kind))
+    return peak
 
 
 def layer_activation_bytes(config: ModelConfig, attention: ModuleType, *, context_tokens: int, chunk: int,
@@ -70,8 +77,9 @@ def rope_rows(context_tokens: int) -> int:
 
 
 def rope_table_bytes(config: ModelConfig, context_tokens: int, dtype: torch.dtype) -> int:
-    """cos and sin, kept on every device that runs layers."""
-    return 2 * rope_rows(context_tokens) * config.head_dim * dtype.itemsize
+    """cos and sin, kept on every device that runs layers (two pairs when sliding layers rotate on their own)."""
+    tables = 2 if config.local_rope is not None else 1
+    return tables * 2 * rope_rows(context_tokens) * config.head_dim * dtype.itemsize
 
 
 def rope_build_bytes(config: ModelConfig, context_tokens: int) -> int:

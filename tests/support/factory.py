@@ -49,6 +49,8 @@ ARCHS = {
     "mistral": "MistralConfig",
     "qwen2": "Qwen2Config",
     "qwen3": "Qwen3Config",
+    "gemma2": "Gemma2Config",
+    "gemma3_text": "Gemma3TextConfig",
 }
 
 

@@ -12,6 +12,7 @@ A failure names its case seed: `fuzz_case(seed)` rebuilds exactly that mutation.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import random
@@ -57,9 +58,13 @@ def time_limit(seconds: float):
 
     previous = signal.signal(signal.SIGALRM, hung)
     signal.setitimer(signal.ITIMER_REAL, seconds)
+    # A hang in native code (the Rust tokenizer, a blocking syscall that retries) never returns to Python to
+    # run the handler: then the whole run stops with every thread's traceback, instead of waiting forever.
+    faulthandler.dump_traceback_later(3 * seconds, exit=True)
     try:
         yield
     finally:
+        faulthandler.cancel_dump_traceback_later()
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
 

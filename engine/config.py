@@ -425,6 +425,8 @@ def _gemma_fields(raw: dict, model_type: str, hidden: int) -> dict:
     # Gemma 3: transformers 5 writes rope_parameters per layer type; older files rope_theta (global),
     # rope_local_base_freq (sliding) and rope_scaling (global only).
     per_type = raw.get("rope_parameters")
+    if per_type is not None and not isinstance(per_type, dict):
+        raise ModelFormatError(f"config.json: rope_parameters must be an object, got {per_type!r:.80}")
     is_per_type = isinstance(per_type, dict) and all(isinstance(v, dict) for v in per_type.values())
     if per_type is not None and not is_per_type:
         per_type = {"full_attention": per_type}  # one set given the old way: it is the global layers'

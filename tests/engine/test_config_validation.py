@@ -176,3 +176,13 @@ def test_chat_template_file_not_utf8(folder):
 def test_generation_config_eos_of_any_type_names_no_token(folder):
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [True, "x", -3, 7, {"a": 1}]}))
     assert ModelConfig.from_dir(folder).eos_token_ids[0] == 7
+
+
+@pytest.mark.parametrize("value", [7, True, "default", [1]])
+def test_gemma3_rope_parameters_of_the_wrong_type(value):
+    # found by tests/engine/test_fuzz.py: a TypeError ("argument of type 'int' is not iterable") before
+    raw = {"model_type": "gemma3_text", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+           "rope_parameters": value}
+    with pytest.raises(ModelFormatError, match="rope_parameters must be an object"):
+        ModelConfig.from_dict(raw)

@@ -1,6 +1,6 @@
 """Mutated model folders: inspect, plan, load and a first reply raise only Stowage's own errors, never hang (issue 12).
 
-A seeded generator mutates a tiny model's files: safetensors headers (bytes, length, offsets, dtypes,
+A seeded generator mutates a tiny model's files (Llama, Qwen2, Qwen3, Gemma 3, windowed Mistral, a sharded Llama): safetensors headers (bytes, length, offsets, dtypes,
 shapes, names) and data, shard indexes, config.json, tokenizer_config.json and generation_config.json.
 Each case runs `inspect` -> `check` (plan) -> `Engine.load` -> a two-token chat reply and must end in
 success or a StowageError, within CASE_SECONDS, and the run must not grow the process's peak memory past
@@ -264,7 +264,10 @@ def mutate_safetensors(rng: random.Random, data: bytes) -> bytes:
 CONFIG_KEYS = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "max_position_embeddings",
                "tie_word_embeddings", "attention_bias", "mlp_bias", "model_type", "architectures", "eos_token_id",
-               "bos_token_id", "rope_scaling", "rope_parameters", "torch_dtype", "dtype"]
+               "bos_token_id", "rope_scaling", "rope_parameters", "torch_dtype", "dtype", "sliding_window",
+               "use_sliding_window", "max_window_layers", "layer_types", "sliding_window_pattern",
+               "query_pre_attn_scalar", "final_logit_softcapping", "attn_logit_softcapping", "rope_local_base_freq",
+               "hidden_activation", "hidden_act"]
 ROPES = [None, {}, [], "llama3", {"rope_type": "llama3"}, {"type": "linear", "factor": 2.0},
          {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 64},
@@ -472,6 +475,9 @@ def bases(tmp_path_factory) -> dict[str, Base]:
         "qwen2": Base(make_model(root / "qwen2", "qwen2", dtype=torch.bfloat16, **small)),
         "qwen3-tied": Base(make_model(root / "qwen3", "qwen3", dtype=torch.bfloat16, head_dim=16,
                                       tie_word_embeddings=True, **small)),
+        "gemma3": Base(make_model(root / "gemma3", "gemma3_text", head_dim=16, query_pre_attn_scalar=24,
+                                  sliding_window=8, sliding_window_pattern=2, **small)),
+        "mistral-window": Base(make_model(root / "mistral", "mistral", sliding_window=8, **small)),
     }
     sharded = make_model(root / "sharded", "llama", **small)
     tensors = load_file(sharded / "model.safetensors")

@@ -41,6 +41,7 @@ _GEMMA_DEFAULTS = {
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # transformers' head_dim when config.json has none: hidden_size // num_attention_heads, except Qwen3Config's 128.
 _DEFAULT_HEAD_DIM = {"qwen3": 128, "gemma2": 256, "gemma3_text": 256}
+MAX_LAYERS = 65_536  # far more than any model has (Llama 3.1 405B: 126)
 # Larger than any real config, tokenizer_config.json (chat templates included) or shard index.
 MAX_JSON_BYTES = 64 * 1024 * 1024
 _MISSING = object()
@@ -174,6 +175,9 @@ class ModelConfig:
                 implied["head_dim"] = "hidden_size/num_attention_heads"
         attention_bias = _bool(raw, "attention_bias")
         num_layers = _int(raw, "num_hidden_layers")
+        if num_layers > MAX_LAYERS:  # before anything is built per layer (layer_windows)
+            raise ModelFormatError(f"config.json: num_hidden_layers={num_layers} is more than any model has "
+                                   f"(at most {MAX_LAYERS:,} here); the config is corrupt")
         gemma = _gemma_fields(raw, model_type, hidden) if model_type in _GEMMA else {}
         return cls(
             model_type=model_type,

@@ -32,7 +32,9 @@ class Tokenizer:
             raise ModelFormatError(f"{path}: not a regular file")
         try:
             self._tok = _HFTokenizer.from_file(str(path))
-        except Exception as e:  # the Rust side raises a bare Exception
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # a bare Exception from the Rust side, or a Rust panic (a BaseException)
             raise ModelFormatError(f"{path.name}: cannot be read ({e})") from e
         config_path = model_dir / "tokenizer_config.json"
         config = read_json_object(config_path) if config_path.exists() else {}
@@ -66,10 +68,20 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         check_text(text, "the text")
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        try:
+            return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # a tokenizer.json that loads can still panic in Rust on some text
+            raise ModelFormatError(f"tokenizer.json: the tokenizer failed on this text ({e})") from e
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        try:
+            return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:
+            raise ModelFormatError(f"tokenizer.json: the tokenizer failed to decode tokens ({e})") from e
 
     def use_builtin_template(self, model_type: str) -> chat_template.BuiltinTemplate | None:
         """Without a template of its own, take the architecture's built-in one (Gemma); returns it, or None."""

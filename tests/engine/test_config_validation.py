@@ -186,3 +186,21 @@ def test_gemma3_rope_parameters_of_the_wrong_type(value):
            "rope_parameters": value}
     with pytest.raises(ModelFormatError, match="rope_parameters must be an object"):
         ModelConfig.from_dict(raw)
+
+
+def test_a_tokenizer_json_that_panics_in_rust_is_a_format_error(folder):
+    # found by tests/engine/test_fuzz.py: tokenizers panics (pyo3's PanicException, a BaseException) on this
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    tok["model"]["continuing_subword_prefix"] = "64"
+    tok["model"].pop("byte_fallback", None)
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(ModelFormatError, match="tokenizer.json: cannot be read"):
+        Tokenizer(folder)
+
+
+def test_a_huge_layer_count_is_refused_before_anything_is_built_per_layer():
+    # found by tests/engine/test_fuzz.py: Mistral's per-layer windows for 10**18 layers raised MemoryError
+    raw = {**LLAMA_3_1_8B, "model_type": "mistral", "architectures": ["MistralForCausalLM"], "rope_scaling": None,
+           "sliding_window": 4096, "num_hidden_layers": 10**18}
+    with pytest.raises(ModelFormatError, match="num_hidden_layers=1000000000000000000 is more than any model has"):
+        ModelConfig.from_dict(raw)

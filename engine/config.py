@@ -42,6 +42,7 @@ ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # transformers' head_dim when config.json has none: hidden_size // num_attention_heads, except Qwen3Config's 128.
 _DEFAULT_HEAD_DIM = {"qwen3": 128, "gemma2": 256, "gemma3_text": 256}
 MAX_LAYERS = 65_536  # far more than any model has (Llama 3.1 405B: 126)
+MAX_WINDOW = 2**31 - 1  # tokens; past any context a model is planned for
 # Larger than any real config, tokenizer_config.json (chat templates included) or shard index.
 MAX_JSON_BYTES = 64 * 1024 * 1024
 _MISSING = object()
@@ -372,8 +373,9 @@ def _rope(raw: dict) -> RopeConfig:
 
 def _window(raw: dict, default: int | None) -> int | None:
     value = _int(raw, "sliding_window", default)
-    if value is not None and value <= 0:
-        raise ModelFormatError(f"config.json: sliding_window must be a positive integer, got {value!r}")
+    if value is not None and not 0 < value <= MAX_WINDOW:  # the kernels compare positions in int64
+        raise ModelFormatError(f"config.json: sliding_window must be a positive integer up to {MAX_WINDOW:,}, "
+                               f"got {value!r}")
     return value
 
 

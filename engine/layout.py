@@ -233,7 +233,7 @@ def _check_tensors(config: ModelConfig, tensors: Mapping[str, TensorInfo], layer
 
 def _head_rows_error(head: TensorInfo, embed: TensorInfo) -> str | None:
     # The head's rows are the ids it can sample; the next step looks each one up in the embeddings.
-    if head.shape[0] <= embed.shape[0]:
+    if len(embed.shape) != 2 or head.shape[0] <= embed.shape[0]:  # a malformed embedding is reported on its own
         return None
     return (f"tensor {LM_HEAD!r} has {head.shape[0]} rows but {EMBED!r} only {embed.shape[0]}: the head could "
             "produce token ids that have no embedding")

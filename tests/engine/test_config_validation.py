@@ -204,3 +204,12 @@ def test_a_huge_layer_count_is_refused_before_anything_is_built_per_layer():
            "sliding_window": 4096, "num_hidden_layers": 10**18}
     with pytest.raises(ModelFormatError, match="num_hidden_layers=1000000000000000000 is more than any model has"):
         ModelConfig.from_dict(raw)
+
+
+@pytest.mark.parametrize("window", [0, -8, 2**64])
+def test_sliding_window_out_of_range(window):
+    # found by tests/engine/test_fuzz.py: 2**64 reached the attention kernel (OverflowError)
+    raw = {**LLAMA_3_1_8B, "model_type": "mistral", "architectures": ["MistralForCausalLM"], "rope_scaling": None,
+           "sliding_window": window}
+    with pytest.raises(ModelFormatError, match="sliding_window must be a positive integer up to"):
+        ModelConfig.from_dict(raw)

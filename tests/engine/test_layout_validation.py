@@ -155,6 +155,14 @@ def test_every_problem_is_counted(tmp_path):
         inspect(model_dir)
 
 
+def test_a_scalar_embedding_beside_a_head_is_one_problem(tmp_path):
+    # found by tests/engine/test_fuzz.py: an IndexError comparing the head's rows with a 0-d embedding's
+    model_dir = write_sparse_model(tmp_path, QWEN2_5_7B)
+    rewrite(model_dir, lambda e: e["model.embed_tokens.weight"].__setitem__(1, []))
+    with pytest.raises(ModelFormatError, match=r"'model.embed_tokens.weight' has shape \[\]"):
+        inspect(model_dir)
+
+
 def test_padded_embeddings_are_fine_but_a_head_past_them_is_not(tmp_path):
     model_dir = write_sparse_model(tmp_path, QWEN2_5_7B)
     rewrite(model_dir, lambda e: e["model.embed_tokens.weight"].__setitem__(1, [152128, 3584]))

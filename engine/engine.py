@@ -151,6 +151,13 @@ class Engine:
              *, cancel: threading.Event | None = None) -> Generation:
         return self.generate(conv, self.tokenizer.apply_chat_template(messages), sampling, cancel=cancel)
 
+    def check_weights(self) -> None:
+        """Raise ModelFormatError if a weight file changed on disk since it was mapped: called before each step,
+        since reading a page of a truncated mapping would kill the process with SIGBUS (docs/robustness.md)."""
+        check = getattr(self._checkpoint, "check_unchanged", None)
+        if check is not None:
+            check()
+
     def memory_report(self) -> dict[str, dict[str, int]]:
         """Bytes the engine holds per plan device: weights copied onto it, weights mapped in place, KV cache."""
         report: dict[str, dict[str, int]] = {}

@@ -39,6 +39,8 @@ class Host(Protocol):
 
     def make_room(self, conv: Conversation, num_tokens: int) -> None: ...
 
+    def check_weights(self) -> None: ...  # raises if a weight file changed on disk since it was mapped
+
 
 @dataclass(frozen=True)
 class TokenEvent:
@@ -115,6 +117,7 @@ class Generation:
         for i in range(reuse, len(prompt), chunk):
             if self._cancelled():
                 return None
+            engine.check_weights()
             logits = engine.model.forward(prompt[i : i + chunk], seq, engine.cache)
             r.prefilled_tokens += len(prompt[i : i + chunk])
         r.prefill_seconds = time.perf_counter() - start
@@ -163,6 +166,7 @@ class Generation:
             if p.repetition_penalty != 1.0:
                 seen = torch.cat([seen, torch.tensor([token])])
             engine.make_room(self.conv, self.conv.seq.num_tokens + 1)
+            engine.check_weights()
             logits = engine.model.forward([token], self.conv.seq, engine.cache)[-1]
         r.decode_seconds = time.perf_counter() - decode_start
         tail = stops.flush()  # empty after a stop string: the match dropped what followed it

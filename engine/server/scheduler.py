@@ -192,6 +192,7 @@ class Scheduler:
         chunk = r.prompt_ids[r.cursor : r.cursor + engine.prefill_chunk]
         self.pool.make_room([(seq, len(chunk))])
         start = time.perf_counter()
+        engine.check_weights()
         logits = engine.model.forward(chunk, seq, engine.cache)
         r.result.prefill_seconds += time.perf_counter() - start
         r.cursor += len(chunk)
@@ -205,6 +206,7 @@ class Scheduler:
         seqs = [r.conv.seq for r in requests]
         self.pool.make_room([(seq, 1) for seq in seqs])
         start = time.perf_counter()
+        engine.check_weights()
         logits = engine.model.decode_step([r.next_token for r in requests], seqs, engine.cache)  # [n, vocab]
         elapsed = time.perf_counter() - start
         for r, row in zip(requests, logits):

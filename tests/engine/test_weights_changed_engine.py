@@ -1,0 +1,31 @@
+"""A weight file truncated while the engine generates stops the generation with a typed error, not SIGBUS."""
+
+from factory import make_model, run_fresh
+
+SCRIPT = r"""
+import os, sys
+from engine.engine import Engine
+from engine.errors import ModelFormatError
+from engine.sampler import SamplingParams
+from factory import cpu_plan
+model_dir = sys.argv[1]
+engine = Engine.load(model_dir, cpu_plan(model_dir, 256))
+events = iter(engine.generate(engine.new_conversation(), [1, 2, 3, 4], SamplingParams(temperature=0, max_tokens=100)))
+try:
+    next(events)  # the weights were read: their pages are mapped
+    os.truncate(os.path.join(model_dir, "model.safetensors"), 4096)
+    for _ in events:
+        pass
+except ModelFormatError as e:
+    print("stopped:", e)
+    sys.exit(3)
+print("generated past a truncated file")
+"""
+
+
+def test_generation_stops_cleanly_when_its_weights_file_is_truncated(tmp_path):
+    # eos_token_id=None: the reply cannot end on its own before the truncation is noticed
+    model_dir = make_model(tmp_path / "m", "llama", eos_token_id=None)
+    out = run_fresh(SCRIPT, model_dir, timeout=120)
+    assert out.returncode == 3, (out.returncode, out.stdout, out.stderr[-2000:])
+    assert "model.safetensors changed on disk while the model was loaded" in out.stdout

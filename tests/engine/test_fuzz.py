@@ -1,6 +1,6 @@
 """Mutated model folders: inspect, plan, load and a first reply raise only Stowage's own errors, never hang (issue 12).
 
-A seeded generator mutates a tiny model's files (Llama, Qwen2, Qwen3, Gemma 3, windowed Mistral, a sharded Llama): safetensors headers (bytes, length, offsets, dtypes,
+A seeded generator mutates a tiny model's files (Llama, Qwen2, Qwen3, Gemma 3, windowed Mistral, a sharded Llama; Llama as GGUF in Q8_0 and F16): safetensors headers (bytes, length, offsets, dtypes,
 shapes, names) and data, shard indexes, config.json, tokenizer_config.json and generation_config.json.
 Each case runs `inspect` -> `check` (plan) -> `Engine.load` -> a two-token chat reply and must end in
 success or a StowageError, within CASE_SECONDS, and the run must not grow the process's peak memory past
@@ -259,6 +259,34 @@ def mutate_safetensors(rng: random.Random, data: bytes) -> bytes:
     return join_file(mutated, body, rng.choice([0, 0, 0, 8, -8, 1]))
 
 
+# -- GGUF --------------------------------------------------------------------------------------------------------
+
+def mutate_gguf(rng: random.Random, data: bytes) -> bytes:
+    """Bytes of the header, the metadata and the tensor infos (the first part of the file), or its length."""
+    out = bytearray(data)
+    front = min(len(out), 24 + rng.choice([64, 1024, 16384, len(out)]))
+    choice = rng.randrange(5)
+    if choice == 0:  # flipped bytes
+        for _ in range(rng.randint(1, 8)):
+            out[rng.randrange(front)] = rng.randrange(256)
+    elif choice == 1:  # a count, a length, a type id or an offset overwritten (u32 or u64, little-endian)
+        for _ in range(rng.randint(1, 3)):
+            width = rng.choice([4, 8])
+            at = rng.randrange(0, max(1, front - width), width)
+            value = rng.choice(ODD_INTS + [rng.randrange(2**32)]) % 2**(8 * width)
+            out[at : at + width] = value.to_bytes(width, "little")
+    elif choice == 2:
+        return data[: rng.randrange(len(data))]
+    elif choice == 3:  # bytes inserted or cut in the metadata: every field after it shifts
+        at = rng.randrange(24, front)
+        return rng.choice([data[:at] + os.urandom(rng.randint(1, 9)) + data[at:], data[:at] + data[at + rng.randint(1, 9):]])
+    else:  # the data: NaN and random bits in the weights
+        at = rng.randrange(len(out) // 2, len(out))
+        span = min(len(out) - at, rng.choice([2, 34, 4096]))
+        out[at : at + span] = rng.choice([os.urandom(span), b"\xff" * span])
+    return bytes(out)
+
+
 # -- the model folder's other files ------------------------------------------------------------------------------
 
 CONFIG_KEYS = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -354,6 +382,7 @@ class Base:
 
     folder: Path
     shards: list[str] = field(default_factory=list)
+    gguf: str | None = None  # the GGUF file, for a GGUF model (the folder holds nothing else)
 
 
 @dataclass
@@ -376,10 +405,16 @@ def fuzz_case(seed: int, bases: dict[str, Base], case_dir: Path) -> Case:
     if base.shards:
         weights[INDEX] = 4
     chosen = []
-    for _ in range(rng.choice([1, 1, 1, 2])):  # one file, sometimes two different ones
+    for _ in range(0 if base.gguf else rng.choice([1, 1, 1, 2])):  # one file, sometimes two different ones
         left = [t for t in weights if t not in chosen]
         chosen.append(rng.choices(left, [weights[t] for t in left])[0])
     changes = []
+    if base.gguf:
+        path = case_dir / base.gguf
+        data = path.read_bytes()
+        path.unlink()
+        path.write_bytes(mutate_gguf(rng, data))
+        changes.append(f"{base.gguf}: {len(data)} -> {path.stat().st_size} bytes")
     for target in chosen:
         if target == "weights":
             target = rng.choice(base.shards or ["model.safetensors"])
@@ -489,6 +524,13 @@ def bases(tmp_path_factory) -> dict[str, Base]:
         weight_map |= dict.fromkeys(keys, shard)
     (sharded / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     out["llama-sharded"] = Base(sharded, shards)
+    from gguf_factory import write_gguf
+
+    for qtype in ("q8_0", "f16"):
+        folder = root / f"gguf-{qtype}"
+        folder.mkdir()
+        write_gguf(out["llama"].folder, folder / f"tiny-{qtype}.gguf", qtype)
+        out[f"llama-gguf-{qtype}"] = Base(folder, gguf=f"tiny-{qtype}.gguf")
     for base in out.values():  # every base is valid: a failure below is the mutation's
         assert run_case(base.folder) == "ok"
     return out

@@ -125,24 +125,12 @@ def prefill_attention(
     for i0 in range(0, n, tile):
         t = min(tile, n - i0)
         first = start_pos + i0  # the tile's first query position; query j sees keys 0 .. first + j
-        q[:, : t * group].view(num_kv_heads, t, group, head_dim).copy_(
-            query[i0 : i0 + t].view(t, num_kv_heads, group, head_dim).transpose(0, 1))
-        if t < tile:
-            q[:, t * group :].zero_()  # rows past the last query: computed, never read
-        torch.bmm(q, keys_t, out=scores)
-        scores.mul_(scale)
-        if softcap is not None:
-            scores.div_(softcap).tanh_().mul_(softcap)
+        _tile_scores(query[i0 : i0 + t], q, keys_t, scores, scale, softcap)
         per_token = scores.view(num_kv_heads, tile, group, ctx)
         per_token[..., first + tile :].fill_(float("-inf"))
         band = per_token[..., first : first + tile]
         band.masked_fill_(causal[..., : band.shape[-1]], float("-inf"))
-        scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
-        total = scores.sum(dim=-1, keepdim=True)
-        torch.bmm(scores, values, out=o)
-        o.div_(total)
-        out[i0 : i0 + t].view(t, num_kv_heads, group, head_dim).copy_(
-            o[:, : t * group].view(num_kv_heads, t, group, head_dim).transpose(0, 1))
+        _tile_output(scores, values, o, out[i0 : i0 + t])
     return out
 
 
@@ -167,26 +155,14 @@ def _window_attention(query, k_cache, v_cache, block_table, start_pos, scale, k_
     key_pos = torch.arange(lo, ctx, device=device)
     for i0 in range(0, n, tile):
         t = min(tile, n - i0)
-        q[:, : t * group].view(num_kv_heads, t, group, head_dim).copy_(
-            query[i0 : i0 + t].view(t, num_kv_heads, group, head_dim).transpose(0, 1))
-        if t < tile:
-            q[:, t * group :].zero_()
-        torch.bmm(q, keys_t, out=scores)
-        scores.mul_(scale)
-        if softcap is not None:
-            scores.div_(softcap).tanh_().mul_(softcap)
+        _tile_scores(query[i0 : i0 + t], q, keys_t, scores, scale, softcap)
         query_pos = torch.arange(start_pos + i0, start_pos + i0 + tile, device=device)[:, None]  # [tile, 1]
         # masked: keys after the query (causal) or older than its window; rows past the last query see key lo
         hidden = (key_pos > query_pos) | (key_pos <= query_pos - window)  # [tile, span]
         hidden[t:] = key_pos != lo
         scores.view(num_kv_heads, tile, group, span).masked_fill_(hidden[None, :, None, :], float("-inf"))
         del hidden
-        scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
-        total = scores.sum(dim=-1, keepdim=True)
-        torch.bmm(scores, values, out=o)
-        o.div_(total)
-        out[i0 : i0 + t].view(t, num_kv_heads, group, head_dim).copy_(
-            o[:, : t * group].view(num_kv_heads, t, group, head_dim).transpose(0, 1))
+        _tile_output(scores, values, o, out[i0 : i0 + t])
     return out
 
 
@@ -196,6 +172,33 @@ def window_span(num_tokens: int, context_tokens: int, window: int | None, block_
         return context_tokens
     # the first query's window starts at most block_size - 1 positions into its block
     return min(context_tokens, num_tokens + window - 1 + block_size - 1)
+
+
+def _tile_scores(query: torch.Tensor, q: torch.Tensor, keys_t: torch.Tensor, scores: torch.Tensor, scale: float,
+                 softcap: float | None) -> None:
+    """Scores of a tile's queries ([t, H, D]) against keys_t ([KVH, D, keys]) into `scores`, through the `q` buffer."""
+    t, num_heads, head_dim = query.shape
+    num_kv_heads = q.shape[0]
+    group = num_heads // num_kv_heads
+    q[:, : t * group].view(num_kv_heads, t, group, head_dim).copy_(
+        query.view(t, num_kv_heads, group, head_dim).transpose(0, 1))
+    q[:, t * group :].zero_()  # rows past the last query: computed, never read
+    torch.bmm(q, keys_t, out=scores)
+    scores.mul_(scale)
+    if softcap is not None:
+        scores.div_(softcap).tanh_().mul_(softcap)
+
+
+def _tile_output(scores: torch.Tensor, values: torch.Tensor, o: torch.Tensor, out: torch.Tensor) -> None:
+    """Masked scores -> softmax in place -> attention output of the tile's queries, written into `out` ([t, H, D])."""
+    t, num_heads, head_dim = out.shape
+    num_kv_heads = o.shape[0]
+    group = num_heads // num_kv_heads
+    scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
+    total = scores.sum(dim=-1, keepdim=True)
+    torch.bmm(scores, values, out=o)
+    o.div_(total)
+    out.view(t, num_kv_heads, group, head_dim).copy_(o[:, : t * group].view(num_kv_heads, t, group, head_dim).transpose(0, 1))
 
 
 def query_tile(num_new: int, context_tokens: int, num_heads: int) -> int:

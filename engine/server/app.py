@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import os
 import threading
 import time
+from collections.abc import Callable
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -21,24 +23,30 @@ from starlette.routing import Route
 
 from ..errors import InvalidArgumentError, ModelFormatError, StowageError
 from ..generation import GenerationResult, TokenEvent
+from ..planning.report import to_dict
 from .responses import Reply, model_object, sse
 from .schemas import ApiError, CompletionRequest, parse_chat, parse_completion
-from .scheduler import Scheduler, ServerBusyError
+from .scheduler import PrefillProgress, Scheduler, ServerBusyError
 
 MAX_BODY_BYTES = 8 << 20  # a full 128k-token context is ~0.5 MB of text; JSON escapes may double it
 MAX_HEAD_BYTES = 16 << 10  # the request's headers, all together
 RETRY_AFTER_SECONDS = "1"
 
 
-def create_app(scheduler: Scheduler, *, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> Starlette:
-    """The ASGI app over a started scheduler (which owns the engine)."""
-    api = _Api(scheduler, max_body_bytes)
+def create_app(scheduler: Scheduler, *, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+               on_unload: Callable[[], None] | None = None) -> Starlette:
+    """The ASGI app over a started scheduler (which owns the engine); `POST /stowage/unload` calls on_unload."""
+    api = _Api(scheduler, max_body_bytes, on_unload)
     routes = [
         Route("/health", api.health),
         Route("/v1/models", api.models),
         Route("/v1/models/{model_id:path}", api.model),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
+        # Stowage's own, for what OpenAI's API lacks (docs/server.md)
+        Route("/stowage/plan", api.plan),
+        Route("/stowage/memory", api.memory),
+        Route("/stowage/unload", api.unload, methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error})
     return _HeadLimit(_BearerAuth(app, api_key) if api_key else app)
@@ -95,7 +103,7 @@ class _Events:
         self.keep_tokens = keep_tokens
 
     def emit(self, event) -> None:  # on the scheduler thread
-        if self.keep_tokens or not isinstance(event, TokenEvent):
+        if self.keep_tokens or not isinstance(event, (TokenEvent, PrefillProgress)):
             self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
 
@@ -114,11 +122,15 @@ class _CancelWhenDone(StreamingResponse):
 
 
 class _Api:
-    def __init__(self, scheduler: Scheduler, max_body_bytes: int):
+    def __init__(self, scheduler: Scheduler, max_body_bytes: int, on_unload: Callable[[], None] | None):
         self.scheduler = scheduler
         self.engine = scheduler.engine
         self.max_body_bytes = max_body_bytes
+        self.on_unload = on_unload
         self.created = int(time.time())
+        # fixed once loaded (the KV cache is allocated whole), and read here rather than from the event loop
+        # while the scheduler thread runs the engine
+        self.memory_report = self.engine.memory_report()
 
     @property
     def context_tokens(self) -> int:
@@ -134,6 +146,20 @@ class _Api:
     async def model(self, request: Request) -> JSONResponse:
         self._check_model(request.path_params["model_id"])
         return JSONResponse(model_object(self.engine.name, self.created, self.context_tokens))
+
+    async def plan(self, request: Request) -> JSONResponse:
+        return JSONResponse(to_dict(self.engine.plan))
+
+    async def memory(self, request: Request) -> JSONResponse:
+        # the process id: the app's graphs measure this process, where the engine's memory is
+        return JSONResponse({"pid": os.getpid(), "devices": self.memory_report})
+
+    async def unload(self, request: Request) -> JSONResponse:
+        if self.on_unload is None:
+            raise ApiError(404, "this server cannot be unloaded over HTTP (it was not started by `stowage serve`)",
+                           code="not_found")
+        self.on_unload()  # the server stops after answering; the process's exit returns all its memory
+        return JSONResponse({"status": "unloading"}, status_code=202)
 
     async def chat_completions(self, request: Request):
         req = parse_chat(await self._body(request))
@@ -240,10 +266,13 @@ class _Api:
             if isinstance(event, TokenEvent):
                 yield sse(reply.chunk(event.text))
                 continue
+            if isinstance(event, PrefillProgress):
+                yield sse(reply.progress_chunk(event.done_tokens, event.prompt_tokens))
+                continue
             if isinstance(event, Exception):
                 yield sse(ApiError(500, f"generation failed: {event}", type="server_error").body())
             else:
-                yield sse(reply.chunk(finish_reason=event.finish_reason))
+                yield sse(reply.last_chunk(event))
                 if reply.include_usage:
                     yield sse(reply.usage_chunk(event))
             yield sse("[DONE]")

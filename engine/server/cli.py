@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -12,10 +13,29 @@ from pathlib import Path
 from ..defaults import DEFAULT_CONTEXT
 from ..dtypes import COMPUTE, KV
 from ..errors import InsufficientMemoryError, InvalidArgumentError, StowageError
+from ..planning.cli import _gpu_layers
 
 API_KEY_ENV = "STOWAGE_API_KEY"  # the key without putting it on the command line (where `ps` shows it)
 DEFAULT_PORT = 8080
 DEFAULT_MAX_QUEUE = 16
+_PROGRESS = re.compile(r"\[\s*(\d+(?:\.\d+)?)%\] (.*)")
+
+
+def write_progress(fraction: float, message: str) -> None:
+    """Loading progress on stderr, `[ 45.0%] message`: redrawn in place on a terminal, a line each otherwise
+    (a parent process reads them: parse_progress)."""
+    line = f"[{fraction * 100:5.1f}%] {message}"
+    if sys.stderr.isatty():
+        sys.stderr.write(f"\r\033[K{line}" + ("\n" if fraction >= 1.0 else ""))
+    else:
+        sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def parse_progress(line: str) -> tuple[float, str] | None:
+    """(fraction, message) of a line write_progress wrote; None for any other line."""
+    match = _PROGRESS.fullmatch(line.strip())
+    return (float(match[1]) / 100, match[2]) if match else None
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
@@ -42,6 +62,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=sorted(COMPUTE), default=None,
                    help="weights dtype (default: as stored, used in place)")
     p.add_argument("--kv-dtype", choices=sorted(KV), default=None)
+    p.add_argument("--gpu-layers", metavar="N", type=_gpu_layers, default=None,
+                   help="layers on the GPUs: a number (0 = CPU only) or auto (default)")
     p.set_defaults(func=run_serve)
     return p
 
@@ -63,7 +85,7 @@ def run_serve(args: argparse.Namespace) -> int:
     # Planned against this machine first: a shortage is an error before anything is allocated.
     try:
         plan = plan_for(args.model_dir, args.context, dtype=args.dtype, kv_dtype=args.kv_dtype,
-                        num_seqs=args.parallel)
+                        gpu_layers=args.gpu_layers, num_seqs=args.parallel)
     except InsufficientMemoryError as e:
         if args.parallel == 1:
             raise
@@ -75,7 +97,7 @@ def run_serve(args: argparse.Namespace) -> int:
     sock = listen(args.host, args.port, has_key=api_key is not None)  # a taken port fails before the load
     try:
         sys.stderr.write(f"loading {args.model_dir.name}: {summary(plan)} for {args.parallel} sequence(s)\n")
-        engine = Engine.load(args.model_dir, plan)
+        engine = Engine.load(args.model_dir, plan, progress=write_progress)
     except BaseException:
         sock.close()
         raise
@@ -133,9 +155,13 @@ def http_server(scheduler, *, api_key: str | None):
 
     from .app import MAX_HEAD_BYTES, create_app
 
+    def unload() -> None:  # POST /stowage/unload: stop serving; run_serve then frees the engine and returns
+        server.should_exit = True
+
     # h11 (whatever else is installed) with its buffer bound at the app's head limit; connections past
     # limit_concurrency get uvicorn's 503 before they cost anything
-    config = uvicorn.Config(create_app(scheduler, api_key=api_key), log_level="warning", http="h11",
-                            h11_max_incomplete_event_size=MAX_HEAD_BYTES, timeout_graceful_shutdown=5,
+    config = uvicorn.Config(create_app(scheduler, api_key=api_key, on_unload=unload), log_level="warning",
+                            http="h11", h11_max_incomplete_event_size=MAX_HEAD_BYTES, timeout_graceful_shutdown=5,
                             limit_concurrency=4 * (scheduler.max_running + scheduler.max_waiting) + 32)
-    return uvicorn.Server(config)
+    server = uvicorn.Server(config)
+    return server

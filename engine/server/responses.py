@@ -19,6 +19,14 @@ def usage(result: GenerationResult) -> dict:
             "prompt_tokens_details": {"cached_tokens": result.reused_tokens}}
 
 
+def engine_stats(result: GenerationResult) -> dict:
+    """What the engine measured of a reply, under the extension field "stowage" of the last chunk (as llama.cpp's
+    server adds "timings"): OpenAI clients ignore it; Stowage's own client reads the token ids and rates from it."""
+    return {"token_ids": result.token_ids, "prefilled_tokens": result.prefilled_tokens,
+            "prefill_seconds": result.prefill_seconds, "decode_seconds": result.decode_seconds,
+            "first_token_seconds": result.first_token_seconds}
+
+
 def sse(data: dict | str) -> str:
     """One server-sent event: `data: {...}` and a blank line."""
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
@@ -56,6 +64,14 @@ class Reply:
         delta = {"role": "assistant", "content": ""} if first else {} if text is None else {"content": text}
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         return self._object("chat.completion.chunk", [choice], **extra)
+
+    def last_chunk(self, result: GenerationResult) -> dict:
+        """The chunk with the finish reason, and the engine's figures under "stowage"."""
+        return {**self.chunk(finish_reason=result.finish_reason), "stowage": engine_stats(result)}
+
+    def progress_chunk(self, done_tokens: int, prompt_tokens: int) -> dict:
+        """An empty chunk that says how much of a long prompt is read, under "stowage" (clients ignore it)."""
+        return {**self.chunk(), "stowage": {"prefill": {"done_tokens": done_tokens, "prompt_tokens": prompt_tokens}}}
 
     def usage_chunk(self, result: GenerationResult) -> dict:
         """The last chunk when stream_options.include_usage: no choices, the usage of the whole reply."""

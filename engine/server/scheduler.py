@@ -14,6 +14,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -24,8 +25,17 @@ from .prefix_pool import PrefixPool
 
 log = logging.getLogger(__name__)
 
-# Called on the scheduler thread: TokenEvents, then one GenerationResult, or an exception in its place.
+# Called on the scheduler thread: TokenEvents (PrefillProgress while a long prompt is read), then one
+# GenerationResult, or an exception in its place.
 Emit = Callable[[object], None]
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """Prompt tokens in the cache so far, of the whole prompt: sent after each prefill chunk but the last."""
+
+    done_tokens: int
+    prompt_tokens: int
 
 
 class ServerBusyError(StowageError):
@@ -198,7 +208,9 @@ class Scheduler:
         r.cursor += len(chunk)
         r.result.prefilled_tokens += len(chunk)
         engine.stats.prefilled_tokens += len(chunk)
-        if not r.is_prefilling:
+        if r.is_prefilling:
+            r.send(PrefillProgress(r.cursor, len(r.prompt_ids)))
+        else:
             r.accept(r.sample(logits[-1]), engine)
 
     def _decode(self, requests: list[_Request]) -> None:

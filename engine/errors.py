@@ -31,3 +31,16 @@ class GenerationCancelled(StowageError):
 
 class StowageWarning(UserWarning):
     """A problem worth telling the user that does not stop the work."""
+
+
+class RemoteError(StowageError):
+    """A server the client talks to (engine/client.py) could not be reached, refused a request, or failed."""
+
+
+class EngineStartError(StowageError):
+    """The engine's child process (engine/engine_process.py) refused to start: its own message says why."""
+
+
+class EngineCrashedError(StowageError):
+    """The engine's child process died (a signal, the out-of-memory killer, a crash in native code); the caller,
+    its chats and the text streamed so far are intact, and a new engine can be started."""

@@ -37,6 +37,14 @@ GGML_TYPES = {
     34: "tq1_0", 35: "tq2_0", 36: "iq4_nl_4_4", 37: "iq4_nl_4_8", 38: "iq4_nl_8_8", 39: "mxfp4",
     40: "nvfp4", 41: "q1_0",
 }
+# general.file_type (llama.cpp's llama_ftype) -> the name quantizers, file names and Ollama use for it.
+FILE_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
+    12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K",
+    19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL",
+    26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0",
+    37: "TQ2_0", 38: "MXFP4_MOE",
+}
 # GGUF value type id -> struct code of the scalars; 8 (string) and 9 (array) are read apart.
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
@@ -135,7 +143,7 @@ class GGUFCheckpoint:
 def open_gguf(path: str | Path) -> GGUFCheckpoint:
     """The GGUF model at `path`: a .gguf file, any part of a split one, or a folder holding one model."""
     path = find_gguf(path)
-    paths = _part_paths(path)
+    paths = part_paths(path)
     missing = [p.name for p in paths if not p.is_file()]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -156,16 +164,30 @@ def open_gguf(path: str | Path) -> GGUFCheckpoint:
     return checkpoint
 
 
+def is_gguf_file(path: str | Path) -> bool:
+    """A file named .gguf, or one that starts with GGUF's magic (an Ollama blob: blobs/sha256-<hex>)."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
 def find_gguf(path: str | Path) -> Path:
     """The .gguf file to open for `path`: the file itself, or (the first part of) the one model in a folder."""
     path = Path(path)
     if path.is_file():
-        if path.suffix.lower() != ".gguf":
+        if not is_gguf_file(path):
             raise ModelFormatError(f"{path.name}: not a .gguf file")
         return path
     if not path.is_dir():
         raise ModelFormatError(f"{path}: no such file or folder")
-    models = sorted({_part_paths(p)[0] for p in path.glob("*.gguf")})  # a single file, or a split one's first part
+    models = sorted({part_paths(p)[0] for p in path.glob("*.gguf")})  # a single file, or a split one's first part
     if not models:
         raise ModelFormatError(f"{path.name}: no .gguf file in this folder")
     if len(models) > 1:
@@ -175,12 +197,36 @@ def find_gguf(path: str | Path) -> Path:
     return models[0]
 
 
-def _part_paths(path: Path) -> list[Path]:
+def part_paths(path: Path) -> list[Path]:
+    """Every part of the model `path` belongs to, in order: [path] itself unless named NAME-0000i-of-0000N.gguf."""
     match = _PART.match(path.name)
     if match is None:
         return [path]
     count = int(match["count"])
     return [path.with_name(f"{match['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+
+
+def read_metadata(path: str | Path, keys: frozenset[str]) -> dict:
+    """The metadata values of `keys` a GGUF file holds, reading no further than the last one found: a listing's
+    look at a file (general.architecture, general.file_type) without building its vocabulary."""
+    path = Path(path)
+    try:
+        data = np.memmap(path, dtype=np.uint8, mode="r")
+    except (OSError, ValueError) as e:  # ValueError: an empty file cannot be mapped
+        raise ModelFormatError(f"{path.name}: cannot read ({getattr(e, 'strerror', None) or e})") from e
+    r = _Cursor(memoryview(data), path.name)
+    _, _, num_kvs = _header(r)
+    found: dict = {}
+    for i in range(num_kvs):
+        if len(found) == len(keys):
+            break
+        key = r.string(f"the key of metadata entry {i}")
+        value_type = r.unpack("I", f"the type of metadata {key!r}")
+        if key in keys:
+            found[key] = r.value(value_type, f"metadata {key!r}")
+        else:
+            r.skip(value_type, f"metadata {key!r}")
+    return found
 
 
 class _Cursor:
@@ -230,6 +276,27 @@ class _Cursor:
             pos += num_bytes
         self.pos = pos
         return out
+
+    def skip(self, value_type: int, what: str, depth: int = 0) -> None:
+        """Step over one value without building it (each length still checked against the file)."""
+        if value_type in _SCALARS:
+            num_bytes = struct.calcsize("<" + _SCALARS[value_type])
+        elif value_type == _STRING:
+            num_bytes = self.unpack("Q", f"the length of {what}")
+        elif value_type == _ARRAY and depth < MAX_ARRAY_NESTING:
+            item_type = self.unpack("I", f"the item type of {what}")
+            num_items = self.unpack("Q", f"the length of {what}")
+            if item_type not in _SCALARS:
+                self.need(num_items * {_STRING: 8, _ARRAY: 12}.get(item_type, 0), what)  # before any loop
+                for i in range(num_items):
+                    self.skip(item_type, f"{what}[{i}]", depth + 1)
+                return
+            num_bytes = num_items * struct.calcsize("<" + _SCALARS[item_type])
+        else:
+            self.value(value_type, what, depth)  # the same refusal as a read
+            return
+        self.need(num_bytes, what)
+        self.pos += num_bytes
 
     def value(self, value_type: int, what: str, depth: int = 0):
         if value_type in _SCALARS:

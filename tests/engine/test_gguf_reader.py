@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as GGML  # noqa: E402
 from gguf import GGUFValueType as V  # noqa: E402
 
 from engine.errors import ModelFormatError  # noqa: E402
-from engine.gguf import GGML_TYPES, GGUFFile, find_gguf, open_gguf  # noqa: E402
+from engine.gguf import GGML_TYPES, GGUFFile, find_gguf, open_gguf, read_metadata  # noqa: E402
 from kernels.quants import FORMATS, dequantize, dequantize_rows  # noqa: E402
 
 Q_NAME, F_NAME = "blk.0.attn_q.weight", "blk.0.ffn_norm.weight"
@@ -317,3 +317,25 @@ def test_bad_metadata(tmp_path):
     nested[0] = nested[0][0]  # eight deep is fine
     assert GGUFFile(write(deep, {"w": (weights((2, 4)), None)}, kv=[("test.deep", nested, V.ARRAY)])).metadata[
         "test.deep"] == nested
+
+
+def test_read_metadata_reads_only_the_keys_asked_for(tmp_path):
+    path = write(tmp_path / "m.gguf", {F_NAME: (weights((2, 8)), None)},
+                 kv=[("test.strings", ["a", "bc"] * 1000, V.ARRAY, V.STRING), ("test.nested", [[1], [2, 3]], V.ARRAY),
+                     ("general.file_type", 15, V.UINT32)])
+    assert read_metadata(path, frozenset({"general.architecture", "general.file_type"})) == {
+        "general.architecture": "llama", "general.file_type": 15}
+    assert read_metadata(path, frozenset({"absent"})) == {}
+    data = path.read_bytes()
+    count_at = data.index(b"test.strings") + len(b"test.strings") + 4 + 4
+    path.write_bytes(patched(data, count_at, "<Q", 2**40))  # a skipped array that lies is refused all the same
+    started = time.perf_counter()
+    with pytest.raises(ModelFormatError, match="metadata 'test.strings' needs 8,796,093,022,208 bytes"):
+        read_metadata(path, frozenset({"general.file_type"}))
+    assert time.perf_counter() - started < 1.0
+
+
+def test_a_gguf_file_without_the_suffix_opens_by_its_magic(small, tmp_path):
+    blob = tmp_path / "sha256-0123"  # how Ollama stores a model
+    shutil.copy(small, blob)
+    assert find_gguf(blob) == blob and Q_NAME in open_gguf(blob).tensors

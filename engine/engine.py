@@ -21,7 +21,7 @@ from .gguf_model import open_model
 from .kv_cache import CacheSpec, KVCache
 from .layout import ModelLayout
 from .model import Transformer
-from .planning.inspect import compute_dtype_of
+from .planning.inspect import compute_dtype_of, converted_names
 from .planning.plan import Plan
 from .sampler import SamplingParams
 from .tokenizer import Tokenizer
@@ -86,7 +86,8 @@ class Engine:
         layer_devices = [devices[d] for d in plan.layer_devices]
         for name in set(plan.layer_devices):
             cls._check_kernel(plan, name, devices[name], simulated=name in (simulate or {}))
-        dtype = COMPUTE[plan.forced_dtype] if plan.forced_dtype else None
+        dtype = COMPUTE[plan.dtype]
+        converted = converted_names(layout, specs, plan.dtype, forced=plan.forced_dtype is not None)
         spec = CacheSpec(config.num_kv_heads, config.head_dim, KV[plan.kv_dtype], plan.block_size)
         # The KV cache first: it is what the user asked for, and a shortage should show before weights move.
         report(0.0, f"allocating KV cache for {plan.context_tokens:,} tokens")
@@ -94,11 +95,13 @@ class Engine:
             cache = KVCache(spec, layer_devices, plan.context_tokens, plan.num_seqs)
         except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
             raise InsufficientMemoryError(f"cannot allocate the KV cache for {plan.context_tokens:,} tokens: {e}") from e
-        embed = place(checkpoint, {"embed": layout.embed}, devices[plan.embed_device], dtype, plan.embed_device)
+        embed = place(checkpoint, {"embed": layout.embed}, devices[plan.embed_device], dtype, plan.embed_device,
+                      converted=converted)
         shared = embed if layout.tied and plan.head_device == plan.embed_device else None
-        head = place(checkpoint, layout.head_names(), devices[plan.head_device], dtype, plan.head_device, shared)
+        head = place(checkpoint, layout.head_names(), devices[plan.head_device], dtype, plan.head_device, shared,
+                     converted=converted)
         layers = load_layers(checkpoint, layout.layers, layer_devices, plan.layer_devices, dtype, report,
-                             is_cancelled)
+                             is_cancelled, converted)
         model = Transformer(config, embed, head, layers, cache.max_tokens, qk_order=gguf.qk_order if gguf else None)
         report(1.0, "loaded")
         return cls(model_dir, config, tokenizer, model, cache, plan, checkpoint, devices)

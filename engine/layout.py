@@ -112,6 +112,11 @@ class ModelLayout:
             return forced
         return self.stored_dtype if self.stored_dtype in COMPUTE else "float32"
 
+    def read_names(self) -> tuple[str, ...]:
+        """Every tensor the model reads, once (a tied head is the embedding tensor)."""
+        names = [self.embed, self.norm, self.lm_head, *(n for layer in self.layers for n in layer.values())]
+        return tuple(dict.fromkeys(names))
+
     def head_names(self) -> dict[str, str]:
         """The final norm and the output head (the embedding tensor when tied)."""
         return {"norm": self.norm, "lm_head": self.lm_head}

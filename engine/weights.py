@@ -1,8 +1,8 @@
-"""Putting the tensors the layout names on their device: in place (a view of the map) on the CPU."""
+"""Putting the tensors the layout names on their device: in place (a view of the map) on the CPU, unless converted."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -44,13 +44,14 @@ class TensorSet:
 
 
 def place(
-    checkpoint: Checkpoint, names: dict[str, str], device: torch.device, dtype: torch.dtype | None,
-    label: str = "cpu", shared: TensorSet | None = None,
+    checkpoint: Checkpoint, names: dict[str, str], device: torch.device, dtype: torch.dtype,
+    label: str = "cpu", shared: TensorSet | None = None, converted: Collection[str] = frozenset(),
 ) -> TensorSet:
-    """Load named tensors onto device; on the CPU in their stored dtype they stay views of the mmap.
+    """Load named tensors onto device; on the CPU, those not `converted` into `dtype` stay views of the mmap.
 
-    `shared`: a set on the same device whose tensors are reused by source name (a tied head uses the embedding).
-    Quantized weights (GGUF) are never converted: they stay the stored blocks, on any device."""
+    `converted`: the checkpoint names to copy into the compute dtype `dtype` (planning/inspect.py converted_names,
+    which the forecast counts). `shared`: a set on the same device whose tensors are reused by source name (a tied
+    head uses the embedding). Quantized weights (GGUF) are never converted: they stay the stored blocks, on any device."""
     out, copied = {}, 0
     by_source = {} if shared is None else {n: shared[s] for s, n in shared.sources.items()}
     for short, name in names.items():
@@ -64,7 +65,7 @@ def place(
                 copied += t.nbytes
             out[short] = by_source[name] = t
             continue
-        target = dtype if (dtype is not None and t.is_floating_point()) else t.dtype
+        target = dtype if name in converted else t.dtype
         if device.type != "cpu" or target != t.dtype:
             t = t.to(device=device, dtype=target)
             copied += t.nbytes
@@ -77,15 +78,16 @@ def load_layers(
     layer_names: tuple[dict[str, str], ...],
     layer_devices: list[torch.device],
     labels: tuple[str, ...],
-    dtype: torch.dtype | None,
+    dtype: torch.dtype,
     progress: Callable[[float, str], None] | None = None,
     is_cancelled: Callable[[], bool] = lambda: False,
+    converted: Collection[str] = frozenset(),
 ) -> list[TensorSet]:
     layers = []
     for i, device in enumerate(layer_devices):
         if is_cancelled():
             raise GenerationCancelled("loading cancelled")
-        layers.append(place(checkpoint, layer_names[i], device, dtype, labels[i]))
+        layers.append(place(checkpoint, layer_names[i], device, dtype, labels[i], converted=converted))
         if progress:
             progress((i + 1) / len(layer_devices), f"layer {i + 1}/{len(layer_devices)} on {device}")
     return layers

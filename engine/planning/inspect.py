@@ -16,6 +16,7 @@ from ..config import ModelConfig
 from ..defaults import BLOCK_SIZE
 from ..dtypes import COMPUTE, kv_dtype
 from ..formats import is_gguf
+from ..gguf import GGUFTensor
 from ..gguf_model import Matrices, open_model
 from ..kv_cache import CacheSpec
 from ..layout import ModelLayout, TensorInfo
@@ -33,10 +34,25 @@ def compute_dtype_of(layout: ModelLayout, tensors: Mapping[str, TensorInfo], for
     """What the model computes in: `forced`; bfloat16 when a tensor it reads is in ggml blocks; else the layout's rule."""
     if forced is not None:
         return forced
-    names = [layout.embed, layout.lm_head, *(n for layer in layout.layers for n in layer.values())]
-    if any(tensors[n].dtype_name in _BLOCK_FORMATS for n in names):
+    if any(tensors[n].dtype_name in _BLOCK_FORMATS for n in layout.read_names()):
         return BLOCK_COMPUTE_DTYPE
     return layout.compute_dtype()
+
+
+def converted_names(layout: ModelLayout, tensors: Mapping[str, TensorInfo], compute: str,
+                    forced: bool = False) -> frozenset[str]:
+    """The tensors the loader copies into `compute` (engine/weights.py place converts exactly these).
+
+    With a forced dtype, every floating one. Otherwise the matrices stored as another float dtype (an fp16 up_proj
+    in a bf16 model, float8 embeddings): a matmul takes one dtype. Vectors (norms, biases) stay as stored, since
+    the forward converts them per call; so do a GGUF model's matrices, which compute in tiles as stored instead
+    (engine/gguf_model.py computes_in_tiles)."""
+    def converts(spec: TensorInfo) -> bool:
+        if spec.dtype_name not in _CONVERTIBLE:
+            return False
+        return forced or (spec.dtype_name != compute and len(spec.shape) >= 2 and not isinstance(spec, GGUFTensor))
+
+    return frozenset(n for n in layout.read_names() if converts(tensors[n]))
 
 
 @dataclass(frozen=True)
@@ -44,19 +60,26 @@ class WeightGroup:
     """A set of tensors by stored dtype: (dtype name, elements, stored bytes); bytes follow from the dtype they will have."""
 
     by_dtype: tuple[tuple[str, int, int], ...] = ()
+    loaded_bytes: int = 0  # with no dtype forced: as stored, the tensors converted_names lists in the compute dtype
 
     @classmethod
-    def of(cls, specs: Iterable[TensorInfo]) -> "WeightGroup":
+    def of(cls, specs: Iterable[TensorInfo], converted: Iterable[TensorInfo] = (),
+           compute: str = "float32") -> "WeightGroup":
+        """`converted`: those of `specs` that the loader copies into `compute` when no dtype is forced."""
         totals: dict[str, tuple[int, int]] = {}
+        stored = 0
         for s in specs:
             numel, nbytes = totals.get(s.dtype_name, (0, 0))
             totals[s.dtype_name] = (numel + s.numel, nbytes + s.nbytes)
-        return cls(tuple(sorted((d, n, b) for d, (n, b) in totals.items())))
+            stored += s.nbytes
+        growth = sum(s.numel * COMPUTE[compute].itemsize - s.nbytes for s in converted)
+        return cls(tuple(sorted((d, n, b) for d, (n, b) in totals.items())), stored + growth)
 
     def nbytes(self, dtype: str | None = None) -> int:
-        """Bytes once loaded; `dtype` converts the floating tensors (as the loader does), None keeps them."""
+        """Bytes once loaded; `dtype` converts the floating tensors (as the loader does), None: as the loader leaves
+        them (stored, but for the matrices converted_names lists)."""
         if dtype is None:
-            return sum(b for _, _, b in self.by_dtype)
+            return self.loaded_bytes
         itemsize = COMPUTE[dtype].itemsize
         return sum(n * itemsize if d in _CONVERTIBLE else b for d, n, b in self.by_dtype)
 
@@ -98,7 +121,7 @@ class ModelInfo:
         return self.config.max_position_embeddings
 
     def layer_bytes(self, dtype: str | None = None) -> tuple[int, ...]:
-        """Weight bytes of each layer in the dtype it will have (None: as stored)."""
+        """Weight bytes of each layer in the dtype it will have (None: no dtype forced, WeightGroup.nbytes)."""
         return tuple(layer.nbytes(dtype) for layer in self.layers)
 
     def weights_bytes(self, dtype: str | None = None) -> int:
@@ -124,7 +147,12 @@ def inspect(model_dir: str | Path) -> ModelInfo:
     source = gguf or Checkpoint(model_dir)
     specs = source.specs
     layout = ModelLayout.of(config, specs, model_dir.name)
-    group = lambda names: WeightGroup.of(specs[n] for n in names)  # noqa: E731
+    compute = compute_dtype_of(layout, specs)
+    converted = converted_names(layout, specs, compute)
+
+    def group(names) -> WeightGroup:
+        return WeightGroup.of([specs[n] for n in names], [specs[n] for n in names if n in converted], compute)
+
     return ModelInfo(
         model_dir=model_dir,
         layout=layout,
@@ -134,6 +162,6 @@ def inspect(model_dir: str | Path) -> ModelInfo:
         lm_head=group([layout.lm_head]),
         other=group(layout.unused),
         file_bytes=sum(p.stat().st_size for p in source.files),
-        compute_dtype=compute_dtype_of(layout, specs),
+        compute_dtype=compute,
         matrices=gguf.matrices(layout.layers, layout.embed, layout.lm_head) if gguf else None,
     )

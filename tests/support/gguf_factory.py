@@ -98,17 +98,18 @@ def dequantized_copy(model_dir: Path, out_dir: Path, qtype: str) -> Path:
 
 
 def write_gguf(model_dir: Path, path: Path, qtype: str = "f32", *, drop: tuple[str, ...] = (),
-               arch: str | None = None, override: dict | None = None) -> Path:
+               arch: str | None = None, override: dict | None = None, split_max_tensors: int = 0) -> Path:
     """`model_dir` (factory.make_model) as a GGUF file: matrices in `qtype` ("f32", "f16", "q8_0", "q4_0", ...).
 
-    `drop`: GGUF names left out; `override`: GGUF name -> (array, ggml type or None) written instead (or added)."""
+    `drop`: GGUF names left out; `override`: GGUF name -> (array, ggml type or None) written instead (or added);
+    `split_max_tensors`: parts of at most that many tensors, named as gguf-split does (the first part is returned)."""
     override = dict(override or {})
     config = _config(model_dir)
     arch = arch or ARCH[config["model_type"]]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     theta, scaling = _rope(config)
-    w = gguf.GGUFWriter(path, arch)
+    w = gguf.GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
     w.add_context_length(config["max_position_embeddings"])
     w.add_embedding_length(config["hidden_size"])
     w.add_block_count(config["num_hidden_layers"])
@@ -153,7 +154,7 @@ def write_gguf(model_dir: Path, path: Path, qtype: str = "f32", *, drop: tuple[s
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    return path.with_name(f"{path.stem}-00001-of-{len(w.tensors):05d}.gguf") if len(w.tensors) > 1 else path
 
 
 def add_tokenizer(w: gguf.GGUFWriter, model_dir: Path, config: dict) -> None:
@@ -173,7 +174,8 @@ def add_tokenizer(w: gguf.GGUFWriter, model_dir: Path, config: dict) -> None:
     w.add_token_types(types + [gguf.TokenType.UNUSED for _ in pad])
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
     w.add_bos_token_id(config["bos_token_id"])
-    w.add_eos_token_id(config["eos_token_id"])
+    if config["eos_token_id"] is not None:  # a model that never stops on its own has none
+        w.add_eos_token_id(config["eos_token_id"])
     w.add_add_bos_token(True)  # factory.py's post-processor adds <s>
     template = model_dir / "chat_template.jinja"
     if template.exists():

@@ -1,4 +1,5 @@
-"""The weight files of a model folder: single or sharded safetensors, validated, mapped lazily."""
+"""The weight files of a model folder: single or sharded safetensors, validated, mapped lazily; FileWatch, which
+notices a weight file (safetensors or GGUF) changing under a loaded model."""
 
 from __future__ import annotations
 
@@ -22,9 +23,8 @@ class Checkpoint:
         self.model_dir = Path(model_dir)
         self.specs: dict[str, TensorSpec] = {}
         self.files = weight_files(self.model_dir)
-        self._identity: dict[Path, tuple[int, int, int, int]] = {}  # what each file was when its header was read
+        self.watch = FileWatch(self.files)  # what each file was before its header was read
         for path in self.files:
-            self._identity[path] = _identity(path)
             for name, spec in read_header(path).items():
                 if name in self.specs:
                     raise ModelFormatError(f"{path.name}: tensor {name!r} also appears in {self.specs[name].path.name}")
@@ -38,29 +38,39 @@ class Checkpoint:
         """The named tensor as a view of the mapped file (no copy)."""
         spec = self.specs[name]
         if spec.path not in self._maps:
-            self._check_file(spec.path)  # the header's offsets hold only for the file they were read from
+            self.watch.check([spec.path])  # the header's offsets hold only for the file they were read from
             self._maps[spec.path] = MappedFile(spec.path)
         return self._maps[spec.path].tensor(spec)
 
     def check_unchanged(self) -> None:
-        """Raise ModelFormatError if a mapped file was replaced, truncated or rewritten since its header was read.
-
-        A few fstat-cheap stat calls: call it before each forward step, since reading a page of a truncated
-        mapping kills the process with SIGBUS. It cannot help once a step is running (docs/robustness.md)."""
-        for path in self._maps:
-            self._check_file(path)
-
-    def _check_file(self, path: Path) -> None:
-        try:
-            now = _identity(path)
-        except ModelFormatError:
-            now = None
-        if now != self._identity[path]:
-            raise ModelFormatError(f"the weights file {path.name} changed on disk while the model was loaded "
-                                   "(replaced, truncated or rewritten); load the model again")
+        """Raise ModelFormatError if a mapped file was replaced, truncated or rewritten since its header was read
+        (FileWatch.check: call it before each forward step)."""
+        self.watch.check(self._maps)
 
     def close(self) -> None:
         self._maps.clear()
+
+
+class FileWatch:
+    """What weight files were when they were read (device, inode, size, mtime), to refuse using one that changed.
+
+    A few stat calls: check before each forward step, since reading a page of a truncated mapping kills the
+    process with SIGBUS. It cannot help once a step is running (docs/robustness.md). Safetensors folders and GGUF
+    files (every part of a split one) are watched alike."""
+
+    def __init__(self, paths):
+        self._identity = {Path(p): _identity(Path(p)) for p in paths}
+
+    def check(self, paths=None) -> None:
+        """Raise ModelFormatError naming the first of `paths` (default: all watched) that changed."""
+        for path in self._identity if paths is None else paths:
+            try:
+                now = _identity(path)
+            except ModelFormatError:
+                now = None
+            if now != self._identity[path]:
+                raise ModelFormatError(f"the weights file {path.name} changed on disk while the model was loaded "
+                                       "(replaced, truncated or rewritten); load the model again")
 
 
 def _identity(path: Path) -> tuple[int, int, int, int]:

@@ -25,10 +25,11 @@ import torch
 from kernels.quant_linear import MatrixShape, QuantizedWeight, rows_workspace_bytes, workspace_bytes
 from kernels.quants import FORMATS
 
+from .checkpoint import FileWatch
 from .config import ModelConfig, RopeConfig
 from .dtypes import SAFETENSORS
 from .errors import ModelFormatError, UnsupportedModelError
-from .gguf import GGUFCheckpoint, GGUFTensor, find_gguf, open_gguf
+from .gguf import GGUFCheckpoint, GGUFTensor, find_gguf, open_gguf, part_paths
 from .gguf_tokenizer import GGUFTokenizer, tokenizer_from_gguf
 from .layout import EMBED, FINAL_NORM, LM_HEAD, layer_tensor_names
 from .rope import inverse_frequencies
@@ -124,6 +125,8 @@ class GGUFModel:
     def __init__(self, path: str | Path):
         self.path = find_gguf(path)
         self.name = self.path.name
+        # what the parts were before they were mapped (a missing one is left to open_gguf to name)
+        self.watch = FileWatch([p for p in part_paths(self.path) if p.is_file()])
         self.file: GGUFCheckpoint = open_gguf(self.path)
         self.metadata = self.file.metadata
         self.architecture = self.metadata.get("general.architecture")
@@ -181,6 +184,10 @@ class GGUFWeights:
             raise ModelFormatError(f"{self.model.name}: tensor {spec.name!r} is {spec.type_name.upper()} but has "
                                    f"{len(spec.shape)} dimensions; Stowage computes on quantized matrices only")
         return _torch_view(raw, spec.type_name)
+
+    def check_unchanged(self) -> None:
+        """Raise ModelFormatError if a part of the file changed on disk since it was mapped (before each step)."""
+        self.model.watch.check()
 
     def close(self) -> None:
         pass  # the maps close with the GGUFFile objects, once nothing holds a view of them

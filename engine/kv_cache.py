@@ -1,4 +1,11 @@
-"""The paged KV cache: a pool of fixed-size blocks per layer, block tables per sequence."""
+"""The paged KV cache: block pools per kind of layer, block tables per sequence, sliding windows recycled.
+
+Layers are grouped by what they keep: full-attention layers keep every block of the context; the layers of one
+sliding window W keep only the blocks a window and a prefill chunk can reach, and recycle older ones. Each group
+has its own pool and each sequence a table per group, indexed by logical block (position // block_size) in every
+group, so all tables of a sequence are as long and every kernel keeps its signature: a window group's recycled
+entries are -1, and the kernels never read a block before the window's start (docs/planner.md).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .defaults import BLOCK_SIZE
+from .defaults import BLOCK_SIZE, PREFILL_CHUNK
 from .errors import OutOfBlocksError
 
 
@@ -32,16 +39,30 @@ class CacheSpec:
     def block_bytes(self) -> int:
         return self.block_size * self.bytes_per_token
 
-    def num_blocks(self, num_tokens: int, num_seqs: int = 1) -> int:
-        return num_seqs * ceil_div(num_tokens, self.block_size)
+    def blocks_per_seq(self, num_tokens: int, window: int | None = None, chunk: int = PREFILL_CHUNK) -> int:
+        """Blocks one sequence of num_tokens holds at most in a layer: all of them, or what a window reaches.
 
-    def layer_bytes(self, num_tokens: int, num_seqs: int = 1) -> int:
-        """S * ceil(T / B) * B * 2 * kv_heads * head_dim * b (DESIGN.md)."""
-        return self.num_blocks(num_tokens, num_seqs) * self.block_bytes
+        A chunk of c new tokens at position s reads keys s - window + 1 .. s + c - 1: window + c - 1 positions,
+        which touch at most ceil((window + c - 2) / B) + 1 blocks (the first position at the end of a block)."""
+        full = ceil_div(num_tokens, self.block_size)
+        if window is None:
+            return full
+        c = max(1, min(chunk, num_tokens))
+        return min(full, ceil_div(window + c - 2, self.block_size) + 1)
+
+    def num_blocks(self, num_tokens: int, num_seqs: int = 1, *, window: int | None = None,
+                   chunk: int = PREFILL_CHUNK) -> int:
+        return num_seqs * self.blocks_per_seq(num_tokens, window, chunk)
+
+    def layer_bytes(self, num_tokens: int, num_seqs: int = 1, *, window: int | None = None,
+                    chunk: int = PREFILL_CHUNK) -> int:
+        """S * ceil(T / B) * B * 2 * kv_heads * head_dim * b (DESIGN.md); a window layer: S * min(ceil(T / B),
+        ceil((window + chunk - 2) / B) + 1) blocks instead."""
+        return self.num_blocks(num_tokens, num_seqs, window=window, chunk=chunk) * self.block_bytes
 
 
 class BlockAllocator:
-    """Hands out block ids from a fixed pool; the same ids index every layer's cache."""
+    """Hands out block ids from a fixed pool; the same ids index the cache of every layer of one group."""
 
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
@@ -68,51 +89,142 @@ class Sequence:
     """One conversation's cached tokens and the blocks that hold them."""
 
     token_ids: list[int] = field(default_factory=list)  # tokens whose K/V are in the cache
-    block_table: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)  # the full-attention layers' blocks
+    window_tables: dict[int, list[int]] = field(default_factory=dict)  # window -> its layers' blocks, -1 recycled
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
 
-class KVCache:
-    """Per-layer K/V block pools, each on its layer's device, sized for exactly num_tokens per sequence."""
+@dataclass
+class CacheGroup:
+    """Layers that keep the same tokens: one pool of blocks, one block table per sequence."""
 
-    def __init__(self, spec: CacheSpec, layer_devices: list[torch.device], num_tokens: int, num_seqs: int = 1):
+    window: int | None  # None: the whole context
+    max_blocks_per_seq: int  # what a sequence holds at most once older blocks are recycled
+    allocator: BlockAllocator
+
+    def table(self, seq: Sequence) -> list[int]:
+        return seq.block_table if self.window is None else seq.window_tables.setdefault(self.window, [])
+
+
+def first_held(table: list[int]) -> int:
+    """Index of the first block a table still holds: recycled entries (-1) are always a prefix."""
+    lo, hi = 0, len(table)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if table[mid] < 0:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+class KVCache:
+    """Per-layer K/V block pools, each on its layer's device, sized for exactly num_tokens per sequence.
+
+    `layer_windows` (ModelConfig.layer_windows; () when every layer is full) and `prefill_chunk` (the most
+    tokens one forward adds) size the window groups. A window that reaches the whole context is a full layer here."""
+
+    def __init__(self, spec: CacheSpec, layer_devices: list[torch.device], num_tokens: int, num_seqs: int = 1, *,
+                 layer_windows: tuple[int | None, ...] = (), prefill_chunk: int = PREFILL_CHUNK):
         self.spec = spec
         self.max_tokens = num_tokens
-        num_blocks = spec.num_blocks(num_tokens, num_seqs)
-        shape = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
-        # k_cache[l], v_cache[l]: [num_blocks, block_size, num_kv_heads, head_dim]
-        self.k_cache = [torch.zeros(shape, dtype=spec.dtype, device=d) for d in layer_devices]
-        self.v_cache = [torch.zeros(shape, dtype=spec.dtype, device=d) for d in layer_devices]
+        self.prefill_chunk = prefill_chunk
+        assert not layer_windows or len(layer_windows) == len(layer_devices), "one window (or None) per layer"
+        kept = {w: spec.blocks_per_seq(num_tokens, w, prefill_chunk) for w in set(layer_windows) | {None}}
+        windows = [w if kept[w] < kept[None] else None for w in layer_windows or [None] * len(layer_devices)]
+        keys = sorted(set(windows), key=lambda w: -1 if w is None else w)  # the full group first
+        self.groups = [CacheGroup(w, kept[w], BlockAllocator(num_seqs * kept[w])) for w in keys]
+        self.layer_group = [keys.index(w) for w in windows]  # layer -> index into groups
+        # k_cache[l], v_cache[l]: [num_blocks of the layer's group, block_size, num_kv_heads, head_dim]
+        shapes = [(self.groups[g].allocator.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+                  for g in self.layer_group]
+        self.k_cache = [torch.zeros(s, dtype=spec.dtype, device=d) for s, d in zip(shapes, layer_devices)]
+        self.v_cache = [torch.zeros(s, dtype=spec.dtype, device=d) for s, d in zip(shapes, layer_devices)]
         # fp8 stores value / scale; 1.0 keeps the fp8 range for typical K/V magnitudes (see docs/kernels.md)
         self.k_scale = [1.0] * len(layer_devices)
         self.v_scale = [1.0] * len(layer_devices)
-        self.allocator = BlockAllocator(num_blocks)
+
+    @property
+    def allocator(self) -> BlockAllocator:
+        """The full-attention layers' pool (the only one of a model without windows)."""
+        return self.groups[0].allocator
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        """The most tokens one forward may add: a window group holds only what a chunk of that many reaches."""
+        return self.prefill_chunk if any(g.window is not None for g in self.groups) else None
 
     @property
     def num_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k_cache + self.v_cache)
 
     def reserve(self, seq: Sequence, num_new_tokens: int) -> torch.Tensor:
-        """Grow seq's block table for num_new_tokens more tokens; return their slots: [num_new_tokens]."""
-        needed = ceil_div(seq.num_tokens + num_new_tokens, self.spec.block_size) - len(seq.block_table)
-        if needed > 0:
-            seq.block_table.extend(self.allocator.allocate(needed))
-        bs = self.spec.block_size
-        positions = range(seq.num_tokens, seq.num_tokens + num_new_tokens)
-        return torch.tensor([seq.block_table[p // bs] * bs + p % bs for p in positions], dtype=torch.int64)
+        """Grow seq's block tables for num_new_tokens more tokens, recycling window blocks no query will read again;
+        return the new tokens' slots in each group: [num_groups, num_new_tokens]."""
+        bs, start = self.spec.block_size, seq.num_tokens
+        length = ceil_div(start + num_new_tokens, bs)
+        for g in self.groups:
+            table = g.table(seq)
+            if g.window is not None:
+                # keep the newest blocks up to the group's share (history for truncate), never one this chunk reads
+                cut = min(length - g.max_blocks_per_seq, max(0, start - g.window + 1) // bs)
+                first = first_held(table)
+                if cut > first:
+                    g.allocator.free(table[first:cut])
+                    table[first:cut] = [-1] * (cut - first)
+            if length > len(table):
+                table.extend(g.allocator.allocate(length - len(table)))
+        positions = torch.arange(start, start + num_new_tokens)
+        tables = torch.tensor([g.table(seq)[:length] for g in self.groups], dtype=torch.int64)  # [groups, blocks]
+        return tables[:, positions // bs] * bs + positions % bs
 
-    def truncate(self, seq: Sequence, num_tokens: int) -> None:
-        """Keep the first num_tokens cached tokens of seq; release the blocks past them."""
-        keep = ceil_div(num_tokens, self.spec.block_size)
-        self.allocator.free(seq.block_table[keep:])
-        del seq.block_table[keep:]
-        del seq.token_ids[num_tokens:]
+    def num_reusable(self, seq: Sequence, num_tokens: int) -> int:
+        """How many of seq's first num_tokens tokens a truncate keeps: all of them while every window group still
+        holds the last window of them, else 0 (the window layers' K/V there depend on the recycled ones)."""
+        num_tokens = min(num_tokens, seq.num_tokens)
+        for g in self.groups:
+            if g.window is None or not num_tokens:
+                continue
+            if g.table(seq)[max(0, num_tokens - g.window + 1) // self.spec.block_size] < 0:
+                return 0
+        return num_tokens
+
+    def truncate(self, seq: Sequence, num_tokens: int) -> int:
+        """Keep the first num_tokens cached tokens of seq where the cache still can (num_reusable), release the
+        blocks past them, and return the number kept: the caller prefills from there (seq.num_tokens)."""
+        keep = self.num_reusable(seq, num_tokens)
+        length = ceil_div(keep, self.spec.block_size)
+        for g in self.groups:
+            table = g.table(seq)
+            g.allocator.free([b for b in table[length:] if b >= 0])
+            del table[length:]
+        del seq.token_ids[keep:]
+        return keep
 
     def release(self, seq: Sequence) -> None:
         self.truncate(seq, 0)
 
-    def block_table_tensor(self, seq: Sequence) -> torch.Tensor:
-        return torch.tensor(seq.block_table, dtype=torch.int32)
+    def can_fit(self, growth: list[tuple[Sequence, int]]) -> bool:
+        """Whether each sequence can grow by its number of tokens (prefilled in chunks) from the free blocks now."""
+        bs = self.spec.block_size
+        for g in self.groups:
+            needed = 0
+            for seq, n in growth:
+                table = g.table(seq)
+                first = first_held(table)
+                held = ceil_div(seq.num_tokens + n, bs) - first
+                if g.window is not None:  # the most it holds while it grows: its share, once it recycles
+                    held = min(held, g.max_blocks_per_seq)
+                needed += max(0, held - (len(table) - first))
+            if needed > g.allocator.num_free:
+                return False
+        return True
+
+    def block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Every group's block table of each sequence: [num_groups, num_seqs, max_blocks] int32, -1 padded."""
+        width = max(len(g.table(seq)) for g in self.groups for seq in seqs)
+        return torch.tensor([[g.table(s) + [-1] * (width - len(g.table(s))) for s in seqs] for g in self.groups],
+                            dtype=torch.int32)

@@ -58,15 +58,18 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.
 
 @dataclass
 class StepInputs:
-    """What every layer on one device needs for this forward call; built once per device."""
+    """What every layer on one device needs for this forward call; built once per device.
+
+    Indexed by the layer's cache group (KVCache.layer_group): the full-attention layers and each sliding window
+    keep their own blocks, so slots and block tables differ per group."""
 
     ops: object  # the attention implementation for the device
     cos: torch.Tensor  # [n, 1, head_dim]
     sin: torch.Tensor  # [n, 1, head_dim], sign-flipped first half (see rope.py)
-    slots: torch.Tensor  # [n]
-    block_table: torch.Tensor  # [num_blocks] int32
-    context_lens: torch.Tensor  # [1] int32, decode only
-    block_tables: torch.Tensor | None = None  # [num_seqs, max_blocks] int32, -1 padded: a batched decode step
+    slots: torch.Tensor  # [num_groups, n]
+    block_table: torch.Tensor | None  # [num_groups, max_blocks] int32: one sequence's chunk
+    context_lens: torch.Tensor  # [1] or [num_seqs] int32, decode only
+    block_tables: torch.Tensor | None = None  # [num_groups, num_seqs, max_blocks] int32, -1 padded: batched decode
     local: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin of the sliding layers' own rope (Gemma 3)
 
 
@@ -96,11 +99,21 @@ class Transformer:
 
     @torch.inference_mode()
     def forward(self, token_ids: list[int], seq: Sequence, cache: KVCache, all_logits: bool = False) -> torch.Tensor:
-        """Append token_ids to seq (writing their K/V) and return fp32 logits: [n or 1, vocab]."""
+        """Append token_ids to seq (writing their K/V) and return fp32 logits: [n or 1, vocab].
+
+        More tokens than the cache's window groups can take at once (cache.max_new_tokens) run in chunks."""
+        step = cache.max_new_tokens or len(token_ids)
+        outs = []
+        for i in range(0, len(token_ids), step):
+            h = self._forward(token_ids[i : i + step], seq, cache)
+            outs.append(h if all_logits else h[-1:])
+        return self._logits(torch.cat(outs) if all_logits else outs[-1])
+
+    def _forward(self, token_ids: list[int], seq: Sequence, cache: KVCache) -> torch.Tensor:
         n, start = len(token_ids), seq.num_tokens
         slots = cache.reserve(seq, n)
         positions = torch.arange(start, start + n)
-        block_table = cache.block_table_tensor(seq)
+        block_table = cache.block_tables([seq])[:, 0]  # every group's, once per call
         context_lens = torch.tensor([start + n], dtype=torch.int32)
         steps: dict[torch.device, StepInputs] = {}
         h = self._embed(token_ids)
@@ -113,9 +126,7 @@ class Transformer:
                                                context_lens.to(dev), local=self._local(positions, dev))
             h = self._layer(i, layer, h.to(dev), start, step, cache)
         seq.token_ids.extend(token_ids)
-        if not all_logits:
-            h = h[-1:]
-        return self._logits(h)
+        return h
 
     @torch.inference_mode()
     def decode_step(self, token_ids: list[int], seqs: list[Sequence], cache: KVCache) -> torch.Tensor:
@@ -123,11 +134,9 @@ class Transformer:
 
         The linear layers run on [num_seqs, hidden]; attention reads each sequence through its own block table."""
         starts = [seq.num_tokens for seq in seqs]
-        slots = torch.cat([cache.reserve(seq, 1) for seq in seqs])
+        slots = torch.cat([cache.reserve(seq, 1) for seq in seqs], dim=1)  # [num_groups, num_seqs]
         positions = torch.tensor(starts)
-        width = max(len(seq.block_table) for seq in seqs)
-        block_tables = torch.tensor([seq.block_table + [-1] * (width - len(seq.block_table)) for seq in seqs],
-                                    dtype=torch.int32)
+        block_tables = cache.block_tables(seqs)
         context_lens = torch.tensor([start + 1 for start in starts], dtype=torch.int32)
         steps: dict[torch.device, StepInputs] = {}
         h = self._embed(token_ids)
@@ -171,20 +180,19 @@ class Transformer:
         window = cfg.window(i)
         cos, sin = step.local if (window is not None and step.local is not None) else (step.cos, step.sin)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        # passed only when set, so a kernel without them (Triton, for now) still runs every other model
-        extra = {key: val for key, val in (("window", window), ("softcap", cfg.attn_softcap)) if val is not None}
+        g = cache.layer_group[i]
         k_cache, v_cache = cache.k_cache[i], cache.v_cache[i]
         k_scale, v_scale = cache.k_scale[i], cache.v_scale[i]
-        step.ops.write_kv(k, v, k_cache, v_cache, step.slots, k_scale, v_scale)
+        step.ops.write_kv(k, v, k_cache, v_cache, step.slots[g], k_scale, v_scale)
         if step.block_tables is not None:  # one new token for each of n sequences
-            attn = step.ops.decode_attention(q, k_cache, v_cache, step.block_tables, step.context_lens,
-                                             self.scale, k_scale, v_scale, **extra)
+            attn = step.ops.decode_attention(q, k_cache, v_cache, step.block_tables[g], step.context_lens,
+                                             self.scale, k_scale, v_scale, window=window, softcap=cfg.attn_softcap)
         elif n == 1:
-            attn = step.ops.decode_attention(q, k_cache, v_cache, step.block_table[None], step.context_lens,
-                                             self.scale, k_scale, v_scale, **extra)
+            attn = step.ops.decode_attention(q, k_cache, v_cache, step.block_table[g, None], step.context_lens,
+                                             self.scale, k_scale, v_scale, window=window, softcap=cfg.attn_softcap)
         else:
-            attn = step.ops.prefill_attention(q, k_cache, v_cache, step.block_table, start, self.scale,
-                                              k_scale, v_scale, **extra)
+            attn = step.ops.prefill_attention(q, k_cache, v_cache, step.block_table[g], start, self.scale,
+                                              k_scale, v_scale, window=window, softcap=cfg.attn_softcap)
         attn = linear(attn.reshape(n, -1), w["o"], w.get("o_bias"))
         if cfg.sandwich_norm:  # Gemma: post_attention_layernorm normalizes the attention output
             h = h + norm(attn, w["post_norm"], cfg.rms_norm_eps)

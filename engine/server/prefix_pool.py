@@ -27,20 +27,20 @@ class PrefixPool:
 
     def take(self, prompt_ids: list[int]) -> tuple[Conversation, int]:
         """A conversation for prompt_ids, holding as much of it cached as there is, and that many tokens."""
-        best, shared = None, 0
+        cache = self.engine.cache
+        best, reuse = None, 0
         for conv in self._idle:
-            n = common_prefix(conv.seq.token_ids, prompt_ids)
-            if n > shared:
-                best, shared = conv, n
-        # at least one prompt token is computed: its logits give the first token of the reply
-        reuse = min(shared, len(prompt_ids) - 1)
+            # at least one prompt token is computed: its logits give the first token of the reply; and a prefix
+            # whose sliding-window K/V were recycled is not reusable (KVCache.num_reusable)
+            n = cache.num_reusable(conv.seq, min(common_prefix(conv.seq.token_ids, prompt_ids), len(prompt_ids) - 1))
+            if n > reuse:
+                best, reuse = conv, n
         # Taking a conversation drops what it holds past the shared prefix: not for less than a block (a
         # start token, a role marker in common), which would cost another request its cache for nothing.
-        if best is None or reuse < self.engine.cache.spec.block_size:
+        if best is None or reuse < cache.spec.block_size:
             return self.engine.new_conversation(), 0
         self._idle.remove(best)
-        self.engine.cache.truncate(best.seq, reuse)
-        return best, reuse
+        return best, cache.truncate(best.seq, reuse)
 
     def give_back(self, conv: Conversation) -> None:
         """Keep a finished request's conversation cached for the requests that follow."""
@@ -55,11 +55,10 @@ class PrefixPool:
 
         The plan holds a whole context for every running sequence, so evicting idle ones is always enough."""
         cache = self.engine.cache
-        needed = sum(cache.spec.num_blocks(seq.num_tokens + n) - len(seq.block_table) for seq, n in growth)
-        if needed <= cache.allocator.num_free:
+        if cache.can_fit(growth):
             return
         self._idle.sort(key=lambda c: c.last_used)
-        while self._idle and cache.allocator.num_free < needed:
+        while self._idle and not cache.can_fit(growth):
             self.engine.release(self._idle.pop(0))
 
     def clear(self) -> None:

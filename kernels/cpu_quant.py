@@ -18,7 +18,7 @@ import torch
 
 from .cbuild import cpu_flags, load
 
-SOURCES = ["quant_gemv.c", "quant_blocks.h", "quant_x86.h"]
+SOURCES = ["quant_gemv.c", "quant_dots.h", "quant_blocks.h", "quant_x86.h"]
 BASE_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 # Each instruction set: its compiler flags and the /proc/cpuinfo flags it needs, best first.
 ISAS = {

@@ -5,53 +5,7 @@
 // set (no -m flags: portable C; -mavx2 -mfma; -mavx512f -mavx512bw); see docs/kernels.md.
 #include <stdlib.h>
 
-#include "quant_blocks.h"
-#if defined(__x86_64__) || defined(__i386__)
-#include "quant_x86.h"
-#endif
-
-typedef float (*row_dot)(const uint8_t *row, const float *x, const float *xsum, int64_t num_blocks);
-
-// Any type: each block dequantized exactly as kernels/quants.py does into a buffer, then dotted with x.
-#define GENERIC_DOT(T)                                                                          \
-    static float dot_generic_##T(const uint8_t *row, const float *x, const float *xsum, int64_t nb) { \
-        (void)xsum;                                                                             \
-        float w[QK_K], sum = 0.0f;                                                              \
-        const int elems = TYPES[T].elems, bytes = TYPES[T].bytes;                               \
-        for (int64_t i = 0; i < nb; i++, row += bytes, x += elems) {                            \
-            dequantize_block(T, row, w);                                                        \
-            sum += dot_block(w, x, elems);                                                      \
-        }                                                                                       \
-        return sum;                                                                             \
-    }
-
-#ifndef HAS_SIMD_DOTS
-static inline float dot_block(const float *w, const float *x, int n) {
-    float sum = 0.0f;
-    for (int j = 0; j < n; j++) sum += w[j] * x[j];
-    return sum;
-}
-#endif
-
-#ifdef HAS_SIMD_DOTS
-static const row_dot DOTS[NUM_TYPES] = {
-    [Q8_0] = dot_q8_0, [Q4_0] = dot_q4_0, [Q4_1] = dot_q4_1, [Q5_0] = dot_q5_0,
-    [Q5_1] = dot_q5_1, [Q4_K] = dot_q4_k, [Q5_K] = dot_q5_k, [Q6_K] = dot_q6_k,
-};
-#else
-GENERIC_DOT(Q8_0)
-GENERIC_DOT(Q4_0)
-GENERIC_DOT(Q4_1)
-GENERIC_DOT(Q5_0)
-GENERIC_DOT(Q5_1)
-GENERIC_DOT(Q4_K)
-GENERIC_DOT(Q5_K)
-GENERIC_DOT(Q6_K)
-static const row_dot DOTS[NUM_TYPES] = {
-    [Q8_0] = dot_generic_Q8_0, [Q4_0] = dot_generic_Q4_0, [Q4_1] = dot_generic_Q4_1, [Q5_0] = dot_generic_Q5_0,
-    [Q5_1] = dot_generic_Q5_1, [Q4_K] = dot_generic_Q4_K, [Q5_K] = dot_generic_Q5_K, [Q6_K] = dot_generic_Q6_K,
-};
-#endif
+#include "quant_dots.h"
 
 // The type's id for quant_gemv, or -1: the names are kernels/quants.py's.
 int quant_type_id(const char *name) {

@@ -1,0 +1,138 @@
+"""The CPU decode step in C (kernels/csrc/decode_layer.c): a run of layers, or the final norm and head, per call.
+
+One library per instruction set (`avx512bf16`, `avx512`, `avx2`, `scalar`), the best the CPU runs unless
+`STOWAGE_DECODE_ISA` names one. A prebuilt library beside this file (`kernels/_native/`, made when the package is
+built: `python -m kernels.build`) is used first; otherwise it is compiled at first use (a developer
+convenience; kernels/cbuild.py). `STOWAGE_NATIVE_DECODE=0` or `STOWAGE_FORCE_REFERENCE=1` turns it off, and
+no library at all (no compiler, no prebuilt one) leaves the torch path: `active()` says which runs.
+The ctypes structures below mirror the C structs field for field.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from functools import cache
+
+from .cbuild import cpu_flags, load
+
+SOURCES = ["decode_layer.c", "quant_dots.h", "quant_blocks.h", "quant_x86.h"]
+BASE_FLAGS = ["-O3", "-ffp-contract=off", "-shared", "-fPIC", "-pthread"]
+LIBS = ["-lm"]
+_X86 = ["-mavx2", "-mfma", "-mf16c"]
+# Each instruction set: its compiler flags and the /proc/cpuinfo flags it needs, best first.
+ISAS = {
+    "avx512bf16": (["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", *_X86],
+                   {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx2", "fma", "f16c"}),
+    "avx512": (["-mavx512f", "-mavx512bw", "-mavx512vl", *_X86], {"avx512f", "avx512bw", "avx512vl", "avx2", "fma", "f16c"}),
+    "avx2": (_X86, {"avx2", "fma", "f16c"}),
+    "scalar": ([], set()),
+}
+# Weight and cache type codes of the C side: floats; ggml block types are their quant_type_id.
+W_F32, W_F16, W_BF16, CACHE_FP8 = 100, 101, 102, 3
+ACT_SILU, ACT_GELU_TANH = 0, 1
+
+
+class Matrix(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("type", ctypes.c_int32),
+                ("bias_type", ctypes.c_int32), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64)]
+
+
+class Vector(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("type", ctypes.c_int32)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [(name, Matrix) for name in ("q", "k", "v", "o", "gate", "up", "down")] + \
+               [(name, Vector) for name in ("input_norm", "post_norm", "pre_ff_norm", "post_ff_norm", "q_norm",
+                                            "k_norm")] + \
+               [("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p), ("k_scale", ctypes.c_float),
+                ("v_scale", ctypes.c_float), ("window", ctypes.c_int32), ("local_rope", ctypes.c_int32)]
+
+
+class Model(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int32) for name in
+                ("hidden", "num_heads", "num_kv_heads", "head_dim", "intermediate", "block_size", "cache_type",
+                 "norm_plus_one", "sandwich", "qk_norm", "act", "num_layers")] + \
+               [("eps", ctypes.c_float), ("attn_scale", ctypes.c_float), ("attn_softcap", ctypes.c_float),
+                ("inv_freq", ctypes.c_void_p), ("inv_freq_local", ctypes.c_void_p), ("qk_order", ctypes.c_void_p),
+                ("layers", ctypes.POINTER(Layer))]
+
+
+def enabled() -> bool:
+    """Whether the switches allow the native decode step (STOWAGE_NATIVE_DECODE, STOWAGE_FORCE_REFERENCE)."""
+    off = os.environ.get("STOWAGE_FORCE_REFERENCE", "") not in ("", "0")
+    return not off and os.environ.get("STOWAGE_NATIVE_DECODE", "1") not in ("0", "")
+
+
+def supported_isas() -> list[str]:
+    """The instruction sets this CPU can run, best first."""
+    flags = cpu_flags()
+    return [isa for isa, (_, needs) in ISAS.items() if needs <= flags]
+
+
+@cache
+def selected_isa() -> str | None:
+    """`STOWAGE_DECODE_ISA` if set (None when the CPU lacks it), else the best the CPU has; None when turned off."""
+    if not enabled():
+        return None
+    forced = os.environ.get("STOWAGE_DECODE_ISA", "")
+    if forced and forced not in ISAS:
+        raise ValueError(f"STOWAGE_DECODE_ISA={forced!r} is not one of {', '.join(ISAS)}")
+    if forced:
+        return forced if forced in supported_isas() else None
+    return supported_isas()[0]
+
+
+@cache
+def library(isa: str) -> ctypes.CDLL | None:
+    """The decode library for `isa` (prebuilt, else built now), or None when there is none to be had."""
+    lib = load(f"decode_layer_{isa}", SOURCES, BASE_FLAGS + ISAS[isa][0], LIBS)
+    if lib is None:
+        return None
+    ptr = ctypes.c_void_p
+    lib.decode_layers.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_int, ptr, ctypes.c_int32,
+                                  ctypes.c_int64, ptr]
+    lib.decode_layers.restype = ctypes.c_int
+    lib.decode_head.argtypes = [ctypes.POINTER(Model), ptr, ctypes.c_int32, ctypes.POINTER(Vector),
+                                ctypes.POINTER(Matrix), ctypes.c_float, ptr]
+    lib.decode_head.restype = ctypes.c_int
+    lib.decode_set_threads.argtypes = [ctypes.c_int]
+    lib.decode_set_threads.restype = ctypes.c_int
+    lib.decode_num_threads.restype = ctypes.c_int
+    lib.decode_isa.restype = ctypes.c_char_p
+    lib.decode_set_spin.argtypes = [ctypes.c_int64]
+    lib.decode_type_id.argtypes = [ctypes.c_char_p]
+    lib.decode_type_id.restype = ctypes.c_int
+    lib.decode_set_threads(default_threads())
+    return lib
+
+
+def current() -> ctypes.CDLL | None:
+    """The library that runs here, or None (turned off, or none could be had)."""
+    isa = selected_isa()
+    return library(isa) if isa is not None else None
+
+
+def default_threads() -> int:
+    """`STOWAGE_THREADS` if set, else the cores this process may run on (its affinity, not the machine's count)."""
+    if os.environ.get("STOWAGE_THREADS", "").strip():
+        return max(1, int(os.environ["STOWAGE_THREADS"]))
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def set_threads(n: int) -> int:
+    """Use n threads for the native decode step (the caller's included); returns how many it got."""
+    lib = current()
+    return lib.decode_set_threads(int(n)) if lib is not None else 0
+
+
+def active() -> str:
+    """What runs the CPU decode step here, for `stowage plan` and the About box: e.g. "native avx512bf16, 2 threads"."""
+    lib = current()
+    if lib is None:
+        return "torch (native decode off)" if not enabled() else "torch (no native decode library)"
+    return f"native {lib.decode_isa().decode()}, {lib.decode_num_threads()} threads"

@@ -1,0 +1,795 @@
+// The CPU decode step of a Llama-family model, one token of one sequence, in one call for a run of layers:
+// input norm, Q/K/V products, Q/K norms, rotary, the new K/V written into its paged-cache slot, attention over
+// the sequence's blocks read in place through the block table (online softmax, grouped KV heads, split over the
+// context), output projection, residual, norms, gate/up, SiLU or GELU-tanh, down, residual. Plus the final norm
+// and the output head. Weights are read where they lie (the memory map): f32, f16, bf16 rows or ggml blocks.
+// Activations are float32 inside a call; nothing is allocated per step.
+//
+// Threads: a pool of our own. Each parallel phase is cut into chunks that threads take from one atomic
+// ticket, so a thread the OS has taken away (a busy machine, the GUI's thread) delays a phase by at most one
+// chunk instead of its fixed share; the calling thread works too, and waiting threads spin briefly, then
+// sleep on a futex. Built per instruction set by kernels/cpu_decode.py; see docs/kernels.md.
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+
+#include "quant_dots.h"
+
+// ---- types shared with kernels/cpu_decode.py (ctypes mirrors these structs field for field) ----------------
+
+enum { W_F32 = 100, W_F16 = 101, W_BF16 = 102 };  // float weights; 0 .. NUM_TYPES - 1 are ggml block types
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
+#define MAX_HEAD_DIM 512
+#define MAX_SPLITS 64
+#define MAX_THREADS 64
+
+typedef struct {
+    const void *data;  // [rows, cols]: rows of floats, or rows of blocks
+    const void *bias;  // [rows] or NULL
+    int32_t type, bias_type;
+    int64_t rows, cols;
+} matrix;
+
+typedef struct {
+    const void *data;  // [n] or NULL (absent)
+    int32_t type;      // W_F32 / W_F16 / W_BF16
+} vector;
+
+typedef struct {
+    matrix q, k, v, o, gate, up, down;
+    vector input_norm, post_norm, pre_ff_norm, post_ff_norm, q_norm, k_norm;
+    void *k_cache, *v_cache;  // [num_blocks, block_size, num_kv_heads, head_dim] in cache_type
+    float k_scale, v_scale;   // fp8 caches store value / scale
+    int32_t window;           // sliding window in tokens; 0: the whole context
+    int32_t local_rope;       // 1: the sliding layers' own rotary base (Gemma 3)
+} layer;
+
+typedef struct {
+    int32_t hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size;
+    int32_t cache_type;  // W_F32 / W_F16 / W_BF16, or 3: fp8 e4m3fn
+    int32_t norm_plus_one, sandwich, qk_norm, act, num_layers;
+    float eps, attn_scale, attn_softcap;  // softcap 0: none
+    const float *inv_freq, *inv_freq_local;  // [head_dim / 2]
+    const int64_t *qk_order;  // [head_dim] or NULL: Q/K outputs of a head read in this order (llama.cpp files)
+    layer *layers;
+} model;
+
+#define CACHE_FP8 3
+
+// ---- scalar conversions -----------------------------------------------------------------------------------
+
+static inline float bf16_f32(uint16_t v) {
+    uint32_t bits = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t f32_bf16(float f) {  // round to nearest even, as torch does
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffff) > 0x7f800000) return (uint16_t)((bits >> 16) | 0x40);
+    bits += 0x7fff + ((bits >> 16) & 1);
+    return (uint16_t)(bits >> 16);
+}
+
+static inline float f16_f32(uint16_t h) { return f16_to_f32((const uint8_t *)&h); }
+
+static inline uint16_t f32_f16(float f) {  // round to nearest even; overflow to infinity, as torch does
+#if defined(__F16C__)
+    return _cvtss_sh(f, 0);
+#else
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, a = x & 0x7fffffff;
+    if (a > 0x7f800000) return (uint16_t)(sign | 0x7e00);
+    if (a >= 0x477ff000) return (uint16_t)(sign | 0x7c00);  // rounds past 65504
+    if (a < 0x38800000) {  // below 2^-14: a subnormal half, mant = round(a / 2^-24)
+        float v;
+        memcpy(&v, &a, 4);
+        return (uint16_t)(sign | (uint32_t)nearbyintf(v * 16777216.0f));
+    }
+    uint32_t r = a - (112u << 23);
+    r = (r + 0xfff + ((r >> 13) & 1)) >> 13;
+    return (uint16_t)(sign | r);
+#endif
+}
+
+static float FP8_TABLE[256];
+
+static void build_fp8_table(void) {
+    for (int b = 0; b < 256; b++) {
+        int e = (b >> 3) & 15, m = b & 7;
+        float v = e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + m / 8.0f, e - 7);
+        if ((b & 0x7f) == 0x7f) v = NAN;
+        FP8_TABLE[b] = (b & 0x80) ? -v : v;
+    }
+}
+
+static inline uint8_t f32_fp8(float f) {  // e4m3fn, round to nearest even, saturating at 448 as torch does
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint8_t sign = (uint8_t)((x >> 24) & 0x80);
+    uint32_t a = x & 0x7fffffff;
+    if (a > 0x7f800000) return sign | 0x7f;
+    if (a > 0x43e00000) return sign | 0x7e;  // past 448 (infinity too)
+    if (a < 0x3c800000) {                    // below 2^-6: subnormal, mant = round(a / 2^-9)
+        float v;
+        memcpy(&v, &a, 4);
+        return sign | (uint8_t)nearbyintf(v * 512.0f);
+    }
+    uint32_t r = a - (120u << 23);
+    r = (r + 0x7ffff + ((r >> 20) & 1)) >> 20;
+    return sign | (uint8_t)(r > 0x7e ? 0x7e : r);
+}
+
+static inline float load_scalar(const void *p, int32_t type, int64_t i) {
+    switch (type) {
+    case W_F16: return f16_f32(((const uint16_t *)p)[i]);
+    case W_BF16: return bf16_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+// ---- row dot products of float weights with a float32 x ---------------------------------------------------
+
+#ifdef VEC_LANES
+#if VEC_LANES == 16
+static inline vf vload_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline vf vload_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+#else
+static inline vf vload_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline vf vload_bf16(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+#endif
+static inline vf vload_f32(const float *p) { return vload(p); }
+#define VSTEP VEC_LANES
+#endif
+
+// Four rows at once (each x chunk loaded once, four streams in flight), then the rest one by one.
+#ifdef VEC_LANES
+#define FLOAT_DOTS(NAME, T, VLOAD, SLOAD)                                                                   \
+    static void NAME(const T *w, int64_t cols, int64_t nrows, const float *x, float *y) {                 \
+        int64_t r = 0;                                                                                    \
+        for (; r + 4 <= nrows; r += 4) {                                                                  \
+            const T *r0 = w + r * cols, *r1 = r0 + cols, *r2 = r1 + cols, *r3 = r2 + cols;                 \
+            vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();                                    \
+            int64_t i = 0;                                                                                \
+            for (; i + VSTEP <= cols; i += VSTEP) {                                                       \
+                vf xv = vload(x + i);                                                                     \
+                a0 = vfma(VLOAD(r0 + i), xv, a0);                                                         \
+                a1 = vfma(VLOAD(r1 + i), xv, a1);                                                         \
+                a2 = vfma(VLOAD(r2 + i), xv, a2);                                                         \
+                a3 = vfma(VLOAD(r3 + i), xv, a3);                                                         \
+            }                                                                                             \
+            float s0 = vsum(a0), s1 = vsum(a1), s2 = vsum(a2), s3 = vsum(a3);                             \
+            for (; i < cols; i++) {                                                                       \
+                s0 += SLOAD(r0[i]) * x[i];                                                                \
+                s1 += SLOAD(r1[i]) * x[i];                                                                \
+                s2 += SLOAD(r2[i]) * x[i];                                                                \
+                s3 += SLOAD(r3[i]) * x[i];                                                                \
+            }                                                                                             \
+            y[r] = s0, y[r + 1] = s1, y[r + 2] = s2, y[r + 3] = s3;                                       \
+        }                                                                                                 \
+        for (; r < nrows; r++) {                                                                          \
+            const T *row = w + r * cols;                                                                  \
+            vf a = vzero();                                                                               \
+            int64_t i = 0;                                                                                \
+            for (; i + VSTEP <= cols; i += VSTEP) a = vfma(VLOAD(row + i), vload(x + i), a);              \
+            float s = vsum(a);                                                                            \
+            for (; i < cols; i++) s += SLOAD(row[i]) * x[i];                                              \
+            y[r] = s;                                                                                     \
+        }                                                                                                 \
+    }
+#else
+#define FLOAT_DOTS(NAME, T, VLOAD, SLOAD)                                                                   \
+    static void NAME(const T *w, int64_t cols, int64_t nrows, const float *x, float *y) {                 \
+        for (int64_t r = 0; r < nrows; r++) {                                                             \
+            const T *row = w + r * cols;                                                                  \
+            float s = 0.0f;                                                                               \
+            for (int64_t i = 0; i < cols; i++) s += SLOAD(row[i]) * x[i];                                 \
+            y[r] = s;                                                                                     \
+        }                                                                                                 \
+    }
+#endif
+#define SLOAD_F32(v) (v)
+FLOAT_DOTS(dots_f32, float, vload_f32, SLOAD_F32)
+FLOAT_DOTS(dots_f16, uint16_t, vload_f16, f16_f32)
+#if !defined(__AVX512BF16__)
+FLOAT_DOTS(dots_bf16, uint16_t, vload_bf16, bf16_f32)
+#endif
+
+#if defined(__AVX512BF16__)
+// bf16 weights against x rounded to bf16 (the torch path's activations are bf16 too): one instruction per
+// 32 products with float32 sums.
+static void dots_bf16_native(const uint16_t *w, int64_t cols, int64_t nrows, const uint16_t *xb, float *y) {
+    int64_t r = 0;
+    for (; r + 4 <= nrows; r += 4) {
+        const uint16_t *r0 = w + r * cols, *r1 = r0 + cols, *r2 = r1 + cols, *r3 = r2 + cols;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+        int64_t i = 0;
+        for (; i + 32 <= cols; i += 32) {
+            __m512bh xv = (__m512bh)_mm512_loadu_si512(xb + i);
+            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(r0 + i), xv);
+            a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(r1 + i), xv);
+            a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(r2 + i), xv);
+            a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(r3 + i), xv);
+        }
+        float s0 = _mm512_reduce_add_ps(a0), s1 = _mm512_reduce_add_ps(a1), s2 = _mm512_reduce_add_ps(a2),
+              s3 = _mm512_reduce_add_ps(a3);
+        for (; i < cols; i++) {
+            float xi = bf16_f32(xb[i]);
+            s0 += bf16_f32(r0[i]) * xi, s1 += bf16_f32(r1[i]) * xi, s2 += bf16_f32(r2[i]) * xi,
+                s3 += bf16_f32(r3[i]) * xi;
+        }
+        y[r] = s0, y[r + 1] = s1, y[r + 2] = s2, y[r + 3] = s3;
+    }
+    for (; r < nrows; r++) {
+        const uint16_t *row = w + r * cols;
+        __m512 a = _mm512_setzero_ps();
+        int64_t i = 0;
+        for (; i + 32 <= cols; i += 32)
+            a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(row + i), (__m512bh)_mm512_loadu_si512(xb + i));
+        float s = _mm512_reduce_add_ps(a);
+        for (; i < cols; i++) s += bf16_f32(row[i]) * bf16_f32(xb[i]);
+        y[r] = s;
+    }
+}
+#endif
+
+// An input vector as every kind of weight wants it: float32, rounded to bf16, and its sums per 32 (ggml blocks).
+typedef struct {
+    const float *x;
+    uint16_t *xb;
+    float *xsum;
+} input;
+
+static void prepare(input *in, int64_t n) {
+    for (int64_t i = 0; i < n; i++) in->xb[i] = f32_bf16(in->x[i]);
+    for (int64_t s = 0; s < n / 32; s++) {
+        float sum = 0.0f;
+        for (int j = 0; j < 32; j++) sum += in->x[32 * s + j];
+        in->xsum[s] = sum;
+    }
+}
+
+// y[r - r0] = W[r] . x + bias[r] for r in [r0, r1)
+static void matvec_rows(const matrix *m, int64_t r0, int64_t r1, const input *in, float *y) {
+    const int64_t cols = m->cols, n = r1 - r0;
+    switch (m->type) {
+    case W_F32: dots_f32((const float *)m->data + r0 * cols, cols, n, in->x, y); break;
+    case W_F16: dots_f16((const uint16_t *)m->data + r0 * cols, cols, n, in->x, y); break;
+    case W_BF16:
+#if defined(__AVX512BF16__)
+        dots_bf16_native((const uint16_t *)m->data + r0 * cols, cols, n, in->xb, y);
+#else
+        dots_bf16((const uint16_t *)m->data + r0 * cols, cols, n, in->x, y);
+#endif
+        break;
+    default: {
+        const int64_t nb = cols / TYPES[m->type].elems, row_bytes = nb * TYPES[m->type].bytes;
+        const uint8_t *w = (const uint8_t *)m->data + r0 * row_bytes;
+        const row_dot dot = DOTS[m->type];
+        for (int64_t r = 0; r < n; r++) y[r] = dot(w + r * row_bytes, in->x, in->xsum, nb);
+    }
+    }
+    if (m->bias)
+        for (int64_t r = 0; r < n; r++) y[r] += load_scalar(m->bias, m->bias_type, r0 + r);
+}
+
+// ---- the thread pool --------------------------------------------------------------------------------------
+
+typedef void (*task_fn)(void *ctx, int64_t begin, int64_t end);
+
+typedef struct {
+    task_fn fn;
+    void *ctx;
+    int64_t total, grain;
+    _Atomic int64_t done;
+} job;
+
+// The ticket is (generation << 32 | next item): a thread takes items with one compare-and-swap, and one of an
+// older generation can never take any (its swap fails). Jobs alternate between two slots, so the one being
+// filled is never the one a late thread still reads.
+static struct {
+    _Atomic uint64_t ticket;
+    job jobs[2];
+    _Atomic uint32_t wake;
+    _Atomic int sleeping, stop, started;
+    int num_threads;  // the calling thread included
+    pthread_t threads[MAX_THREADS];
+    int64_t spin_ns;
+} pool = {.num_threads = 1, .spin_ns = 100000};
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#endif
+}
+
+static inline int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static void work(uint32_t generation) {
+    job *j = &pool.jobs[generation & 1];
+    for (;;) {
+        uint64_t t = atomic_load_explicit(&pool.ticket, memory_order_acquire);
+        if ((uint32_t)(t >> 32) != generation) return;
+        int64_t begin = (int64_t)(t & 0xffffffffu);
+        if (begin >= j->total) return;
+        int64_t end = begin + j->grain < j->total ? begin + j->grain : j->total;
+        if (!atomic_compare_exchange_weak_explicit(&pool.ticket, &t, t + (uint64_t)(end - begin),
+                                                   memory_order_acq_rel, memory_order_relaxed))
+            continue;
+        j->fn(j->ctx, begin, end);  // the slot stays as it is until `done` reaches `total`, which needs us
+        atomic_fetch_add_explicit(&j->done, end - begin, memory_order_release);
+    }
+}
+
+static void *worker_main(void *arg) {
+    (void)arg;
+    uint32_t seen = (uint32_t)(atomic_load(&pool.ticket) >> 32);
+    int64_t idle_since = now_ns();
+    for (int spins = 0;; spins++) {
+        if (atomic_load_explicit(&pool.stop, memory_order_acquire)) return NULL;
+        uint32_t g = (uint32_t)(atomic_load_explicit(&pool.ticket, memory_order_acquire) >> 32);
+        if (g != seen) {
+            work(g);
+            seen = g;
+            idle_since = now_ns();
+            spins = 0;
+            continue;
+        }
+        if ((spins & 255) != 255 || now_ns() - idle_since < pool.spin_ns) {
+            cpu_relax();
+            continue;
+        }
+        // Sleep until the next job: announce it first, then look once more, so a job published meanwhile is
+        // either seen here or finds us counted and wakes us.
+        atomic_fetch_add(&pool.sleeping, 1);
+        uint32_t w = atomic_load(&pool.wake);
+        if ((uint32_t)(atomic_load(&pool.ticket) >> 32) == seen && !atomic_load(&pool.stop))
+            syscall(SYS_futex, &pool.wake, FUTEX_WAIT_PRIVATE, w, NULL, NULL, 0);
+        atomic_fetch_sub(&pool.sleeping, 1);
+        idle_since = now_ns();
+        spins = 0;
+    }
+}
+
+static void wake_all(void) {
+    atomic_fetch_add(&pool.wake, 1);
+    syscall(SYS_futex, &pool.wake, FUTEX_WAKE_PRIVATE, MAX_THREADS, NULL, NULL, 0);
+}
+
+static void stop_pool(void) {
+    if (!atomic_load(&pool.started)) return;
+    atomic_store(&pool.stop, 1);
+    wake_all();
+    for (int i = 0; i < pool.num_threads - 1; i++) pthread_join(pool.threads[i], NULL);
+    atomic_store(&pool.stop, 0);
+    atomic_store(&pool.started, 0);
+}
+
+// Run fn over [0, total) in chunks of `grain`, on every thread of the pool; returns when all are done.
+static void parallel(task_fn fn, void *ctx, int64_t total, int64_t grain) {
+    if (pool.num_threads == 1 || total <= grain) {
+        fn(ctx, 0, total);
+        return;
+    }
+    uint32_t g = (uint32_t)(atomic_load(&pool.ticket) >> 32) + 1;
+    job *j = &pool.jobs[g & 1];
+    j->fn = fn, j->ctx = ctx, j->total = total, j->grain = grain;
+    atomic_store(&j->done, 0);
+    atomic_store(&pool.ticket, (uint64_t)g << 32);
+    if (atomic_load(&pool.sleeping) > 0) wake_all();
+    work(g);
+    for (int spins = 1; atomic_load_explicit(&j->done, memory_order_acquire) < total; spins++) {
+        cpu_relax();
+        if ((spins & 1023) == 0) sched_yield();  // the thread holding the last chunk may be waiting for this core
+    }
+}
+
+// Use `n` threads (the caller included) from now on; 1: everything on the calling thread.
+int decode_set_threads(int n) {
+    if (n < 1) n = 1;
+    if (n > MAX_THREADS) n = MAX_THREADS;
+    stop_pool();
+    pool.num_threads = n;
+    for (int i = 0; i < n - 1; i++)
+        if (pthread_create(&pool.threads[i], NULL, worker_main, NULL) != 0) {
+            pool.num_threads = i + 1;
+            break;
+        }
+    atomic_store(&pool.started, 1);
+    return pool.num_threads;
+}
+
+int decode_num_threads(void) { return pool.num_threads; }
+
+// How long an idle worker spins before it sleeps (nanoseconds).
+void decode_set_spin(int64_t ns) { pool.spin_ns = ns; }
+
+// ---- the per-call scratch ---------------------------------------------------------------------------------
+
+typedef struct {
+    float *h, *x, *qkv, *attn, *o, *gate, *up, *act, *cos, *sin, *part;
+    uint16_t *xb, *ab;  // bf16 copies of x (or the attention output) and of the MLP's activation
+    float *xsum, *asum;  // their sums per 32
+    int64_t cap;
+} scratch;
+
+static scratch S;
+
+static int ensure_scratch(const model *m) {
+    int64_t hidden = m->hidden, q = (int64_t)m->num_heads * m->head_dim,
+            kv = (int64_t)m->num_kv_heads * m->head_dim, inter = m->intermediate;
+    int64_t wide = hidden > q ? hidden : q;  // what x's copies hold
+    int64_t floats = hidden + wide + (q + 2 * kv) + q + hidden + 3 * inter + m->head_dim +
+                     (int64_t)m->num_heads * MAX_SPLITS * (m->head_dim + 2) + (wide / 32 + 1) + (inter / 32 + 1);
+    int64_t halves = wide + inter;
+    int64_t need = floats + (halves + 1) / 2;
+    if (S.cap >= need) return 0;
+    free(S.h);
+    float *base = malloc((size_t)need * sizeof(float));
+    if (!base) {
+        S = (scratch){0};
+        return -1;
+    }
+    S.h = base;
+    S.x = S.h + hidden;
+    S.qkv = S.x + wide;
+    S.attn = S.qkv + q + 2 * kv;
+    S.o = S.attn + q;
+    S.gate = S.o + hidden;
+    S.up = S.gate + inter;
+    S.act = S.up + inter;
+    S.cos = S.act + inter;
+    S.sin = S.cos + m->head_dim / 2;
+    S.part = S.sin + m->head_dim / 2;
+    S.xsum = S.part + (int64_t)m->num_heads * MAX_SPLITS * (m->head_dim + 2);
+    S.asum = S.xsum + wide / 32 + 1;
+    S.xb = (uint16_t *)(S.asum + inter / 32 + 1);
+    S.ab = S.xb + wide;
+    S.cap = need;
+    return 0;
+}
+
+// ---- the pieces of a layer --------------------------------------------------------------------------------
+
+static void rms_norm(const float *in, float *out, int64_t n, const vector *w, float eps, int plus_one) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += (double)in[i] * in[i];
+    float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+    for (int64_t i = 0; i < n; i++) {
+        float g = load_scalar(w->data, w->type, i);
+        out[i] = in[i] * inv * (plus_one ? 1.0f + g : g);
+    }
+}
+
+typedef struct {
+    const matrix *m[3];
+    int64_t offset[4];  // row offsets of the matrices in the concatenated output
+    const input *in;
+    float *y;
+} matvec_task;
+
+static void matvec_chunk(void *ctx, int64_t begin, int64_t end) {
+    matvec_task *t = ctx;
+    for (int i = 0; i < 3 && t->m[i]; i++) {
+        int64_t lo = begin > t->offset[i] ? begin : t->offset[i];
+        int64_t hi = end < t->offset[i + 1] ? end : t->offset[i + 1];
+        if (lo < hi) matvec_rows(t->m[i], lo - t->offset[i], hi - t->offset[i], t->in, t->y + lo);
+    }
+}
+
+static int64_t grain_for(int64_t rows) {  // about 8 chunks per thread, whole groups of 4 rows
+    int64_t g = rows / (8 * pool.num_threads);
+    g = (g + 3) & ~(int64_t)3;
+    return g < 4 ? 4 : g;
+}
+
+// y = [A; B; C] x for up to three matrices of the same input
+static void matvecs(const matrix *a, const matrix *b, const matrix *c, const input *in, float *y) {
+    matvec_task t = {{a, b, c}, {0}, in, y};
+    t.offset[1] = a->rows;
+    t.offset[2] = t.offset[1] + (b ? b->rows : 0);
+    t.offset[3] = t.offset[2] + (c ? c->rows : 0);
+    int64_t total = b ? (c ? t.offset[3] : t.offset[2]) : t.offset[1];
+    parallel(matvec_chunk, &t, total, grain_for(total));
+}
+
+typedef struct {
+    const layer *l;
+    const input *in;
+    int act;
+    uint16_t *act_b;
+    float *act_sum;
+} ffn_task;
+
+static inline float gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+// act[r] = f(gate[r] . x) * (up[r] . x), prepared as the down product's input (bf16 copy, sums per 32)
+static void ffn_chunk(void *ctx, int64_t begin, int64_t end) {
+    ffn_task *t = ctx;
+    matvec_rows(&t->l->gate, begin, end, t->in, S.gate + begin);
+    matvec_rows(&t->l->up, begin, end, t->in, S.up + begin);
+    for (int64_t r = begin; r < end; r++) {
+        float g = S.gate[r];
+        float a = t->act == ACT_GELU_TANH ? gelu_tanh(g) : g / (1.0f + expf(-g));
+        S.act[r] = a * S.up[r];
+        t->act_b[r] = f32_bf16(S.act[r]);
+    }
+    for (int64_t s = begin / 32; s < end / 32; s++) {  // chunks are whole groups of 32
+        float sum = 0.0f;
+        for (int j = 0; j < 32; j++) sum += S.act[32 * s + j];
+        t->act_sum[s] = sum;
+    }
+}
+
+static void rotate(float *x, const float *cos, const float *sin, int half) {
+    for (int i = 0; i < half; i++) {
+        float a = x[i], b = x[i + half];
+        x[i] = a * cos[i] - b * sin[i];
+        x[i + half] = b * cos[i] + a * sin[i];
+    }
+}
+
+static void load_row(const void *cache, int32_t type, int64_t offset, int n, float scale, float *out) {
+    switch (type) {
+    case W_F32: memcpy(out, (const float *)cache + offset, (size_t)n * 4); break;
+    case W_F16:
+        for (int i = 0; i < n; i++) out[i] = f16_f32(((const uint16_t *)cache)[offset + i]);
+        break;
+    case W_BF16:
+        for (int i = 0; i < n; i++) out[i] = bf16_f32(((const uint16_t *)cache)[offset + i]);
+        break;
+    default:
+        for (int i = 0; i < n; i++) out[i] = FP8_TABLE[((const uint8_t *)cache)[offset + i]] * scale;
+    }
+}
+
+static void store_row(void *cache, int32_t type, int64_t offset, int n, float scale, const float *in) {
+    switch (type) {
+    case W_F32: memcpy((float *)cache + offset, in, (size_t)n * 4); break;
+    case W_F16:
+        for (int i = 0; i < n; i++) ((uint16_t *)cache)[offset + i] = f32_f16(in[i]);
+        break;
+    case W_BF16:
+        for (int i = 0; i < n; i++) ((uint16_t *)cache)[offset + i] = f32_bf16(in[i]);
+        break;
+    default:
+        for (int i = 0; i < n; i++) ((uint8_t *)cache)[offset + i] = f32_fp8(in[i] / scale);
+    }
+}
+
+static inline float dot(const float *a, const float *b, int n) {
+#ifdef VEC_LANES
+    vf acc = vzero();
+    int i = 0;
+    for (; i + VEC_LANES <= n; i += VEC_LANES) acc = vfma(vload(a + i), vload(b + i), acc);
+    float s = vsum(acc);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+#else
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+#endif
+}
+
+static inline void axpy(float *y, float a, const float *x, int n) {  // y += a x
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+typedef struct {
+    const model *m;
+    const layer *l;
+    const int32_t *block_table;
+    int64_t lo, hi;  // the keys attended: positions [lo, hi)
+    int64_t splits, per_split;
+} attn_task;
+
+// One unit = one KV head over one split of the keys: for the `group` query heads that share it, the running
+// maximum, sum and weighted values (flash decoding); merged afterwards.
+static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
+    attn_task *t = ctx;
+    const model *m = t->m;
+    const int hd = m->head_dim, kvh = m->num_kv_heads, group = m->num_heads / kvh, bs = m->block_size;
+    float krow[MAX_HEAD_DIM], vrow[MAX_HEAD_DIM];
+    for (int64_t unit = begin; unit < end; unit++) {
+        int kh = (int)(unit / t->splits), split = (int)(unit % t->splits);
+        int64_t t0 = t->lo + split * t->per_split, t1 = t0 + t->per_split < t->hi ? t0 + t->per_split : t->hi;
+        float *part = S.part + ((int64_t)kh * t->splits + split) * group * (hd + 2);  // per head: max, sum, acc
+        for (int g = 0; g < group; g++) {
+            part[g * (hd + 2)] = -INFINITY;
+            part[g * (hd + 2) + 1] = 0.0f;
+            memset(part + g * (hd + 2) + 2, 0, (size_t)hd * 4);
+        }
+        for (int64_t pos = t0; pos < t1; pos++) {
+            int64_t slot = (int64_t)t->block_table[pos / bs] * bs + pos % bs;
+            int64_t offset = (slot * kvh + kh) * hd;
+            load_row(t->l->k_cache, m->cache_type, offset, hd, t->l->k_scale, krow);
+            load_row(t->l->v_cache, m->cache_type, offset, hd, t->l->v_scale, vrow);
+            for (int g = 0; g < group; g++) {
+                const float *q = S.qkv + (int64_t)(kh * group + g) * hd;
+                float *p = part + g * (hd + 2);
+                float s = dot(q, krow, hd) * m->attn_scale;
+                if (m->attn_softcap > 0.0f) s = tanhf(s / m->attn_softcap) * m->attn_softcap;
+                if (s > p[0]) {  // a new maximum: rescale what was summed so far
+                    float c = expf(p[0] - s);
+                    p[1] *= c;
+                    for (int i = 0; i < hd; i++) p[2 + i] *= c;
+                    p[0] = s;
+                }
+                float e = expf(s - p[0]);
+                p[1] += e;
+                axpy(p + 2, e, vrow, hd);
+            }
+        }
+    }
+}
+
+static void attention(const model *m, const layer *l, const int32_t *block_table, int64_t position) {
+    const int hd = m->head_dim, kvh = m->num_kv_heads, group = m->num_heads / kvh;
+    attn_task t = {m, l, block_table, 0, position + 1, 1, 0};
+    if (l->window > 0 && position + 1 > l->window) t.lo = position + 1 - l->window;
+    int64_t n = t.hi - t.lo;
+    // enough units for every thread, none under 32 keys
+    int64_t want = (2 * pool.num_threads + kvh - 1) / kvh;
+    if (n / 256 > want) want = n / 256;
+    if (want > n / 32) want = n / 32;
+    if (want > MAX_SPLITS) want = MAX_SPLITS;
+    if (want < 1) want = 1;
+    t.per_split = (n + want - 1) / want;
+    t.splits = (n + t.per_split - 1) / t.per_split;
+    parallel(attn_chunk, &t, (int64_t)kvh * t.splits, 1);
+    for (int h = 0; h < m->num_heads; h++) {  // merge the splits of each head
+        int kh = h / group, g = h % group;
+        float top = -INFINITY, total = 0.0f, *out = S.attn + (int64_t)h * hd;
+        for (int64_t s = 0; s < t.splits; s++) {
+            float mx = S.part[((kh * t.splits + s) * group + g) * (hd + 2)];
+            if (mx > top) top = mx;
+        }
+        memset(out, 0, (size_t)hd * 4);
+        for (int64_t s = 0; s < t.splits; s++) {
+            const float *p = S.part + ((kh * t.splits + s) * group + g) * (hd + 2);
+            if (p[1] == 0.0f) continue;
+            float c = expf(p[0] - top);
+            total += p[1] * c;
+            axpy(out, c, p + 2, hd);
+        }
+        for (int i = 0; i < hd; i++) out[i] /= total;
+    }
+}
+
+static void head_norm_rope(const model *m, float *x, int num_heads, const vector *norm, int rope) {
+    const int hd = m->head_dim;
+    float tmp[MAX_HEAD_DIM];
+    for (int h = 0; h < num_heads; h++) {
+        float *v = x + (int64_t)h * hd;
+        if (m->qk_order) {
+            for (int i = 0; i < hd; i++) tmp[i] = v[m->qk_order[i]];
+            memcpy(v, tmp, (size_t)hd * 4);
+        }
+        if (m->qk_norm) rms_norm(v, v, hd, norm, m->eps, m->norm_plus_one);
+        if (rope) rotate(v, S.cos, S.sin, hd / 2);
+    }
+}
+
+static void layer_step(const model *m, const layer *l, const int32_t *block_table, int64_t position) {
+    const int64_t hidden = m->hidden, qd = (int64_t)m->num_heads * m->head_dim,
+                  kvd = (int64_t)m->num_kv_heads * m->head_dim;
+    input in = {S.x, S.xb, S.xsum};
+    const float *inv = l->local_rope && m->inv_freq_local ? m->inv_freq_local : m->inv_freq;
+    for (int i = 0; i < m->head_dim / 2; i++) {  // as Hugging Face: the angle in float32, then its cos and sin
+        float angle = (float)position * inv[i];
+        S.cos[i] = cosf(angle);
+        S.sin[i] = sinf(angle);
+    }
+    rms_norm(S.h, S.x, hidden, &l->input_norm, m->eps, m->norm_plus_one);
+    prepare(&in, hidden);
+    matvecs(&l->q, &l->k, &l->v, &in, S.qkv);
+    float *q = S.qkv, *k = S.qkv + qd, *v = k + kvd;
+    head_norm_rope(m, q, m->num_heads, &l->q_norm, 1);
+    head_norm_rope(m, k, m->num_kv_heads, &l->k_norm, 1);
+    int64_t slot = (int64_t)block_table[position / m->block_size] * m->block_size + position % m->block_size;
+    store_row(l->k_cache, m->cache_type, slot * kvd, (int)kvd, l->k_scale, k);
+    store_row(l->v_cache, m->cache_type, slot * kvd, (int)kvd, l->v_scale, v);
+    attention(m, l, block_table, position);
+
+    input ain = {S.attn, S.xb, S.xsum};
+    prepare(&ain, qd);
+    matvecs(&l->o, NULL, NULL, &ain, S.o);
+    if (m->sandwich) {  // Gemma: the attention output normalized before the residual, another norm before the MLP
+        rms_norm(S.o, S.o, hidden, &l->post_norm, m->eps, m->norm_plus_one);
+        for (int64_t i = 0; i < hidden; i++) S.h[i] += S.o[i];
+        rms_norm(S.h, S.x, hidden, &l->pre_ff_norm, m->eps, m->norm_plus_one);
+    } else {
+        for (int64_t i = 0; i < hidden; i++) S.h[i] += S.o[i];
+        rms_norm(S.h, S.x, hidden, &l->post_norm, m->eps, m->norm_plus_one);
+    }
+    prepare(&in, hidden);
+    // every gate/up chunk reads x's copies and writes its rows of act's copies: two sets of buffers
+    ffn_task f = {l, &in, m->act, S.ab, S.asum};
+    int64_t grain = (grain_for(m->intermediate) + 31) & ~(int64_t)31;
+    parallel(ffn_chunk, &f, m->intermediate, grain);
+    input din = {S.act, S.ab, S.asum};
+    matvecs(&l->down, NULL, NULL, &din, S.o);
+    if (m->sandwich) rms_norm(S.o, S.o, hidden, &l->post_ff_norm, m->eps, m->norm_plus_one);
+    for (int64_t i = 0; i < hidden; i++) S.h[i] += S.o[i];
+}
+
+// ---- entry points -----------------------------------------------------------------------------------------
+
+static void load_h(const void *h, int32_t type, int64_t n) {
+    for (int64_t i = 0; i < n; i++) S.h[i] = load_scalar(h, type, i);
+}
+
+// Layers [first, last) of `m` for one new token at `position` (its block already reserved in every table):
+// h [hidden] in h_type is read, and replaced by the output. block_tables[l]: layer l's block table.
+// Returns 0, or -1 when the scratch cannot be allocated.
+int decode_layers(const model *m, int first, int last, void *h, int32_t h_type, int64_t position,
+                  const int32_t *const *block_tables) {
+    if (ensure_scratch(m) != 0) return -1;
+    load_h(h, h_type, m->hidden);
+    for (int i = first; i < last; i++) layer_step(m, &m->layers[i], block_tables[i], position);
+    for (int64_t i = 0; i < m->hidden; i++) {
+        switch (h_type) {
+        case W_F16: ((uint16_t *)h)[i] = f32_f16(S.h[i]); break;
+        case W_BF16: ((uint16_t *)h)[i] = f32_bf16(S.h[i]); break;
+        default: ((float *)h)[i] = S.h[i];
+        }
+    }
+    return 0;
+}
+
+// logits [vocab] float32 = head . norm(h); softcap 0: none.
+int decode_head(const model *m, const void *h, int32_t h_type, const vector *norm, const matrix *head,
+                float softcap, float *logits) {
+    if (ensure_scratch(m) != 0) return -1;
+    load_h(h, h_type, m->hidden);
+    rms_norm(S.h, S.x, m->hidden, norm, m->eps, m->norm_plus_one);
+    input in = {S.x, S.xb, S.xsum};
+    prepare(&in, m->hidden);
+    matvecs(head, NULL, NULL, &in, logits);
+    if (softcap > 0.0f)
+        for (int64_t i = 0; i < head->rows; i++) logits[i] = tanhf(logits[i] / softcap) * softcap;
+    return 0;
+}
+
+// The instruction set this library was built for.
+const char *decode_isa(void) {
+#if defined(__AVX512BF16__)
+    return "avx512bf16";
+#elif defined(__AVX512F__) && defined(__AVX512BW__)
+    return "avx512";
+#elif defined(HAS_SIMD_DOTS)
+    return "avx2";
+#else
+    return "scalar";
+#endif
+}
+
+__attribute__((constructor)) static void init(void) { build_fp8_table(); }
+
+// The id decode_layers takes for a ggml block type named as kernels/quants.py names it, or -1.
+int decode_type_id(const char *name) {
+    for (int t = 0; t < NUM_TYPES; t++)
+        if (strcmp(TYPES[t].name, name) == 0) return t;
+    return -1;
+}

@@ -1,0 +1,93 @@
+"""The native CPU decode step (kernels/csrc/decode_layer.c) against the torch path, on the same loaded weights.
+
+Two engines over the same files: one decodes through the native step, the other is held on the torch path.
+Both are fed the same tokens after the same prompt, and every step's logits are compared, over contexts
+that span many blocks and end in a partly filled one, for each weight and cache dtype and architecture.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.engine import Engine
+from factory import cpu_plan, make_model
+from kernels import cpu_decode
+
+pytestmark = pytest.mark.skipif(cpu_decode.current() is None,
+                                reason="the native decode library cannot be built here (no C compiler)")
+
+# logits are fp32; the native step keeps activations in fp32 where torch rounds them to the compute dtype
+TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 0.15, torch.float16: 0.03}
+
+
+def _engines(model_dir, context, **request):
+    plan = cpu_plan(model_dir, context, **request)
+    native, torch_path = Engine.load(model_dir, plan), Engine.load(model_dir, plan)
+    torch_path.model._native_for = (torch_path.cache, None)
+    assert native.model.native(native.cache) is not None
+    return native, torch_path
+
+
+def _compare(native, torch_path, prompt: list[int], steps: int, tolerance: float) -> float:
+    seqs = [native.new_conversation().seq, torch_path.new_conversation().seq]
+    a = native.model.forward(prompt, seqs[0], native.cache)
+    b = torch_path.model.forward(prompt, seqs[1], torch_path.cache)
+    worst = 0.0
+    for i in range(steps):
+        token = int(b[-1].argmax()) if i % 3 else (7 * i + 11) % b.shape[-1]  # greedy and forced tokens
+        a = native.model.forward([token], seqs[0], native.cache)
+        b = torch_path.model.forward([token], seqs[1], torch_path.cache)
+        err = float((a - b).abs().max() / b.abs().max().clamp_min(1e-6))
+        worst = max(worst, err)
+        assert err < tolerance, f"step {i}: relative logit error {err:.3g}"
+    return worst
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+def test_architectures_fp32(tmp_path, arch):
+    extra = {"sliding_window": 24} if arch == "mistral" else {}
+    model_dir = make_model(tmp_path / arch, arch, **extra)
+    native, torch_path = _engines(model_dir, 256)
+    prompt = [(i * 37) % 500 + 3 for i in range(45)]  # 45 tokens: a partly filled third block
+    _compare(native, torch_path, prompt, 40, TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kv", ["auto", "fp8", "float32"])
+def test_dtypes_and_caches(tmp_path, dtype, kv):
+    model_dir = make_model(tmp_path / "m", "llama", dtype=dtype)
+    native, torch_path = _engines(model_dir, 256, kv_dtype=None if kv == "auto" else kv)
+    prompt = [(i * 13) % 500 + 3 for i in range(70)]
+    tolerance = TOLERANCE[dtype] * (2 if kv == "fp8" else 1)
+    _compare(native, torch_path, prompt, 30, tolerance)
+
+
+def test_tied_head_and_long_context(tmp_path):
+    model_dir = make_model(tmp_path / "m", "llama", tie_word_embeddings=True, num_hidden_layers=2)
+    native, torch_path = _engines(model_dir, 1024)
+    prompt = [(i * 29) % 500 + 3 for i in range(700)]  # many splits of the context per KV head
+    _compare(native, torch_path, prompt, 12, TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_thread_counts_agree(tmp_path, threads):
+    model_dir = make_model(tmp_path / "m", "llama")
+    before = cpu_decode.current().decode_num_threads()
+    try:
+        assert cpu_decode.set_threads(threads) == threads
+        native, torch_path = _engines(model_dir, 256)
+        _compare(native, torch_path, [5, 6, 7, 8, 9] * 9, 20, TOLERANCE[torch.float32])
+    finally:
+        cpu_decode.set_threads(before)
+
+
+def test_greedy_generation_matches_torch_path(tmp_path):
+    from engine.sampler import SamplingParams
+
+    model_dir = make_model(tmp_path / "m", "qwen2")
+    native, torch_path = _engines(model_dir, 256)
+    sampling = SamplingParams(temperature=0.0, max_tokens=40)
+    ids = [3, 17, 99, 250, 4, 8]
+    results = [e.generate(e.new_conversation(), ids, sampling).run() for e in (native, torch_path)]
+    assert results[0].finish_reason == "length" and results[0].token_ids == results[1].token_ids

@@ -17,6 +17,7 @@ from kernels.quant_linear import QuantizedWeight
 
 from .config import ModelConfig
 from .kv_cache import KVCache, Sequence
+from .native_decode import NativeDecode
 from .rope import RotaryTable, apply_rotary
 from .weights import TensorSet
 
@@ -92,6 +93,7 @@ class Transformer:
         self.norm = gemma_rms_norm if config.norm_plus_one else rms_norm
         self.act = (lambda x: F.gelu(x, approximate="tanh")) if config.hidden_act == "gelu_pytorch_tanh" else F.silu
         self.dtype = layers[0]["q"].dtype if layers else embed["embed"].dtype
+        self._native_for: tuple[KVCache, NativeDecode | None] | None = None  # the native decode step, per cache
 
     def attention_kernels(self) -> dict[str, str]:
         """The attention implementation each device's layers run, by the plan's device name."""
@@ -117,7 +119,9 @@ class Transformer:
         context_lens = torch.tensor([start + n], dtype=torch.int32)
         steps: dict[torch.device, StepInputs] = {}
         h = self._embed(token_ids)
-        for i, layer in enumerate(self.layers):
+        native = self.native(cache) if n == 1 else None  # one token: the CPU layers and head in C
+        stop = native.first if native is not None else len(self.layers)
+        for i, layer in enumerate(self.layers[:stop]):
             dev = layer.device
             step = steps.get(dev)
             if step is None:
@@ -125,14 +129,24 @@ class Transformer:
                 step = steps[dev] = StepInputs(attention_ops(dev), cos, sin, slots.to(dev), block_table.to(dev),
                                                context_lens.to(dev), local=self._local(positions, dev))
             h = self._layer(i, layer, h.to(dev), start, step, cache)
+        if stop < len(self.layers):
+            h = native.run_layers(h, start, block_table, cache.layer_group)
         seq.token_ids.extend(token_ids)
         return h
+
+    def native(self, cache: KVCache) -> NativeDecode | None:
+        """The native CPU decode step over `cache` (described once per cache), or None where torch runs it."""
+        if self._native_for is None or self._native_for[0] is not cache:
+            self._native_for = (cache, NativeDecode.build(self, cache))
+        return self._native_for[1]
 
     @torch.inference_mode()
     def decode_step(self, token_ids: list[int], seqs: list[Sequence], cache: KVCache) -> torch.Tensor:
         """Append token_ids[i] to seqs[i] in one pass over the weights; return fp32 logits: [num_seqs, vocab].
 
         The linear layers run on [num_seqs, hidden]; attention reads each sequence through its own block table."""
+        if len(seqs) == 1 and self.native(cache) is not None:  # one sequence: the native step of forward()
+            return self.forward(token_ids, seqs[0], cache)
         starts = [seq.num_tokens for seq in seqs]
         slots = torch.cat([cache.reserve(seq, 1) for seq in seqs], dim=1)  # [num_groups, num_seqs]
         positions = torch.tensor(starts)
@@ -161,6 +175,9 @@ class Transformer:
         return self.local_rotary.get(positions, device, self.dtype) if self.local_rotary else None
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        native = self._native_for[1] if self._native_for is not None else None
+        if h.shape[0] == 1 and native is not None and native.head is not None:  # the final norm and head in C
+            return native.logits(h)
         h = self.norm(h.to(self.head_device), self.head["norm"], self.config.rms_norm_eps)
         return softcap(linear(h, self.head["lm_head"]).float(), self.config.final_softcap)
 

@@ -2,8 +2,8 @@
 
 The kernel modules import triton; they are imported on the first call, so planning for a GPU (which
 asks only `workspace_bytes`) never imports triton.
-Sliding windows and soft-capped scores (Gemma, Mistral) are not in the Triton kernels yet: those calls run
-the reference on the GPU (correct, slower), and `workspace_bytes` charges the reference's scratch for them.
+Sliding windows and soft-capped scores (Gemma, Mistral) are in the kernels: a window starts the key loop at the
+window's first position, so the blocks a sliding-window cache recycled are never read.
 """
 
 from __future__ import annotations
@@ -32,22 +32,18 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.
 
 def decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, k_scale=1.0, v_scale=1.0, *,
                      window=None, softcap=None):
-    """One new query token per sequence attends to its whole cached context (Triton)."""
-    if window is not None or softcap is not None:
-        return reference.decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, k_scale,
-                                          v_scale, window=window, softcap=softcap)
+    """One new query token per sequence attends to its cached context, its last `window` tokens when set (Triton)."""
     ops = reference if _fp8_unsupported(k_cache) else _kernel("triton_decode")
-    return ops.decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale)
+    return ops.decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale,
+                                window=window, softcap=softcap)
 
 
 def prefill_attention(query, k_cache, v_cache, block_table, start_pos, scale, k_scale=1.0, v_scale=1.0, *,
                       window=None, softcap=None):
     """A chunk of new tokens (their K/V already written) attends causally to the cache (Triton)."""
-    if window is not None or softcap is not None:
-        return reference.prefill_attention(query, k_cache, v_cache, block_table, start_pos, scale, k_scale,
-                                           v_scale, window=window, softcap=softcap)
     ops = reference if _fp8_unsupported(k_cache) else _kernel("triton_prefill")
-    return ops.prefill_attention(query, k_cache, v_cache, block_table, start_pos, scale, k_scale, v_scale)
+    return ops.prefill_attention(query, k_cache, v_cache, block_table, start_pos, scale, k_scale, v_scale,
+                                 window=window, softcap=softcap)
 
 
 def workspace_bytes(*, num_tokens: int, context_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -56,17 +52,13 @@ def workspace_bytes(*, num_tokens: int, context_tokens: int, num_heads: int, num
     """Peak bytes one call allocates: its output, and for a long decode the split-K partials (fp32 output and
     log-sum-exp per split). Prefill streams K/V through registers and allocates only its output. An fp8 cache on
     a pre-Ada GPU falls back to the reference, which the planner does not model: plan with an fp16 cache there.
-    A window or a softcap runs the reference (above), so it is charged the reference's scratch."""
-    if window is not None or softcap is not None:
-        return reference.workspace_bytes(num_tokens=num_tokens, context_tokens=context_tokens, num_heads=num_heads,
-                                         num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
-                                         cache_dtype=cache_dtype, block_size=block_size, num_seqs=num_seqs,
-                                         window=window)
+    A window cuts the keys a decode step splits to the window; a softcap works in registers."""
     n = min(num_tokens, context_tokens)
+    keys = context_tokens if window is None else min(context_tokens, window)
     out = num_seqs * n * num_heads * head_dim * dtype.itemsize
-    if n > 1 or context_tokens < 2 * MIN_SPLIT_TOKENS:
+    if n > 1 or keys < 2 * MIN_SPLIT_TOKENS:
         return out
-    splits = min(context_tokens // MIN_SPLIT_TOKENS, MAX_SPLITS)  # the most choose_num_splits picks
+    splits = min(keys // MIN_SPLIT_TOKENS, MAX_SPLITS)  # the most choose_num_splits picks
     return out + num_seqs * num_heads * splits * (head_dim + 1) * 4
 
 

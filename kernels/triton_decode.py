@@ -36,9 +36,11 @@ def _decode_kernel(
     out_ptr,
     part_out_ptr,
     part_lse_ptr,
-    qk_scale,  # softmax scale * k_scale * log2(e): scores go straight into exp2
+    qk_scale,  # softmax scale * k_scale * log2(e): scores go straight into exp2 (without log2(e) when soft-capped)
     v_scale,
     split_tokens,
+    window,  # sliding window in tokens (when HAS_WINDOW): keys ctx - window .. ctx - 1
+    softcap,  # scores become softcap * tanh(scores / softcap) (when HAS_SOFTCAP)
     stride_qs,
     stride_qh,
     stride_kb,
@@ -62,6 +64,8 @@ def _decode_kernel(
     BLOCK_SIZE: tl.constexpr,
     TILE: tl.constexpr,
     IS_SPLIT: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
     DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -69,7 +73,10 @@ def _decode_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + seq)
-    start = split * split_tokens
+    # Splits cut the keys the query sees: from the window's start, so blocks before it (recycled: -1 in the
+    # table) are never loaded.
+    lo = tl.maximum(ctx - window, 0) if HAS_WINDOW else 0
+    start = lo + split * split_tokens
     end = tl.minimum(ctx, start + split_tokens)
 
     g = tl.arange(0, G_PAD)
@@ -101,6 +108,8 @@ def _decode_kernel(
             other=0.0,
         )  # k: [TILE, D_PAD]
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale  # [G_PAD, TILE]
+        if HAS_SOFTCAP:
+            s = softcap * _tanh(s / softcap) * LOG2E
         s = tl.where(t_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -126,6 +135,14 @@ def _decode_kernel(
         dst = part_out_ptr + seq * stride_ps + heads[:, None] * stride_ph + split * stride_pk + d[None, :]
         tl.store(dst, part, mask=gd_mask)
         tl.store(part_lse_ptr + seq * stride_ls + heads * stride_lh + split, lse, mask=g < GROUP)
+
+
+@triton.jit
+def _tanh(x):
+    # tanh from exp2 (no tanh in tl.math on every backend, nor in the interpreter); exact at both tails
+    e = tl.exp2(-2.0 * LOG2E * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
 
 
 @triton.jit
@@ -174,9 +191,11 @@ def decode_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     *,
+    window: int | None = None,
+    softcap: float | None = None,
     num_splits: int | None = None,  # None: chosen from the shapes (see choose_num_splits)
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-    """One new query token per sequence attends to its whole cached context (Triton)."""
+    """One new query token per sequence attends to its cached context (its last `window` tokens when set)."""
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     if num_heads % num_kv_heads:
@@ -188,6 +207,8 @@ def decode_attention(
         k_scale = v_scale = 1.0
     # An upper bound on the context from the table's width: reading context_lens would cost a sync.
     max_ctx = block_tables.shape[1] * block_size
+    if window is not None:  # the keys one query sees, whatever the context
+        max_ctx = min(max_ctx, window)
     if num_splits is None:
         num_sms = _num_sms(query.device.index) if query.is_cuda else 1
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_ctx, num_sms)
@@ -214,9 +235,11 @@ def decode_attention(
         out,
         part_out,
         part_lse,
-        float(scale) * float(k_scale) * LOG2E,
+        float(scale) * float(k_scale) * (1.0 if softcap is not None else LOG2E),
         float(v_scale),
         split_tokens,
+        int(window or 0),
+        float(softcap or 1.0),
         query.stride(0),
         query.stride(1),
         *cache_strides(k_cache, v_cache),
@@ -238,6 +261,8 @@ def decode_attention(
         # The split count stays a runtime value: it grows with the context, and a constexpr would
         # recompile the kernel each time it changed.
         IS_SPLIT=num_splits > 1,
+        HAS_WINDOW=window is not None,
+        HAS_SOFTCAP=softcap is not None,
         DOT_FP32=dot_fp32,
         DOT_PRECISION="ieee" if dot_fp32 else "tf32",
     )

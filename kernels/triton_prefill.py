@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_decode import INTERPRET, LOG2E
+from .triton_decode import INTERPRET, LOG2E, _tanh
 from .triton_write import _check_inner_contiguous, _unit_stride, cache_strides
 
 ROWS = 64  # query rows (tokens x group heads) per program
@@ -30,6 +30,8 @@ def _prefill_kernel(
     v_scale,
     num_new,
     start_pos,
+    window,  # sliding window in tokens (when HAS_WINDOW): a query at p sees keys p - window + 1 .. p
+    softcap,  # scores become softcap * tanh(scores / softcap) (when HAS_SOFTCAP)
     stride_qt,
     stride_qh,
     stride_kb,
@@ -47,6 +49,8 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
     DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -70,7 +74,10 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M * G_PAD, D_PAD], dtype=tl.float32)
     # Keys past this program's last token are masked for every row: stop there (causal).
     end = tl.minimum(start_pos + num_new, start_pos + (m_block + 1) * BLOCK_M)
-    for t0 in range(0, end, TILE):
+    # Keys before the window of this program's first token are masked for every row: start there, so blocks
+    # before it (recycled: -1 in the table) are never loaded.
+    lo = tl.maximum(start_pos + m_block * BLOCK_M - window + 1, 0) if HAS_WINDOW else 0
+    for t0 in range(lo, end, TILE):
         t = t0 + tl.arange(0, TILE)
         t_ok = t < end
         blk = tl.load(table_ptr + t // BLOCK_SIZE, mask=t_ok, other=0).to(tl.int64)
@@ -82,7 +89,12 @@ def _prefill_kernel(
             other=0.0,
         )  # [TILE, D_PAD]
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale  # [ROWS, TILE]
-        s = tl.where(t_ok[None, :] & (t[None, :] <= pos[:, None]), s, float("-inf"))
+        if HAS_SOFTCAP:
+            s = softcap * _tanh(s / softcap) * LOG2E
+        visible = t_ok[None, :] & (t[None, :] <= pos[:, None])
+        if HAS_WINDOW:
+            visible = visible & (t[None, :] > pos[:, None] - window)
+        s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # Rows whose every key so far is masked keep m = -inf; subtracting a finite stand-in keeps
         # exp2 from producing NaN (-inf - -inf) for them.
@@ -112,8 +124,11 @@ def prefill_attention(
     scale: float,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [num_new, num_heads, head_dim]
-    """A chunk of new tokens (their K/V already written) attends causally to the cache (Triton)."""
+    """A chunk of new tokens (their K/V already written) attends causally to the cache (its last `window` tokens)."""
     num_new, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     if num_heads % num_kv_heads:
@@ -135,10 +150,12 @@ def prefill_attention(
         v_cache,
         block_table,
         out,
-        float(scale) * float(k_scale) * LOG2E,
+        float(scale) * float(k_scale) * (1.0 if softcap is not None else LOG2E),
         float(v_scale),
         num_new,
         int(start_pos),
+        int(window or 0),
+        float(softcap or 1.0),
         query.stride(0),
         query.stride(1),
         *cache_strides(k_cache, v_cache),
@@ -151,6 +168,8 @@ def prefill_attention(
         BLOCK_M=block_m,
         BLOCK_SIZE=k_cache.shape[1],
         TILE=TILE_N,
+        HAS_WINDOW=window is not None,
+        HAS_SOFTCAP=softcap is not None,
         DOT_FP32=dot_fp32,
         DOT_PRECISION="ieee" if dot_fp32 else "tf32",
     )

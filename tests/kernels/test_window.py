@@ -1,12 +1,13 @@
-"""Sliding-window and soft-capped attention in the reference against dense masked attention."""
+"""Sliding-window and soft-capped attention: the reference against dense masked attention, and the Triton
+kernels (interpreted) against the reference, with the blocks before each window recycled (-1 in the table)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from paged_cases import make_paged
+from paged_cases import TOLERANCE, make_paged, random_query
 
-from kernels import reference, triton_attention
+from kernels import reference, triton_attention, triton_decode, triton_prefill
 
 
 def _dense(q, k, v, scale, first_pos, window=None, softcap=None):
@@ -75,5 +76,50 @@ def test_workspace_shrinks_to_the_window():
     # a window longer than the context changes only the mask's own bytes
     assert reference.workspace_bytes(num_tokens=512, context_tokens=1024, window=4096, **shape) >= \
         reference.workspace_bytes(num_tokens=512, context_tokens=1024, **shape)
-    # Triton runs (and charges) the reference for windowed layers until its kernels have windows
-    assert triton_attention.workspace_bytes(num_tokens=512, context_tokens=32768, window=512, **shape) == windowed
+    # Triton streams K/V: a window only shortens the keys a decode step splits (under 1,024: no partials at all)
+    assert triton_attention.workspace_bytes(num_tokens=512, context_tokens=32768, window=512, **shape) == \
+        512 * 8 * 64 * 2
+    assert triton_attention.workspace_bytes(num_tokens=1, context_tokens=32768, window=512, **shape) == 8 * 64 * 2
+    assert triton_attention.workspace_bytes(num_tokens=1, context_tokens=32768, window=4096, **shape) == \
+        8 * 64 * 2 + 8 * 8 * 65 * 4
+
+
+def _recycle(paged, lens, window, chunk=1):
+    """Block tables with every block wholly before the window of a chunk's first query set to -1, as the
+    sliding-window cache (engine/kv_cache.py) leaves them."""
+    tables = paged.block_tables.clone()
+    block_size = paged.k_cache.shape[1]
+    for i, n in enumerate(lens):
+        tables[i, : max(0, n - chunk - window + 1) // block_size] = -1
+    return tables
+
+
+@pytest.mark.parametrize("window, num_splits", [(17, None), (17, 3), (600, 3), (5000, None)])
+@pytest.mark.parametrize("softcap", [None, 30.0])
+def test_triton_decode_window_and_softcap_match_the_reference(window, num_splits, softcap):
+    lens = [70, 5, 33, 1100]
+    paged = make_paged(lens, block_size=16, num_kv_heads=2, head_dim=64, cache_dtype=torch.float16)
+    query = random_query(len(lens), 8, 64, torch.float16) * 4  # scores of ~20: the cap bends them
+    tables = _recycle(paged, lens, window)
+    args = (query, paged.k_cache, paged.v_cache, tables, paged.context_lens, 64**-0.5)
+    want = reference.decode_attention(*args, window=window, softcap=softcap)
+    got = triton_decode.decode_attention(*args, window=window, softcap=softcap, num_splits=num_splits)
+    assert torch.isfinite(got).all(), "read a NaN row: outside the window or through -1"
+    assert (got.float() - want.float()).abs().max().item() <= TOLERANCE[torch.float16]
+
+
+@pytest.mark.parametrize("window", [5, 16, 23])
+@pytest.mark.parametrize("start_pos, n_new", [(0, 19), (7, 70), (40, 19), (100, 3)])
+@pytest.mark.parametrize("softcap", [None, 3.0])
+def test_triton_prefill_window_and_softcap_match_the_reference(window, start_pos, n_new, softcap):
+    # chunks smaller and larger than the window, starting inside and past it; 5 query heads per KV head
+    lens = [start_pos + n_new]
+    paged = make_paged(lens, block_size=16, num_kv_heads=2, head_dim=32, cache_dtype=torch.float32)
+    q = torch.randn(n_new, 10, 32, generator=torch.Generator().manual_seed(window + start_pos)) * 3
+    table = _recycle(paged, lens, window, chunk=n_new)[0]
+    want = reference.prefill_attention(q, paged.k_cache, paged.v_cache, table, start_pos, 0.2, window=window,
+                                       softcap=softcap)
+    got = triton_prefill.prefill_attention(q, paged.k_cache, paged.v_cache, table, start_pos, 0.2, window=window,
+                                           softcap=softcap)
+    assert torch.isfinite(got).all()
+    assert (got - want).abs().max().item() <= TOLERANCE[torch.float32]

@@ -14,7 +14,7 @@ from kernels import attention_ops
 from .checkpoint import Checkpoint
 from .config import ModelConfig
 from .dtypes import COMPUTE, KV
-from .errors import InsufficientMemoryError, ModelFormatError
+from .errors import InsufficientMemoryError, InvalidArgumentError, ModelFormatError
 from .formats import is_gguf
 from .generation import Conversation, Generation
 from .gguf_model import open_model
@@ -38,11 +38,12 @@ class EngineStats:
 
 
 class Engine:
-    def __init__(self, model_dir: Path, config: ModelConfig, tokenizer: Tokenizer, model: Transformer,
+    def __init__(self, model_dir: Path, layout: ModelLayout, tokenizer: Tokenizer, model: Transformer,
                  cache: KVCache, plan: Plan, checkpoint: Checkpoint, devices: dict[str, torch.device]):
         self.model_dir = model_dir
         self.name = model_dir.name
-        self.config = config
+        self.layout = layout
+        self.config = layout.config
         self.tokenizer = tokenizer
         self.model = model
         self.cache = cache
@@ -52,8 +53,8 @@ class Engine:
         self._checkpoint = checkpoint
         self._devices = devices  # the plan's device names -> where their tensors live
         self._conversations: list[Conversation] = []
-        self.eos_ids = set(config.eos_token_ids) | ({tokenizer.token_id(tokenizer.eos_token)} - {None})
-        builtin = tokenizer.use_builtin_template(config.model_type)  # GGUF files often carry no template
+        self.eos_ids = set(self.config.eos_token_ids) | ({tokenizer.token_id(tokenizer.eos_token)} - {None})
+        builtin = tokenizer.use_builtin_template(self.config.model_type)  # GGUF files often carry no template
         if builtin is not None:
             self.eos_ids |= {tokenizer.token_id(t) for t in builtin.stop_tokens} - {None}
 
@@ -81,6 +82,7 @@ class Engine:
         if plan.num_layers != layout.num_layers or compute_dtype_of(layout, specs, plan.forced_dtype) != plan.dtype:
             raise ModelFormatError(f"{model_dir.name}: the plan was made for another model ({plan.num_layers} layers, "
                                    f"{plan.dtype}); plan again for this model")
+        layout.check_token_ids(tokenizer.num_token_ids, model_dir.name)
         names = set(plan.layer_devices) | {plan.embed_device, plan.head_device}
         devices = {name: torch.device((simulate or {}).get(name, name)) for name in names}
         layer_devices = [devices[d] for d in plan.layer_devices]
@@ -104,7 +106,7 @@ class Engine:
                              is_cancelled, converted)
         model = Transformer(config, embed, head, layers, cache.max_tokens, qk_order=gguf.qk_order if gguf else None)
         report(1.0, "loaded")
-        return cls(model_dir, config, tokenizer, model, cache, plan, checkpoint, devices)
+        return cls(model_dir, layout, tokenizer, model, cache, plan, checkpoint, devices)
 
     @staticmethod
     def _check_kernel(plan: Plan, name: str, device: torch.device, simulated: bool) -> None:
@@ -146,12 +148,21 @@ class Engine:
     def generate(self, conv: Conversation, prompt_ids: list[int], sampling: SamplingParams,
                  *, cancel: threading.Event | None = None) -> Generation:
         """A lazy generation: iterate it for TokenEvents; `.result` once finished."""
+        prompt_ids = list(prompt_ids)
         if not prompt_ids:
-            raise ValueError("the prompt is empty")
-        return Generation(self, conv, list(prompt_ids), sampling, cancel)
+            raise InvalidArgumentError("the prompt is empty: give at least one token (a chat message, or text)")
+        rows = self.layout.num_embeddings
+        bad = next((i for i in prompt_ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < rows), None)
+        if bad is not None:
+            raise InvalidArgumentError(f"the prompt holds token id {bad!r:.40}, but {self.name}'s token ids are "
+                                       f"integers from 0 to {rows - 1:,}; tokenize with the model's own tokenizer")
+        return Generation(self, conv, prompt_ids, sampling, cancel)
 
     def chat(self, conv: Conversation, messages: list[dict], sampling: SamplingParams,
              *, cancel: threading.Event | None = None) -> Generation:
+        """generate() on the chat template's tokens for `messages` ([{"role", "content"}], at least one)."""
+        if not messages:
+            raise InvalidArgumentError("no messages to reply to: give at least one {\"role\", \"content\"} message")
         return self.generate(conv, self.tokenizer.apply_chat_template(messages), sampling, cancel=cancel)
 
     def check_weights(self) -> None:

@@ -81,6 +81,7 @@ class ModelLayout:
     lm_head: str  # == embed when tied
     tied: bool
     stored_dtype: str  # the embeddings' stored dtype name
+    num_embeddings: int  # the embeddings' rows: token ids 0 .. num_embeddings - 1 can be read (>= vocab_size)
     unused: tuple[str, ...]  # tensors in the files that nothing reads (e.g. a tied checkpoint's lm_head copy)
 
     @classmethod
@@ -99,7 +100,7 @@ class ModelLayout:
             raise ModelFormatError(f"{model_name}: {detail}")
         _check_tensors(config, tensors, layers, head, model_name)
         used = set(needed)
-        return cls(config, layers, EMBED, FINAL_NORM, head, tied, tensors[EMBED].dtype_name,
+        return cls(config, layers, EMBED, FINAL_NORM, head, tied, tensors[EMBED].dtype_name, tensors[EMBED].shape[0],
                    tuple(sorted(n for n in tensors if n not in used)))
 
     @property
@@ -111,6 +112,15 @@ class ModelLayout:
         if forced is not None:
             return forced
         return self.stored_dtype if self.stored_dtype in COMPUTE else "float32"
+
+    def check_token_ids(self, num_token_ids: int, model_name: str) -> None:
+        """Refuse a tokenizer that can produce ids past the embeddings' rows (each would fail the embedding lookup)."""
+        if num_token_ids > self.num_embeddings:
+            raise ModelFormatError(
+                f"{model_name}: the tokenizer has token ids up to {num_token_ids - 1:,} (added and special tokens "
+                f"included) but {self.embed!r} has {self.num_embeddings:,} rows, so ids from {self.num_embeddings:,} "
+                "on have no embedding; the tokenizer is not the one these weights were trained with: use the "
+                "tokenizer files published with the model")
 
     def read_names(self) -> tuple[str, ...]:
         """Every tensor the model reads, once (a tied head is the embedding tensor)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 from tokenizers import Tokenizer as _HFTokenizer
@@ -22,20 +23,19 @@ def _token_text(config: dict, key: str) -> str | None:
     return value
 
 
+TOKENIZER_FILE = "tokenizer.json"  # the fast-tokenizer file of a Hugging Face folder
+
+
 class Tokenizer:
     def __init__(self, model_dir: str | Path):
         model_dir = Path(model_dir)
-        path = model_dir / "tokenizer.json"
+        path = model_dir / TOKENIZER_FILE
         if not path.exists():
             raise ModelFormatError(f"{model_dir.name}: no tokenizer.json (Stowage needs the fast-tokenizer file)")
         if not path.is_file():  # a FIFO would block the reader forever
             raise ModelFormatError(f"{path}: not a regular file")
-        try:
+        with _rust_errors(f"{path.name}: cannot be read"):
             self._tok = _HFTokenizer.from_file(str(path))
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as e:  # a bare Exception from the Rust side, or a Rust panic (a BaseException)
-            raise ModelFormatError(f"{path.name}: cannot be read ({e})") from e
         config_path = model_dir / "tokenizer_config.json"
         config = read_json_object(config_path) if config_path.exists() else {}
         self.bos_token = _token_text(config, "bos_token")
@@ -63,25 +63,25 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def num_token_ids(self) -> int:
+        """One past the largest id the tokenizer can produce: its vocabulary, added and special tokens included."""
+        with _rust_errors("tokenizer.json: the tokenizer cannot list its vocabulary"):
+            ids = list(self._tok.get_vocab(with_added_tokens=True).values())
+        ids += self.encode("")  # what the post-processor adds (a BOS), whose id it states on its own
+        return max(ids, default=-1) + 1
+
     def token_id(self, text: str | None) -> int | None:
         return None if text is None else self._tok.token_to_id(text)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         check_text(text, "the text")
-        try:
+        with _rust_errors("tokenizer.json: the tokenizer failed on this text"):  # a file that loads can still panic
             return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as e:  # a tokenizer.json that loads can still panic in Rust on some text
-            raise ModelFormatError(f"tokenizer.json: the tokenizer failed on this text ({e})") from e
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        try:
+        with _rust_errors("tokenizer.json: the tokenizer failed to decode tokens"):
             return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as e:
-            raise ModelFormatError(f"tokenizer.json: the tokenizer failed to decode tokens ({e})") from e
 
     def use_builtin_template(self, model_type: str) -> chat_template.BuiltinTemplate | None:
         """Without a template of its own, take the architecture's built-in one (Gemma); returns it, or None."""
@@ -117,6 +117,18 @@ class Tokenizer:
 
     def stream_decoder(self) -> "StreamDecoder":
         return StreamDecoder(self)
+
+
+@contextmanager
+def _rust_errors(what: str):
+    """A bare Exception from the Rust side, or a Rust panic (pyo3's PanicException, a BaseException), as a
+    ModelFormatError saying `what`."""
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:
+        raise ModelFormatError(f"{what} ({e})") from e
 
 
 def check_text(text: str, what: str) -> None:

@@ -1,4 +1,5 @@
-"""What a model costs in memory, from its config and the weight files' headers alone (no tensor data).
+"""What a model costs in memory, from its config and the weight files' headers alone (no tensor data); the
+tokenizer is read too, to check its ids against the embeddings.
 
 Either format: a Hugging Face folder (config.json, *.safetensors) or a GGUF model (engine/formats.py tells
 them apart); both come out as the same ModelLayout and ModelInfo."""
@@ -20,6 +21,7 @@ from ..gguf import GGUFTensor
 from ..gguf_model import Matrices, open_model
 from ..kv_cache import CacheSpec
 from ..layout import ModelLayout, TensorInfo
+from ..tokenizer import TOKENIZER_FILE, Tokenizer
 
 # Stored dtypes that `dtype=` converts (the loader converts floating tensors only; block formats stay as stored).
 _CONVERTIBLE = frozenset(COMPUTE) | {"float64", "float8_e4m3fn", "float8_e5m2"}
@@ -147,6 +149,9 @@ def inspect(model_dir: str | Path) -> ModelInfo:
     source = gguf or Checkpoint(model_dir)
     specs = source.specs
     layout = ModelLayout.of(config, specs, model_dir.name)
+    tokenizer = gguf.tokenizer if gguf else Tokenizer(model_dir) if (model_dir / TOKENIZER_FILE).exists() else None
+    if tokenizer is not None:  # a folder without one is refused by the load, which needs it
+        layout.check_token_ids(tokenizer.num_token_ids, model_dir.name)
     compute = compute_dtype_of(layout, specs)
     converted = converted_names(layout, specs, compute)
 

@@ -8,11 +8,14 @@ types (f32/f16/bf16) go through the same path when their dtype is not the comput
 file converts tile by tile instead of copying a matrix. The scratch of one product is
 `workspace_bytes(shape, num_tokens, dtype)`; the planner charges it (engine/planning/workspace.py).
 On the CPU, decode (up to MAX_NATIVE_TOKENS rows) runs the C kernels of kernels/cpu_quant.py on the
-blocks themselves instead, when they can be built: no tile, the same float32 product.
+blocks themselves instead, when they can be built: no tile, the same float32 product. On CUDA every block
+type runs the Triton kernel of kernels/triton_quant.py (the blocks copied to the GPU as stored), where the
+attention kernels run Triton too; plain types and GPUs without Triton take the tile path there.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import cpu_quant
+from . import attention_ops, cpu_quant, reference
 from .quants import FORMATS, dequantize, dequantize_rows
 
 # Weights dequantized per tile: 4 MiB of float32, big enough that the per-tile Python cost is small
@@ -103,6 +106,9 @@ class QuantizedWeight:
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x @ W.T (+ bias): [n, in] -> [n, out] in `self.dtype`, dequantizing one tile of rows at a time."""
+        if self.raw.device.type == "cuda" and _triton_runs(self.raw.device) \
+                and _triton_quant().supports(self.type_name):
+            return _triton_quant().matmul(self.raw, self.type_name, x, bias, self.dtype)  # no tile: read as stored
         if x.shape[0] <= MAX_NATIVE_TOKENS and self.raw.device.type == "cpu" and cpu_quant.is_available() \
                 and cpu_quant.supports(self.type_name):
             y = cpu_quant.matvec(self.raw, self.type_name, x.float(), bias)  # [n, out] float32
@@ -130,6 +136,18 @@ class QuantizedWeight:
     def __repr__(self) -> str:
         return (f"QuantizedWeight({self.type_name}, [{self.shape.out_features}, {self.shape.in_features}], "
                 f"{self.dtype}, {self.device})")
+
+
+def _triton_runs(device: torch.device) -> bool:
+    # Triton runs where the attention kernels do: installed, a GPU it supports, the reference not forced.
+    return attention_ops(device) is not reference
+
+
+@functools.cache
+def _triton_quant():
+    from . import triton_quant  # imported at first use on CUDA: tests set TRITON_INTERPRET before it
+
+    return triton_quant
 
 
 def _as_bytes(raw: np.ndarray | torch.Tensor) -> torch.Tensor:

@@ -147,6 +147,13 @@ class _Costs:
         self.embed_bytes = info.embed.nbytes(request.dtype)
         self.norm_bytes = info.norm.nbytes(request.dtype)
         self.lm_head_bytes = info.lm_head.nbytes(request.dtype)
+        self.windows = info.config.layer_windows or (None,) * info.num_layers
+
+    def kv_bytes(self, context_tokens: int) -> tuple[int, ...]:
+        """Each layer's KV cache: the whole context, or what its sliding window and a prefill chunk reach (the
+        blocks KVCache keeps for it, from the same CacheSpec)."""
+        chunk, num_seqs = min(self.chunk, context_tokens), self.request.num_seqs
+        return tuple(self.kv_spec.layer_bytes(context_tokens, num_seqs, window=w, chunk=chunk) for w in self.windows)
 
     def head_bytes(self, device: str, embed_device: str) -> int:
         # tied: the head is the embedding tensor, already counted where the embedding lives
@@ -169,7 +176,7 @@ def _place(costs: _Costs, budgets: Budgets, context_tokens: int, gpu_layers: int
     """Layers onto the GPUs from the first while each fits with its KV; the rest, the embedding, and a last
     layer that would not fit with the head onto the CPU. `gpu_layers` fixes the count (overflowing the last GPU)."""
     num_layers = len(costs.layer_bytes)
-    kv = costs.kv_spec.layer_bytes(context_tokens, costs.request.num_seqs)
+    kv = costs.kv_bytes(context_tokens)
     gpus = budgets.gpus if gpu_layers != 0 else ()
     wanted = num_layers if gpu_layers is None else min(gpu_layers, num_layers)
     # every GPU runs the same kind of layer, so its workspace is the same but for the head's logits
@@ -184,7 +191,8 @@ def _place(costs: _Costs, budgets: Budgets, context_tokens: int, gpu_layers: int
         while layer < wanted:
             holds_head = layer == num_layers - 1
             ws = ws_last if holds_head else ws_body
-            need = costs.layer_bytes[layer] + kv + (costs.head_bytes(gpu.device, EMBED_DEVICE) if holds_head else 0)
+            head = costs.head_bytes(gpu.device, EMBED_DEVICE) if holds_head else 0
+            need = costs.layer_bytes[layer] + kv[layer] + head
             if used + need + ws > gpu.budget_bytes and not overflow_ok:
                 break
             mine.append(layer)
@@ -199,8 +207,8 @@ def _place(costs: _Costs, budgets: Budgets, context_tokens: int, gpu_layers: int
     return tuple(plans)
 
 
-def _device_plan(costs: _Costs, budget: DeviceBudget, layers: tuple[int, ...], kv: int, context_tokens: int,
-                 num_layers: int) -> DevicePlan:
+def _device_plan(costs: _Costs, budget: DeviceBudget, layers: tuple[int, ...], kv: tuple[int, ...],
+                 context_tokens: int, num_layers: int) -> DevicePlan:
     holds_head = bool(layers) and layers[-1] == num_layers - 1
     holds_embed = budget.device == EMBED_DEVICE
     holds = (("embed",) if holds_embed else ()) + (("norm", "lm_head") if holds_head else ())
@@ -209,7 +217,8 @@ def _device_plan(costs: _Costs, budget: DeviceBudget, layers: tuple[int, ...], k
     weights += costs.head_bytes(budget.device, EMBED_DEVICE) if holds_head else 0
     ws = costs.workspace(budget.device, context_tokens, runs_layers=bool(layers), holds_head=holds_head,
                          holds_embed=holds_embed)
-    return DevicePlan(budget.device, budget.name, layers, weights, len(layers) * kv, ws, budget.budget_bytes,
+    kv_bytes = sum(kv[i] for i in layers)
+    return DevicePlan(budget.device, budget.name, layers, weights, kv_bytes, ws, budget.budget_bytes,
                       budget.reserve_bytes, holds, attention_ops(budget.device).NAME if layers else "")
 
 

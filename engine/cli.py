@@ -1,27 +1,26 @@
-"""The engine's commands: `chat`, `generate` and `plan` (stowage_entry.py sends `stowage` with no command to the GUI)."""
+"""The engine's commands: `chat`, `generate`, `plan` and `serve` (stowage_entry.py sends `stowage` with no command to
+the GUI).
+
+`chat` and `generate` run the engine as the app does, in a child process (`stowage serve`, engine/engine_process.py):
+a crash of the engine (a weights file truncated under it, the out-of-memory killer, a native fault) ends with
+one line saying so and exit status 2, and the text printed so far stays. `chat --remote URL` is the same
+conversation with any OpenAI-compatible server.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-import threading
 from pathlib import Path
 
 from .defaults import DEFAULT_CONTEXT
 from .dtypes import COMPUTE, KV
 from .errors import InsufficientMemoryError, InvalidArgumentError, StowageError
 from .planning.cli import add_plan_parser
-from .server.cli import add_serve_parser
+from .server.cli import API_KEY_ENV, add_serve_parser, write_progress
 from .sampler import SamplingParams
-
-
-def _progress(fraction: float, message: str) -> None:
-    # Progress goes to stderr so stdout stays the generated text (or the JSON) alone.
-    sys.stderr.write(f"\r\033[K[{fraction * 100:5.1f}%] {message}")
-    if fraction >= 1.0:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
 
 
 def _add_sampling(p: argparse.ArgumentParser, temperature: float) -> None:
@@ -44,13 +43,13 @@ def _sampling(args) -> SamplingParams:
                           stop=tuple(args.stop))
 
 
-def _load(args, context_tokens: int):
-    from .engine import Engine
-    from .planning import plan_for
+def _start(args, context_tokens: int):
+    """The engine in its child process; the child plans first (a shortage is its one-line refusal, before anything
+    is allocated), and its loading progress goes to stderr so stdout stays the generated text (or the JSON) alone."""
+    from .engine_process import EngineProcess
 
-    # Planned against this machine first: a shortage is an error before anything is allocated.
-    plan = plan_for(args.model_dir, context_tokens, dtype=args.dtype, kv_dtype=args.kv_dtype)
-    return Engine.load(args.model_dir, plan, progress=_progress)
+    return EngineProcess.start(args.model_dir, context_tokens=context_tokens, dtype=args.dtype,
+                               kv_dtype=args.kv_dtype, progress=write_progress)
 
 
 def run_generate(args) -> int:
@@ -65,13 +64,13 @@ def run_generate(args) -> int:
     ids = tokenizer.apply_chat_template(messages) if args.chat else tokenizer.encode(args.prompt)
     if not ids:
         raise InvalidArgumentError("the prompt is empty (and the model adds no start token); give some text")
-    engine = _load(args, len(ids) + args.max_tokens)
-    gen = engine.generate(engine.new_conversation(), ids, sampling)
-    for event in gen:
-        if not args.json:
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
-    r = gen.result
+    with _start(args, len(ids) + args.max_tokens) as engine:
+        stream = engine.complete(ids, sampling)  # the token ids, exactly as counted here
+        for text in stream:
+            if not args.json:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+    r = stream.result
     if args.json:
         print(json.dumps({
             "text": r.text, "token_ids": r.token_ids, "prompt_tokens": r.prompt_tokens,
@@ -81,29 +80,60 @@ def run_generate(args) -> int:
     else:
         sys.stdout.write("\n")
     sys.stderr.write(f"{r.prompt_tokens} prompt tokens, {r.prefill_tokens_per_s:.1f} tok/s prefill; "
-                     f"{len(r.token_ids)} generated, {r.decode_tokens_per_s:.1f} tok/s decode ({r.finish_reason})\n")
+                     f"{r.completion_tokens} generated, {r.decode_tokens_per_s:.1f} tok/s decode ({r.finish_reason})\n")
     return 0
 
 
 def run_chat(args) -> int:
     sampling = _sampling(args)  # every argument is checked before anything is read or loaded
+    if (args.model_dir is None) == (args.remote is None):
+        raise InvalidArgumentError("give a MODEL_DIR to chat with, or --remote URL of a server, not both")
     if args.context is not None and args.context < 1:
         raise InvalidArgumentError(f"--context must be at least 1 token, got {args.context}")
     if args.system is not None:
         from .tokenizer import check_text
 
         check_text(args.system, "--system")
+    if args.remote is not None:
+        return _chat_remote(args, sampling)
     if args.context is None:
         from .formats import read_config
 
         args.context = min(DEFAULT_CONTEXT, read_config(args.model_dir).max_position_embeddings)
-    engine = _load(args, args.context)
+    with _start(args, args.context) as engine:
+        return _converse(lambda messages: engine.chat(messages, sampling), Path(args.model_dir).name,
+                         args.context, args.system)
+
+
+def _chat_remote(args, sampling: SamplingParams) -> int:
+    from .client import RemoteServer
+
+    server = RemoteServer(args.remote, args.api_key or os.environ.get(API_KEY_ENV))
+    models = server.models()
+    if not models:
+        raise InvalidArgumentError(f"{server.base_url} serves no model (GET /v1/models is empty)")
+    model = next((m for m in models if m["id"] == args.model), None) if args.model else models[0]
+    if model is None:
+        raise InvalidArgumentError(f"{server.base_url} has no model {args.model!r}; it serves "
+                                   + ", ".join(repr(m["id"]) for m in models))
+    context = args.context or model.get("max_model_len")
+    try:
+        return _converse(lambda messages: server.chat(messages, sampling, model=model["id"]), model["id"], context,
+                         args.system)
+    finally:
+        server.close()
+
+
+def _converse(reply, name: str, context: int | None, system_prompt: str | None) -> int:
+    """The terminal conversation; reply(messages) is a stream of one reply (the server keeps what it cached)."""
+    from .tokenizer import check_text
+
     if hasattr(sys.stdin, "reconfigure"):  # undecodable input arrives as text the tokenizer refuses, not a crash
         sys.stdin.reconfigure(errors="surrogateescape")
-    system = [{"role": "system", "content": args.system}] if args.system else []
-    conv, messages = engine.new_conversation(), list(system)
-    sys.stderr.write(f"Chatting with {engine.name} ({args.context:,}-token context). Ctrl-D to quit, "
-                     "Ctrl-C stops a reply.\n")
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages = list(system)
+    size = f"{context:,}-token context" if context else "context unknown"
+    sys.stderr.write(f"Chatting with {name} ({size}). Ctrl-D to quit, Ctrl-C stops a reply.\n")
     while True:
         try:
             line = input("> ")
@@ -112,44 +142,50 @@ def run_chat(args) -> int:
             return 0
         if not line.strip():
             continue
+        try:
+            check_text(line, "that line")
+        except InvalidArgumentError as e:  # this line cannot be sent; the conversation goes on
+            sys.stderr.write(f"[{e}]\n")
+            continue
         messages.append({"role": "user", "content": line})
         try:
             try:
-                r = _reply(engine, conv, messages, sampling)
+                r = _reply(reply(messages))
             except InsufficientMemoryError as e:
                 if len(messages) == len(system) + 1:
                     raise
-                # The conversation outgrew the cache: keep the session, start over from this message.
+                # The conversation outgrew the context: keep the session, start over from this message.
                 sys.stderr.write(f"[the conversation is full ({e}); starting a new conversation with your "
                                  "last message]\n")
-                engine.release(conv)
-                conv, messages = engine.new_conversation(), [*system, messages[-1]]
-                r = _reply(engine, conv, messages, sampling)
+                messages = [*system, messages[-1]]
+                r = _reply(reply(messages))
         except InsufficientMemoryError as e:
             messages.pop()
             sys.stderr.write(f"[that message alone does not fit ({e}); send a shorter one]\n")
             continue
-        except InvalidArgumentError as e:  # this line cannot be sent (not UTF-8); the conversation goes on
+        except InvalidArgumentError as e:  # the server refused this message; the conversation goes on
             messages.pop()
             sys.stderr.write(f"[{e}]\n")
             continue
         messages.append({"role": "assistant", "content": r.text})
+        used = r.prompt_tokens + r.completion_tokens
         sys.stderr.write(f"[{r.reused_tokens} tokens reused, {r.prefilled_tokens} prefilled, "
-                         f"{r.decode_tokens_per_s:.1f} tok/s, {conv.num_tokens:,}/{args.context:,} context]\n")
+                         f"{r.decode_tokens_per_s:.1f} tok/s, {used:,}/{f'{context:,}' if context else '?'} "
+                         "context]\n")
 
 
-def _reply(engine, conv, messages: list[dict], sampling: SamplingParams):
-    """Stream one reply to stdout; Ctrl-C stops it. Returns the GenerationResult."""
-    cancel = threading.Event()
-    gen = engine.chat(conv, messages, sampling, cancel=cancel)
+def _reply(stream):
+    """Stream one reply to stdout; Ctrl-C stops it (closing the stream cancels it on the server). Its result."""
+    texts = iter(stream)
     try:
-        for event in gen:
-            sys.stdout.write(event.text)
+        for text in texts:
+            sys.stdout.write(text)
             sys.stdout.flush()
     except KeyboardInterrupt:
-        cancel.set()
+        texts.close()
+        stream.result.finish_reason = "cancelled"
     sys.stdout.write("\n")
-    return gen.result
+    return stream.result
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -163,10 +199,18 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     _add_sampling(gen, temperature=0.0)
     gen.set_defaults(func=run_generate)
-    chat = sub.add_parser("chat", help="chat in the terminal")
-    chat.add_argument("model_dir")
+    chat = sub.add_parser("chat", help="chat in the terminal, with a model or with a server (--remote)")
+    chat.add_argument("model_dir", nargs="?", default=None)
+    chat.add_argument("--remote", metavar="URL", default=None,
+                      help="chat with the OpenAI-compatible server at URL (another stowage serve, vLLM, llama.cpp's "
+                           "server, Ollama) instead of a local model")
+    chat.add_argument("--model", metavar="NAME", default=None,
+                      help="with --remote: the model to use (default: the first of GET /v1/models)")
+    chat.add_argument("--api-key", metavar="KEY", default=None,
+                      help=f"with --remote: the server's key (default: ${API_KEY_ENV})")
     chat.add_argument("--context", type=int, default=None,
-                      help="context size in tokens (default: 4096 or the model's maximum if smaller)")
+                      help="context size in tokens (default: 4096 or the model's maximum if smaller; with --remote "
+                           "the server's, where it says)")
     chat.add_argument("--system", default=None, help="system prompt")
     _add_sampling(chat, temperature=0.7)
     chat.set_defaults(func=run_chat)

@@ -6,8 +6,11 @@ import argparse
 import ipaddress
 import os
 import re
+import signal
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 
 from ..defaults import DEFAULT_CONTEXT
@@ -64,6 +67,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--kv-dtype", choices=sorted(KV), default=None)
     p.add_argument("--gpu-layers", metavar="N", type=_gpu_layers, default=None,
                    help="layers on the GPUs: a number (0 = CPU only) or auto (default)")
+    p.add_argument("--exit-with-parent", action="store_true",
+                   help="stop when the process that started this one ends (an app running its engine as a child)")
     p.set_defaults(func=run_serve)
     return p
 
@@ -78,6 +83,8 @@ def run_serve(args: argparse.Namespace) -> int:
         if value is not None and value < least:
             raise InvalidArgumentError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if args.exit_with_parent:
+        _exit_with_parent()
     if args.context is None:
         from ..formats import read_config
 
@@ -103,6 +110,19 @@ def run_serve(args: argparse.Namespace) -> int:
         raise
     serve(engine, sock, parallel=args.parallel, max_queue=args.max_queue, api_key=api_key)
     return 0
+
+
+def _exit_with_parent() -> None:
+    """SIGTERM to this process once its parent is gone (re-parented): a clean stop while serving, the default
+    end while loading. An app killed outright must not leave its engine holding memory."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, daemon=True, name="stowage-parent-watch").start()
 
 
 def listen(host: str, port: int, *, has_key: bool) -> socket.socket:

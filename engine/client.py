@@ -1,0 +1,217 @@
+"""A client of any OpenAI-compatible server: Stowage's own engine process, another `stowage serve`, vLLM,
+llama.cpp's server, Ollama. Models, and streaming chat or completions as an iterator of text deltas.
+
+A Stowage server adds what OpenAI's API lacks under the extension field "stowage" of its chunks (prefill
+progress, the reply's token ids and timings; engine/server/responses.py) and under /stowage/ (plan, memory,
+unload); other servers simply lack them, and the figures are then measured here.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import httpx
+
+from .errors import InsufficientMemoryError, InvalidArgumentError, RemoteError, StowageError
+from .generation import GenerationResult
+from .sampler import SamplingParams
+
+Progress = Callable[[int, int], None]  # prompt tokens read so far, of the whole prompt
+CONNECT_SECONDS = 10.0
+
+
+@dataclass
+class RemoteResult(GenerationResult):
+    """A reply as the server reported it; token_ids are known only from a Stowage server."""
+
+    completion_tokens: int = 0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        steps = max(self.completion_tokens - 1, 0)  # as GenerationResult's: the first token is prefill's
+        return steps / self.decode_seconds if self.decode_seconds else 0.0
+
+
+def sampling_fields(sampling: SamplingParams) -> dict:
+    """The request fields of the sampling settings; those at their neutral value are left out, so a server that
+    knows only OpenAI's fields (top_k, min_p and repetition_penalty are vLLM's) accepts the request."""
+    fields = {"max_tokens": sampling.max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p}
+    optional = {"top_k": (sampling.top_k, 0), "min_p": (sampling.min_p, 0.0),
+                "repetition_penalty": (sampling.repetition_penalty, 1.0), "seed": (sampling.seed, None),
+                "stop": (list(sampling.stop), [])}
+    fields.update({name: value for name, (value, neutral) in optional.items() if value != neutral})
+    return fields
+
+
+class RemoteServer:
+    """An OpenAI-compatible server at base_url (with or without its /v1); api_key goes in a bearer header."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, *, trust_env: bool = True):
+        url = base_url.rstrip("/")
+        self.base_url = url.removesuffix("/v1")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # no read timeout: a long prompt on a slow machine may take minutes before its first token
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, trust_env=trust_env,
+                                  timeout=httpx.Timeout(CONNECT_SECONDS, read=None))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def health(self) -> bool:
+        """Whether the server answers GET /health (Stowage, vLLM and llama.cpp's server have it)."""
+        try:
+            return self._http.get("/health", timeout=CONNECT_SECONDS).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def models(self) -> list[dict]:
+        """The model objects of GET /v1/models (each has an "id"; Stowage's and vLLM's a "max_model_len")."""
+        return self._get("/v1/models")["data"]
+
+    def plan(self) -> dict:
+        """A Stowage server's memory plan (engine.planning.report.to_dict)."""
+        return self._get("/stowage/plan")
+
+    def memory(self) -> dict:
+        """A Stowage server's memory report per plan device, and its process id."""
+        return self._get("/stowage/memory")
+
+    def unload(self) -> None:
+        """Ask a Stowage server to stop; its process then exits and returns all its memory."""
+        self._check(self._request("POST", "/stowage/unload"))
+
+    def chat(self, messages: list[dict], sampling: SamplingParams, *, model: str | None = None,
+             cancel: threading.Event | None = None, progress: Progress | None = None) -> "RemoteStream":
+        """A streaming chat reply: iterate for text deltas; `.result` once finished."""
+        body = {"messages": messages, **sampling_fields(sampling)}
+        return RemoteStream(self, "/v1/chat/completions", body, model, cancel, progress)
+
+    def complete(self, prompt: str | list[int], sampling: SamplingParams, *, model: str | None = None,
+                 cancel: threading.Event | None = None, progress: Progress | None = None) -> "RemoteStream":
+        """A streaming completion of a text or of token ids (the prompt exactly as tokenized here)."""
+        body = {"prompt": prompt, **sampling_fields(sampling)}
+        return RemoteStream(self, "/v1/completions", body, model, cancel, progress)
+
+    # -- the parts -----------------------------------------------------------------------------
+    def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kwargs)
+        except httpx.TransportError as e:
+            raise self.unreachable(e) from None
+
+    def _get(self, path: str) -> dict:
+        response = self._check(self._request("GET", path))
+        try:
+            return response.json()
+        except ValueError:
+            raise RemoteError(f"{self.base_url}{path} did not answer JSON: is it an OpenAI-compatible server?") from None
+
+    def _check(self, response: httpx.Response) -> httpx.Response:
+        if response.status_code >= 400:
+            raise self.refused(response)
+        return response
+
+    def unreachable(self, error: httpx.TransportError) -> RemoteError:
+        if isinstance(error, httpx.ConnectError):
+            return RemoteError(f"cannot reach {self.base_url} ({error}); is the server running at that address?")
+        return RemoteError(f"the connection to {self.base_url} broke ({error or type(error).__name__})")
+
+    def refused(self, response: httpx.Response) -> StowageError:
+        """The typed error of an error answer (OpenAI's error object, or whatever the server sent)."""
+        try:
+            error = response.json()["error"]
+            message, code = error["message"], error.get("code")
+        except (ValueError, KeyError, TypeError):
+            message, code = response.text[:300] or response.reason_phrase, None
+        status = response.status_code
+        if code == "context_length_exceeded":
+            return InsufficientMemoryError(message)
+        if status in (401, 403):
+            return RemoteError(f"{self.base_url} refused the API key ({message}); give the server's key with --api-key")
+        if status in (400, 404, 422):
+            return InvalidArgumentError(message)
+        return RemoteError(f"{self.base_url} answered {status}: {message}")
+
+
+class RemoteStream:
+    """One streaming reply; like engine.generation.Generation, iterate once, then read `result`.
+
+    cancel.set() is seen between two events (a token, or a prefill chunk's progress from a Stowage server): the
+    stream is then closed, which cancels the request on the server and frees its blocks."""
+
+    def __init__(self, server: RemoteServer, path: str, body: dict, model: str | None,
+                 cancel: threading.Event | None, progress: Progress | None):
+        self.server, self.path, self.cancel, self.progress = server, path, cancel, progress
+        self.body = {**body, **({"model": model} if model else {}), "stream": True,
+                     "stream_options": {"include_usage": True}}
+        self.chat = path.endswith("/chat/completions")
+        self.result = RemoteResult()
+
+    def __iter__(self) -> Iterator[str]:
+        return self._run()
+
+    def _run(self) -> Iterator[str]:
+        r, start = self.result, time.perf_counter()
+        first = last = None  # when the first and the last text arrived, measured here for servers that do not say
+        try:
+            with self.server._http.stream("POST", self.path, json=self.body) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise self.server.refused(response)
+                for chunk in _chunks(response.iter_lines()):
+                    if self.cancel is not None and self.cancel.is_set():
+                        r.finish_reason = "cancelled"
+                        return
+                    text = self._take(chunk)
+                    if text:
+                        first, last = first or time.perf_counter(), time.perf_counter()
+                        r.text += text
+                        yield text
+        except httpx.TransportError as e:
+            raise self.server.unreachable(e) from None
+        if r.finish_reason is None:
+            raise RemoteError(f"{self.server.base_url} ended the reply without a finish reason")
+        if first is not None and not r.decode_seconds:
+            r.first_token_seconds, r.prefill_seconds, r.decode_seconds = first - start, first - start, last - first
+            r.prefilled_tokens = r.prompt_tokens - r.reused_tokens
+
+    def _take(self, chunk: dict) -> str:
+        """Record what a chunk says; return its text."""
+        if "error" in chunk:
+            error = chunk["error"]
+            raise RemoteError(error.get("message", str(error)) if isinstance(error, dict) else str(error))
+        r, stowage = self.result, chunk.get("stowage") or {}
+        if "prefill" in stowage and self.progress is not None:
+            self.progress(stowage["prefill"]["done_tokens"], stowage["prefill"]["prompt_tokens"])
+        if "token_ids" in stowage:
+            r.token_ids = list(stowage["token_ids"])
+            for name in ("prefilled_tokens", "prefill_seconds", "decode_seconds", "first_token_seconds"):
+                setattr(r, name, stowage[name])
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+            r.prompt_tokens, r.completion_tokens = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+            r.reused_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
+        text = ""
+        for choice in chunk.get("choices") or []:
+            piece = (choice.get("delta") or {}).get("content") if self.chat else choice.get("text")
+            text += piece or ""
+            r.finish_reason = choice.get("finish_reason") or r.finish_reason
+        return text
+
+
+def _chunks(lines: Iterator[str]) -> Iterator[dict]:
+    """The JSON objects of a server-sent event stream, up to `data: [DONE]`."""
+    for line in lines:
+        if not line.startswith("data:"):
+            continue  # blank separators, comments, `event:` lines
+        data = line[len("data:"):].strip()
+        if data == "[DONE]":
+            return
+        try:
+            yield json.loads(data)
+        except ValueError:
+            raise RemoteError(f"the server sent an event that is not JSON: {data[:200]!r}") from None

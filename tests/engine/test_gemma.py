@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 from engine.config import ModelConfig
 from engine.engine import Engine
 from engine.errors import UnsupportedModelError
+from engine.kv_cache import KVCache, Sequence
 from engine.sampler import SamplingParams
 
 TOLERANCE = 1e-4  # fp32 logits, max abs difference (measured: <= 1.1e-5, logits up to ~7)
@@ -81,6 +82,84 @@ def test_multi_turn_across_the_window_reuses_the_prefix(model_dir):
     fresh = engine.chat(engine.new_conversation(), history, greedy).run()
     assert second.token_ids == fresh.token_ids
     assert second.reused_tokens >= first.prompt_tokens > 8
+
+
+# -- with the recycling cache: window layers keep only what a window and a prefill chunk reach -------------------
+LONG_PROMPT = [3 + (7 * i) % 500 for i in range(150)]  # 150 tokens: ~19 windows of 8
+
+
+def recycling(engine):
+    """The engine over the sliding-window cache, built as Engine.load builds its cache once it passes the model's
+    windows and the plan's chunk (docs/gemma.md, "Left of issue 13")."""
+    old = engine.cache
+    engine.cache = KVCache(old.spec, [k.device for k in old.k_cache], old.max_tokens, engine.plan.num_seqs,
+                           layer_windows=engine.config.layer_windows, prefill_chunk=engine.plan.prefill_chunk)
+    return engine
+
+
+def recycled(engine, seq) -> int:
+    return sum(b < 0 for table in seq.window_tables.values() for b in table)
+
+
+@pytest.mark.parametrize("chunk", [3, 8, 20, 64])
+def test_recycling_cache_logits_match_with_chunks_smaller_and_larger_than_the_window(model_dir, reference, chunk):
+    engine = recycling(Engine.load(model_dir, cpu_plan(model_dir, 256, prefill_chunk=chunk)))
+    conv = engine.new_conversation()
+    ours = [engine.model.forward(LONG_PROMPT[i : i + chunk], conv.seq, engine.cache, all_logits=True)
+            for i in range(0, len(LONG_PROMPT), chunk)]
+    assert recycled(engine, conv.seq) >= 4  # blocks past every window were handed back
+    window_group = engine.cache.groups[-1]
+    assert window_group.window == 8 and window_group.allocator.num_blocks < 256 // 16
+    with torch.no_grad():
+        theirs = reference(torch.tensor([LONG_PROMPT])).logits[0]
+    assert (torch.cat(ours) - theirs).abs().max().item() <= TOLERANCE
+
+
+def test_recycling_cache_greedy_tokens_identical(model_dir, reference):
+    engine = recycling(Engine.load(model_dir, cpu_plan(model_dir, 256, prefill_chunk=16)))
+    conv = engine.new_conversation()
+    result = engine.generate(conv, LONG_PROMPT, SamplingParams(temperature=0, max_tokens=40)).run()
+    assert recycled(engine, conv.seq) > 0
+    with torch.no_grad():
+        out = reference.generate(torch.tensor([LONG_PROMPT]), attention_mask=torch.ones(1, len(LONG_PROMPT),
+                                 dtype=torch.long), max_new_tokens=40, do_sample=False,
+                                 eos_token_id=sorted(engine.eos_ids), pad_token_id=sorted(engine.eos_ids)[0])
+    assert result.token_ids == [t for t in out[0, len(LONG_PROMPT):].tolist() if t not in engine.eos_ids]
+
+
+def test_recycling_cache_multi_turn_reuses_the_prefix_across_the_window(model_dir):
+    engine = recycling(Engine.load(model_dir, cpu_plan(model_dir, 512, prefill_chunk=16)))
+    greedy = SamplingParams(temperature=0, max_tokens=24)
+    history = [{"role": "user", "content": "Stowage plans memory: weights, KV cache, workspace and headroom. " * 2}]
+    conv = engine.new_conversation()
+    first = engine.chat(conv, history, greedy).run()
+    assert recycled(engine, conv.seq) > 0
+    history += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "The quick brown fox."}]
+    second = engine.chat(conv, history, greedy).run()
+    engine.release(conv)  # the window pool holds one sequence's share (the plan's num_seqs)
+    fresh = engine.chat(engine.new_conversation(), history, greedy).run()
+    assert second.token_ids == fresh.token_ids
+    assert second.reused_tokens >= first.prompt_tokens > 8
+
+
+def test_truncate_past_a_recycled_window_prefills_again_and_matches(model_dir, reference):
+    # an edited early turn: the window layers' K/V there are gone, so truncate keeps nothing and the caller
+    # prefills from 0 (the global layers' K/V are rewritten with the same values)
+    engine = recycling(Engine.load(model_dir, cpu_plan(model_dir, 256, prefill_chunk=16)))
+    cache, seq = engine.cache, Sequence()
+    engine.model.forward(LONG_PROMPT, seq, cache)
+    assert cache.num_reusable(seq, 140) == 140  # a few tokens back: still held
+    edited = LONG_PROMPT[:60] + [9, 10, 11] + LONG_PROMPT[60:100]
+    kept = cache.truncate(seq, 60)
+    assert kept == 0 and seq.num_tokens == 0
+    ours = engine.model.forward(edited[kept:], seq, cache, all_logits=True)
+    with torch.no_grad():
+        theirs = reference(torch.tensor([edited])).logits[0]
+    assert (ours - theirs).abs().max().item() <= TOLERANCE
+    # and a truncate a few tokens back keeps them, then continues exactly
+    assert cache.truncate(seq, 100) == 100
+    ours = engine.model.forward(edited[100:], seq, cache, all_logits=True)
+    assert (ours - theirs[100:]).abs().max().item() <= TOLERANCE
 
 
 def test_gemma3_with_vision_is_refused_with_a_reason():

@@ -1,10 +1,8 @@
 """Model configuration read from a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 text),
 every value checked.
 
-Types are checked where config.json is read (`from_dict`), ranges in `__post_init__`. RoPE: transformers 5
-writes `rope_parameters`, older files `rope_scaling` and a top-level `rope_theta`. Given both dicts,
-transformers keeps `rope_scaling` and silently drops `rope_parameters`; Stowage merges them and refuses
-a file in which two of them give one key different values, since either guess could be wrong.
+Types are checked where config.json is read (`from_dict`, through engine/config_values.py), ranges in
+`__post_init__`; the file itself is read by engine/json_file.py, RoPE parameters by engine/rope_config.py.
 Sliding windows: `layer_windows` holds each layer's window (None: full attention) as transformers derives it
 (Mistral: `sliding_window` on every layer; Qwen2/3: only with `use_sliding_window`; Gemma: `layer_types`, else
 Gemma 2 alternates and Gemma 3 follows `sliding_window_pattern`). Gemma 3's sliding layers rotate with their
@@ -13,12 +11,14 @@ own base (`rope_local_base_freq`, or `rope_parameters["sliding_attention"]`): `l
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .config_values import get_bool, get_float, get_int, get_optional_float, require
 from .errors import ModelFormatError, UnsupportedModelError
+from .json_file import kind_of, read_json_object  # noqa: F401 (read_json_object: engine/checkpoint.py reads it here)
+from .rope_config import RopeConfig, rope_config
 
 # model_type -> architecture class names that config.json may carry for it
 SUPPORTED = {
@@ -43,31 +43,6 @@ ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 _DEFAULT_HEAD_DIM = {"qwen3": 128, "gemma2": 256, "gemma3_text": 256}
 MAX_LAYERS = 65_536  # far more than any model has (Llama 3.1 405B: 126)
 MAX_WINDOW = 2**31 - 1  # tokens; past any context a model is planned for
-# Larger than any real config, tokenizer_config.json (chat templates included) or shard index.
-MAX_JSON_BYTES = 64 * 1024 * 1024
-_MISSING = object()
-
-
-@dataclass(frozen=True)
-class RopeConfig:
-    theta: float = 10000.0
-    kind: str = "default"  # "default", "linear" (positions divided by factor) or "llama3"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position: int = 8192
-
-    def __post_init__(self):
-        _require(math.isfinite(self.theta) and self.theta > 0, f"rope_theta must be a positive number, got {self.theta}")
-        if self.kind in ("llama3", "linear"):
-            _require(math.isfinite(self.factor) and self.factor > 0,
-                     f"rope factor must be a positive number, got {self.factor}")
-        if self.kind == "llama3":
-            _require(math.isfinite(self.high_freq_factor) and 0 < self.low_freq_factor < self.high_freq_factor,
-                     f"llama3 rope needs 0 < low_freq_factor < high_freq_factor, got {self.low_freq_factor} "
-                     f"and {self.high_freq_factor}")
-            _require(self.original_max_position > 0,
-                     f"original_max_position_embeddings must be positive, got {self.original_max_position}")
 
 
 @dataclass(frozen=True)
@@ -109,26 +84,26 @@ class ModelConfig:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
                      "head_dim", "max_position_embeddings"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value > 0, f"{name} must be a positive integer, got {value!r}")
+            require(isinstance(value, int) and value > 0, f"{name} must be a positive integer, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise ModelFormatError(
                 f"config.json: num_attention_heads ({self.num_heads}) is not a multiple of "
                 f"num_key_value_heads ({self.num_kv_heads})"
             )
         # rotary embeddings rotate pairs of dimensions (engine/rope.py)
-        _require(self.head_dim % 2 == 0, f"head_dim must be even, got {self.head_dim}")
-        _require(math.isfinite(self.rms_norm_eps) and self.rms_norm_eps > 0,
+        require(self.head_dim % 2 == 0, f"head_dim must be even, got {self.head_dim}")
+        require(math.isfinite(self.rms_norm_eps) and self.rms_norm_eps > 0,
                  f"rms_norm_eps must be a positive number, got {self.rms_norm_eps}")
-        _require(self.hidden_act in ACTIVATIONS,
+        require(self.hidden_act in ACTIVATIONS,
                  f"hidden activation {self.hidden_act!r} is not supported (supported: {', '.join(ACTIVATIONS)})")
         for name in ("query_pre_attn_scalar", "attn_softcap", "final_softcap"):
             value = getattr(self, name)
-            _require(value is None or (math.isfinite(value) and value > 0),
+            require(value is None or (math.isfinite(value) and value > 0),
                      f"{name} must be a positive number or null, got {value!r}")
-        _require(len(self.layer_windows) in (0, self.num_layers),
+        require(len(self.layer_windows) in (0, self.num_layers),
                  f"{len(self.layer_windows)} layer types for {self.num_layers} layers")
         for w in self.layer_windows:
-            _require(w is None or (isinstance(w, int) and not isinstance(w, bool) and w > 0),
+            require(w is None or (isinstance(w, int) and not isinstance(w, bool) and w > 0),
                      f"sliding_window must be a positive integer, got {w!r}")
 
     def window(self, layer: int) -> int | None:
@@ -153,16 +128,16 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, raw: dict, generation: dict | None = None) -> "ModelConfig":
         if not isinstance(raw, dict):
-            raise ModelFormatError(f"config.json: holds {_kind(raw)}, not an object")
+            raise ModelFormatError(f"config.json: holds {kind_of(raw)}, not an object")
         model_type = _model_type(raw)
-        hidden = _int(raw, "hidden_size")
-        num_heads = _int(raw, "num_attention_heads")
+        hidden = get_int(raw, "hidden_size")
+        num_heads = get_int(raw, "num_attention_heads")
         implied = {}
-        num_kv_heads = _int(raw, "num_key_value_heads", None)
+        num_kv_heads = get_int(raw, "num_key_value_heads", None)
         if num_kv_heads is None:
             num_kv_heads = num_heads
             implied["num_key_value_heads"] = "num_attention_heads, as transformers defaults it"
-        head_dim = _int(raw, "head_dim", None)
+        head_dim = get_int(raw, "head_dim", None)
         if head_dim is None:
             if model_type in _DEFAULT_HEAD_DIM:
                 head_dim = _DEFAULT_HEAD_DIM[model_type]
@@ -174,30 +149,30 @@ class ModelConfig:
                         "and there is no head_dim to say how wide a head is")
                 head_dim = hidden // num_heads if num_heads > 0 else 0
                 implied["head_dim"] = "hidden_size/num_attention_heads"
-        attention_bias = _bool(raw, "attention_bias")
-        num_layers = _int(raw, "num_hidden_layers")
+        attention_bias = get_bool(raw, "attention_bias")
+        num_layers = get_int(raw, "num_hidden_layers")
         if num_layers > MAX_LAYERS:  # before anything is built per layer (layer_windows)
             raise ModelFormatError(f"config.json: num_hidden_layers={num_layers} is more than any model has "
                                    f"(at most {MAX_LAYERS:,} here); the config is corrupt")
         gemma = _gemma_fields(raw, model_type, hidden) if model_type in _GEMMA else {}
         return cls(
             model_type=model_type,
-            vocab_size=_int(raw, "vocab_size"),
+            vocab_size=get_int(raw, "vocab_size"),
             hidden_size=hidden,
-            intermediate_size=_int(raw, "intermediate_size"),
+            intermediate_size=get_int(raw, "intermediate_size"),
             num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
-            rms_norm_eps=_float(raw, "rms_norm_eps", 1e-6),
-            rope=gemma.pop("rope", None) or _rope(raw),
-            max_position_embeddings=_int(raw, "max_position_embeddings",
+            rms_norm_eps=get_float(raw, "rms_norm_eps", 1e-6),
+            rope=gemma.pop("rope", None) or rope_config(raw),
+            max_position_embeddings=get_int(raw, "max_position_embeddings",
                                          _GEMMA_DEFAULTS.get(model_type, {}).get("max_position_embeddings", 4096)),
             # Gemma ties the head unless told otherwise (transformers' default for it)
-            tie_word_embeddings=_bool(raw, "tie_word_embeddings", model_type in _GEMMA),
+            tie_word_embeddings=get_bool(raw, "tie_word_embeddings", model_type in _GEMMA),
             qkv_bias=model_type == "qwen2" or attention_bias,
             o_bias=model_type != "qwen2" and attention_bias,
-            mlp_bias=_bool(raw, "mlp_bias"),
+            mlp_bias=get_bool(raw, "mlp_bias"),
             qk_norm=model_type in ("qwen3", "gemma3_text"),
             torch_dtype=_str(raw.get("torch_dtype") or raw.get("dtype")),
             bos_token_id=next(iter(_token_ids(raw.get("bos_token_id"))), None),
@@ -206,41 +181,6 @@ class ModelConfig:
             layer_windows=_layer_windows(raw, model_type, num_layers),
             **gemma,
         )
-
-
-def read_json_object(path: Path) -> dict:
-    """The JSON object a model folder's file holds; ModelFormatError naming the file when it holds anything else."""
-    # is_file() follows symlinks: a link into a Hugging Face cache's blobs is fine; a FIFO or a device is not
-    # opened at all (reading one would wait forever or never end).
-    if not path.is_file():
-        raise ModelFormatError(f"{path}: not a regular file")
-    try:
-        size = path.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise ModelFormatError(f"{path}: {size:,} bytes is far larger than such a file can be; it is not one")
-        data = path.read_bytes()
-    except OSError as e:
-        raise ModelFormatError(f"{path}: cannot read ({e.strerror})") from e
-    try:
-        value = json.loads(data.decode("utf-8-sig"))
-    except UnicodeDecodeError as e:
-        raise ModelFormatError(f"{path}: not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})") from None
-    except RecursionError:
-        raise ModelFormatError(f"{path}: JSON nested too deeply") from None
-    except ValueError as e:  # json.JSONDecodeError, or an integer of more digits than Python converts
-        raise ModelFormatError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise ModelFormatError(f"{path}: holds {_kind(value)}, not a JSON object")
-    return value
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ModelFormatError(f"config.json: {message}")
-
-
-def _kind(value) -> str:
-    return {list: "a list", type(None): "null", str: "a string", bool: "a boolean"}.get(type(value), "a number")
 
 
 def _model_type(raw: dict) -> str:
@@ -267,41 +207,6 @@ def _model_type(raw: dict) -> str:
     return by_arch[0]
 
 
-def _get(raw: dict, key: str, default):
-    value = raw.get(key)
-    if value is None:  # absent or null: transformers treats both as "not given"
-        if default is _MISSING:
-            raise ModelFormatError(f"config.json: missing required key {key!r}")
-        return default
-    return value
-
-
-def _int(raw: dict, key: str, default=_MISSING) -> int | None:
-    value = _get(raw, key, default)
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)  # 4096.0: a writer that only has floats
-    if value is not default and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ModelFormatError(f"config.json: {key} must be an integer, got {value!r:.80}")
-    return value
-
-
-def _float(raw: dict, key: str, default: float, where: str = "config.json") -> float:
-    value = _get(raw, key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ModelFormatError(f"{where}: {key} must be a number, got {value!r:.80}")
-    try:
-        return float(value)
-    except OverflowError:  # an integer past float range
-        raise ModelFormatError(f"{where}: {key} is out of range ({value:.3e})") from None
-
-
-def _bool(raw: dict, key: str, default: bool = False) -> bool:
-    value = _get(raw, key, default)
-    if not isinstance(value, bool):
-        raise ModelFormatError(f"config.json: {key} must be true or false, got {value!r:.80}")
-    return value
-
-
 def _str(value) -> str | None:
     return value if isinstance(value, str) else None
 
@@ -321,58 +226,8 @@ def _eos_ids(raw: dict, generation: dict) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def _rope_dict(raw: dict, key: str) -> dict:
-    value = raw.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ModelFormatError(f"config.json: {key} must be an object, got {value!r:.80}")
-    if any(isinstance(v, dict) for v in value.values()):
-        raise UnsupportedModelError(f"config.json: {key} per layer type is not supported (one set for every layer is)")
-    value = dict(value)
-    if "type" in value and "rope_type" not in value:  # the older spelling
-        value["rope_type"] = value.pop("type")
-    value.pop("type", None)
-    return value
-
-
-def _rope(raw: dict) -> RopeConfig:
-    sources = {"rope_parameters": _rope_dict(raw, "rope_parameters"), "rope_scaling": _rope_dict(raw, "rope_scaling")}
-    if raw.get("rope_theta") is not None:
-        sources["rope_theta"] = {"rope_theta": raw["rope_theta"]}
-    merged: dict = {}
-    origin: dict[str, str] = {}
-    for source, values in sources.items():
-        for key, value in values.items():
-            if key in merged and merged[key] != value:
-                raise ModelFormatError(
-                    f"config.json: {origin[key]} and {source} disagree on {key} ({merged[key]!r:.40} vs "
-                    f"{value!r:.40}); remove the stale one (transformers would use rope_scaling and ignore "
-                    "rope_parameters)")
-            merged[key], origin[key] = value, source
-    kind = merged.get("rope_type") or "default"
-    if not isinstance(kind, str):
-        raise ModelFormatError(f"config.json: rope_type must be a string, got {kind!r:.80}")
-    if kind not in ("default", "llama3", "linear"):
-        raise UnsupportedModelError(
-            f"config.json: rope type {kind!r:.40} is not supported (supported: default, linear, llama3)")
-    theta = _float(merged, "rope_theta", 10000.0)
-    if kind == "default":
-        return RopeConfig(theta=theta)
-    if kind == "linear":
-        return RopeConfig(theta=theta, kind="linear", factor=_float(merged, "factor", _MISSING))
-    return RopeConfig(
-        theta=theta,
-        kind="llama3",
-        factor=_float(merged, "factor", _MISSING),
-        low_freq_factor=_float(merged, "low_freq_factor", 1.0),
-        high_freq_factor=_float(merged, "high_freq_factor", 4.0),
-        original_max_position=_int(merged, "original_max_position_embeddings", 8192),
-    )
-
-
 def _window(raw: dict, default: int | None) -> int | None:
-    value = _int(raw, "sliding_window", default)
+    value = get_int(raw, "sliding_window", default)
     if value is not None and not 0 < value <= MAX_WINDOW:  # the kernels compare positions in int64
         raise ModelFormatError(f"config.json: sliding_window must be a positive integer up to {MAX_WINDOW:,}, "
                                f"got {value!r}")
@@ -386,16 +241,16 @@ def _layer_windows(raw: dict, model_type: str, num_layers: int) -> tuple[int | N
     if model_type == "mistral":  # MistralConfig: sliding_window (null: none) on every layer, layer_types ignored
         window = _window(raw, None)
         return (window,) * num_layers if window is not None else ()
-    if model_type in ("qwen2", "qwen3") and not _bool(raw, "use_sliding_window"):
+    if model_type in ("qwen2", "qwen3") and not get_bool(raw, "use_sliding_window"):
         return ()
     window = _window(raw, _GEMMA_DEFAULTS.get(model_type, {}).get("sliding_window"))
     types = raw.get("layer_types")
     if types is None:
         if model_type in ("qwen2", "qwen3"):
-            first = _int(raw, "max_window_layers", 28)
+            first = get_int(raw, "max_window_layers", 28)
             types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
         else:
-            pattern = 2 if model_type == "gemma2" else _int(raw, "sliding_window_pattern", 6)
+            pattern = 2 if model_type == "gemma2" else get_int(raw, "sliding_window_pattern", 6)
             if pattern <= 0:
                 raise ModelFormatError(f"config.json: sliding_window_pattern must be positive, got {pattern}")
             types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
@@ -415,13 +270,13 @@ def _gemma_fields(raw: dict, model_type: str, hidden: int) -> dict:
     act = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
     if act == "gelu_tanh":  # the same function under its other name
         act = "gelu_pytorch_tanh"
-    if _bool(raw, "use_bidirectional_attention"):
+    if get_bool(raw, "use_bidirectional_attention"):
         raise UnsupportedModelError("config.json: use_bidirectional_attention (an embedding model) is not supported")
     fields = dict(
         hidden_act=act, norm_plus_one=True, sandwich_norm=True, embed_scale=float(hidden) ** 0.5,
-        query_pre_attn_scalar=_float(raw, "query_pre_attn_scalar", defaults["query_pre_attn_scalar"]),
-        attn_softcap=_optional_float(raw, "attn_logit_softcapping", defaults["attn_logit_softcapping"]),
-        final_softcap=_optional_float(raw, "final_logit_softcapping", defaults["final_logit_softcapping"]),
+        query_pre_attn_scalar=get_float(raw, "query_pre_attn_scalar", defaults["query_pre_attn_scalar"]),
+        attn_softcap=get_optional_float(raw, "attn_logit_softcapping", defaults["attn_logit_softcapping"]),
+        final_softcap=get_optional_float(raw, "final_logit_softcapping", defaults["final_logit_softcapping"]),
     )
     if model_type == "gemma2":
         return fields
@@ -447,10 +302,5 @@ def _gemma_fields(raw: dict, model_type: str, hidden: int) -> dict:
     local = {"rope_parameters": per_type.get("sliding_attention"), "rope_theta": raw.get("rope_local_base_freq")}
     if local["rope_theta"] is None and "rope_theta" not in (local["rope_parameters"] or {}):
         local["rope_theta"] = 10000.0
-    return fields | {"rope": _rope(full), "local_rope": _rope(local)}
+    return fields | {"rope": rope_config(full), "local_rope": rope_config(local)}
 
-
-def _optional_float(raw: dict, key: str, default: float | None) -> float | None:
-    if key in raw and raw[key] is None:  # null: switched off, whatever the default
-        return None
-    return None if default is None and raw.get(key) is None else _float(raw, key, default)

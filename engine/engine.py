@@ -25,7 +25,7 @@ from .planning.inspect import compute_dtype_of, converted_names
 from .planning.plan import Plan
 from .sampler import SamplingParams
 from .tokenizer import Tokenizer
-from .weights import TensorSet, load_layers, place
+from .weights import load_layers, place
 
 Progress = Callable[[float, str], None]
 

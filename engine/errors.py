@@ -9,6 +9,14 @@ class ModelFormatError(StowageError):
     """A model folder or weight file is malformed, incomplete or of a format we refuse."""
 
 
+class TemplateError(ModelFormatError):
+    """The chat template failed to render (or raised on purpose through raise_exception)."""
+
+
+class TemplateLimitError(TemplateError):
+    """The chat template ran past a limit on time, size, loops or nesting (engine/template_limits.py)."""
+
+
 class UnsupportedModelError(StowageError):
     """The architecture in config.json is not one Stowage implements."""
 

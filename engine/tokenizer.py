@@ -9,7 +9,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as _HFTokenizer
 
 from . import chat_template
-from .config import MAX_JSON_BYTES, read_json_object
+from .json_file import MAX_JSON_BYTES, read_json_object
 from .errors import InvalidArgumentError, ModelFormatError, StowageWarning
 
 

@@ -51,7 +51,8 @@ def place(
 
     `converted`: the checkpoint names to copy into the compute dtype `dtype` (planning/inspect.py converted_names,
     which the forecast counts). `shared`: a set on the same device whose tensors are reused by source name (a tied
-    head uses the embedding). Quantized weights (GGUF) are never converted: they stay the stored blocks, on any device."""
+    head uses the embedding). Quantized weights (GGUF) are never converted: they stay the stored blocks, on any
+    device."""
     out, copied = {}, 0
     by_source = {} if shared is None else {n: shared[s] for s, n in shared.sources.items()}
     for short, name in names.items():

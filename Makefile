@@ -12,6 +12,7 @@ $(BIN)/.installed: pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/python kernels/build.py
 	touch $@
 
 venv: $(BIN)/.installed
@@ -37,6 +38,7 @@ install-desktop: venv
 
 bundle: venv
 	$(BIN)/pip install -q -e '.[bundle]'
+	$(BIN)/python kernels/build.py
 	$(BIN)/pyinstaller --noconfirm --distpath dist --workpath build/pyinstaller packaging/stowage.spec
 
 clean:

@@ -45,6 +45,11 @@ def load(name: str, sources: list[str], flags: list[str], libs: list[str] = ()) 
         return None
 
 
+def load_library(lib) -> ctypes.CDLL | None:
+    """`load` for a kernels/native_libs.py entry."""
+    return load(lib.name, list(lib.sources), list(lib.flags), list(lib.libs))
+
+
 def _cache_dir() -> Path:
     if os.environ.get("STOWAGE_KERNEL_CACHE"):
         return Path(os.environ["STOWAGE_KERNEL_CACHE"]) / "kernels"

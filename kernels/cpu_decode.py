@@ -2,7 +2,7 @@
 
 One library per instruction set (`avx512bf16`, `avx512`, `avx2`, `scalar`), the best the CPU runs unless
 `STOWAGE_DECODE_ISA` names one. A prebuilt library beside this file (`kernels/_native/`, made when the package is
-built: `python -m kernels.build`) is used first; otherwise it is compiled at first use (a developer
+built: kernels/build.py) is used first; otherwise it is compiled at first use (a developer
 convenience; kernels/cbuild.py). `STOWAGE_NATIVE_DECODE=0` or `STOWAGE_FORCE_REFERENCE=1` turns it off, and
 no library at all (no compiler, no prebuilt one) leaves the torch path: `active()` says which runs.
 The ctypes structures below mirror the C structs field for field.
@@ -14,20 +14,9 @@ import ctypes
 import os
 from functools import cache
 
-from .cbuild import cpu_flags, load
+from .cbuild import cpu_flags, load_library
+from .native_libs import ISAS, decode_layer
 
-SOURCES = ["decode_layer.c", "quant_dots.h", "quant_blocks.h", "quant_x86.h"]
-BASE_FLAGS = ["-O3", "-ffp-contract=off", "-shared", "-fPIC", "-pthread"]
-LIBS = ["-lm"]
-_X86 = ["-mavx2", "-mfma", "-mf16c"]
-# Each instruction set: its compiler flags and the /proc/cpuinfo flags it needs, best first.
-ISAS = {
-    "avx512bf16": (["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", *_X86],
-                   {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx2", "fma", "f16c"}),
-    "avx512": (["-mavx512f", "-mavx512bw", "-mavx512vl", *_X86], {"avx512f", "avx512bw", "avx512vl", "avx2", "fma", "f16c"}),
-    "avx2": (_X86, {"avx2", "fma", "f16c"}),
-    "scalar": ([], set()),
-}
 # Weight and cache type codes of the C side: floats; ggml block types are their quant_type_id.
 W_F32, W_F16, W_BF16, CACHE_FP8 = 100, 101, 102, 3
 ACT_SILU, ACT_GELU_TANH = 0, 1
@@ -87,7 +76,7 @@ def selected_isa() -> str | None:
 @cache
 def library(isa: str) -> ctypes.CDLL | None:
     """The decode library for `isa` (prebuilt, else built now), or None when there is none to be had."""
-    lib = load(f"decode_layer_{isa}", SOURCES, BASE_FLAGS + ISAS[isa][0], LIBS)
+    lib = load_library(decode_layer(isa))
     if lib is None:
         return None
     ptr = ctypes.c_void_p

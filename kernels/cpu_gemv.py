@@ -13,16 +13,14 @@ from functools import cache
 
 import torch
 
-from .cbuild import cpu_flags, load
-
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-fopenmp", "-shared", "-fPIC"]
-
+from .cbuild import cpu_flags, load_library
+from .native_libs import GEMV_BF16
 
 @cache
 def _library():
-    if os.environ.get("STOWAGE_FORCE_REFERENCE", "") not in ("", "0") or not {"avx512_bf16", "avx512bw"} <= cpu_flags():
+    if os.environ.get("STOWAGE_FORCE_REFERENCE", "") not in ("", "0") or not GEMV_BF16.needs <= cpu_flags():
         return None
-    lib = load("gemv_bf16", ["gemv_bf16.c"], FLAGS)
+    lib = load_library(GEMV_BF16)
     if lib is None:
         return None
     lib.gemv_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_int64, ctypes.c_int]

@@ -16,23 +16,13 @@ from functools import cache
 
 import torch
 
-from .cbuild import cpu_flags, load
-
-SOURCES = ["quant_gemv.c", "quant_dots.h", "quant_blocks.h", "quant_x86.h"]
-BASE_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
-# Each instruction set: its compiler flags and the /proc/cpuinfo flags it needs, best first.
-ISAS = {
-    "avx512": (["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"],
-               {"avx512f", "avx512bw", "avx512vl", "avx2", "fma", "f16c"}),
-    "avx2": (["-mavx2", "-mfma", "-mf16c"], {"avx2", "fma", "f16c"}),
-    "scalar": ([], set()),
-}
-
+from .cbuild import cpu_flags, load_library
+from .native_libs import ISAS, QUANT_ISAS, quant_gemv
 
 def supported_isas() -> list[str]:
     """The instruction sets this CPU can run, best first."""
     flags = cpu_flags()
-    return [isa for isa, (_, needs) in ISAS.items() if needs <= flags]
+    return [isa for isa in QUANT_ISAS if ISAS[isa][1] <= flags]
 
 
 @cache
@@ -41,8 +31,8 @@ def selected_isa() -> str | None:
     if os.environ.get("STOWAGE_FORCE_REFERENCE", "") not in ("", "0"):
         return None
     forced = os.environ.get("STOWAGE_QUANT_ISA", "")
-    if forced and forced not in ISAS:
-        raise ValueError(f"STOWAGE_QUANT_ISA={forced!r} is not one of {', '.join(ISAS)}")
+    if forced and forced not in QUANT_ISAS:
+        raise ValueError(f"STOWAGE_QUANT_ISA={forced!r} is not one of {', '.join(QUANT_ISAS)}")
     if forced:
         return forced if forced in supported_isas() else None
     return supported_isas()[0]
@@ -51,7 +41,7 @@ def selected_isa() -> str | None:
 @cache
 def library(isa: str) -> ctypes.CDLL | None:
     """The kernels built for `isa`, or None when they cannot be built here."""
-    lib = load(f"quant_gemv_{isa}", SOURCES, BASE_FLAGS + ISAS[isa][0])
+    lib = load_library(quant_gemv(isa))
     if lib is None:
         return None
     lib.quant_gemv.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]

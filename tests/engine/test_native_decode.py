@@ -91,3 +91,16 @@ def test_greedy_generation_matches_torch_path(tmp_path):
     ids = [3, 17, 99, 250, 4, 8]
     results = [e.generate(e.new_conversation(), ids, sampling).run() for e in (native, torch_path)]
     assert results[0].finish_reason == "length" and results[0].token_ids == results[1].token_ids
+
+
+def test_gguf_block_types(tmp_path):
+    pytest.importorskip("gguf")
+    from gguf_factory import write_k_quant_gguf
+
+    hf = make_model(tmp_path / "hf", "llama", hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                    num_key_value_heads=2, initializer_range=0.2)
+    types = {"attn_v.weight": "q6_k", "ffn_down.weight": "q6_k", "ffn_up.weight": "q5_k"}  # Q4_K_M's mix
+    path, _ = write_k_quant_gguf(hf, tmp_path / "m.gguf", tmp_path / "ref", types)
+    for dtype in (torch.float32, torch.bfloat16):
+        native, torch_path = _engines(path, 256, dtype=str(dtype).removeprefix("torch."))
+        _compare(native, torch_path, [(i * 11) % 500 + 3 for i in range(40)], 20, TOLERANCE[dtype])

@@ -6,7 +6,7 @@ import pytest
 import torch
 from quant_blocks import BLOCK_TYPES, random_blocks
 
-from kernels import cpu_quant, quant_linear
+from kernels import cbuild, cpu_quant, quant_linear
 from kernels.quant_linear import QuantizedWeight
 from kernels.quants import dequantize
 
@@ -19,7 +19,7 @@ RTOL = 1e-5
 def isa_params():
     supported = cpu_quant.supported_isas()
     return [pytest.param(isa, marks=pytest.mark.skipif(isa not in supported, reason=f"this CPU has no {isa}"))
-            for isa in cpu_quant.ISAS]
+            for isa in cpu_quant.QUANT_ISAS]
 
 
 @pytest.fixture(params=isa_params())
@@ -81,6 +81,7 @@ def test_the_isa_switch(monkeypatch):
 def test_without_a_compiler_products_fall_back_to_torch(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("STOWAGE_KERNEL_CACHE", str(tmp_path / "cache"))  # nothing built before either
+    monkeypatch.setattr(cbuild, "PREBUILT", tmp_path / "no-prebuilt")  # nor shipped with the package
     cpu_quant.library.cache_clear()
     try:
         assert not cpu_quant.is_available()
@@ -118,6 +119,8 @@ def test_a_gguf_model_decodes_the_same_tokens_natively(dtype, tmp_path, monkeypa
     def greedy(max_native_tokens):
         monkeypatch.setattr(quant_linear, "MAX_NATIVE_TOKENS", max_native_tokens)
         engine = Engine.load(path, cpu_plan(path, 256, dtype=dtype))
+        # these products, not the native decode step (kernels/csrc/decode_layer.c, tests/engine/test_native_decode.py)
+        engine.model._native_for = (engine.cache, None)
         ids = engine.tokenizer.encode("Stowage plans memory: weights, KV cache, workspace and headroom.")
         return engine.generate(engine.new_conversation(), ids, SamplingParams(temperature=0, max_tokens=24)).run()
 

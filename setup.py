@@ -1,0 +1,23 @@
+"""Builds the native kernels into the package (kernels/_native/) when a wheel is built; see kernels/build.py.
+
+Everything else about the package is in pyproject.toml. A build machine without a C compiler still
+builds the wheel: its kernels are then compiled at first use, or torch runs instead.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+
+class BuildPyWithKernels(build_py):
+    def run(self):
+        super().run()
+        out = Path(self.build_lib) / "kernels" / "_native"
+        subprocess.run([sys.executable, str(Path(__file__).parent / "kernels" / "build.py"), "--out", str(out)],
+                       check=False)
+
+
+setup(cmdclass={"build_py": BuildPyWithKernels})

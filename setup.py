@@ -10,6 +10,7 @@ from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
 
 
 class BuildPyWithKernels(build_py):
@@ -20,4 +21,9 @@ class BuildPyWithKernels(build_py):
                        check=False)
 
 
-setup(cmdclass={"build_py": BuildPyWithKernels})
+class WithNativeLibraries(Distribution):
+    def has_ext_modules(self):  # the wheel holds machine code: tag it for this platform, not "any"
+        return True
+
+
+setup(cmdclass={"build_py": BuildPyWithKernels}, distclass=WithNativeLibraries)

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from kernels import cpu_decode
+
 from ..defaults import BLOCK_SIZE, PREFILL_CHUNK
 from ..dtypes import COMPUTE, KV, KV_ALIASES
 from ..errors import StowageError
@@ -15,6 +17,7 @@ from .budgets import Budgets, detect_gpus, detect_ram, gpu_budget, ram_budget
 from .inspect import inspect
 from .plan import PlanRequest, max_context, plan
 from .report import format_table, to_dict
+
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_MODEL = 0, 1, 2
 
 
@@ -98,5 +101,9 @@ def run_plan(args: argparse.Namespace, out=None) -> int:
     if args.context is None:
         request = request.with_context(max_context(info, request, budgets) or request.block_size)
     result = plan(info, request, budgets)
-    print(json.dumps(to_dict(result), indent=2) if args.json else format_table(result), file=out)
+    if args.json:
+        print(json.dumps({**to_dict(result), "cpu_decode": cpu_decode.active()}, indent=2), file=out)
+    else:
+        print(format_table(result), file=out)
+        print(f"CPU decode step: {cpu_decode.active()}", file=out)
     return EXIT_FITS if result.fits else EXIT_DOES_NOT_FIT

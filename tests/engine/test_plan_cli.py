@@ -30,7 +30,8 @@ def test_table_from_the_console_command(model_dir):
     assert lines[1].split()[:3] == ["device", "layers", "weights"]
     assert lines[2].split()[:3] == ["cuda:0", "(GPU)", "0-11"]
     assert lines[3].split()[:3] == ["cpu", "(RAM)", "12-31"]
-    assert lines[-1].startswith("fits: 12/32 layers on GPU 0, 20/32 on CPU")
+    assert lines[-2].startswith("fits: 12/32 layers on GPU 0, 20/32 on CPU")
+    assert lines[-1].startswith("CPU decode step: ")
 
 
 def test_json_when_it_does_not_fit(model_dir, capsys):

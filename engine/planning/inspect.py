@@ -23,7 +23,7 @@ from ..kv_cache import CacheSpec
 from ..layout import ModelLayout, TensorInfo
 from ..tokenizer import TOKENIZER_FILE, Tokenizer
 
-# Stored dtypes that `dtype=` converts (the loader converts floating tensors only; block formats stay as stored).
+# Stored dtypes the loader can convert (converted_names says which it does): the floats; block formats never.
 _CONVERTIBLE = frozenset(COMPUTE) | {"float64", "float8_e4m3fn", "float8_e5m2"}
 # What a model whose weights are in ggml blocks computes in when no dtype is forced: its products dequantize
 # to float32 tiles anyway (kernels/quant_linear.py), and bf16 activations halve the KV cache against float32.

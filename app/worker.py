@@ -3,6 +3,12 @@
 Only this module calls the engine's load/chat; every result comes back to the GUI thread as a signal,
 so no widget is ever touched from the worker thread. Cancelling uses threading.Event, which the GUI
 thread may set at any time.
+
+With STOWAGE_ENGINE_PROCESS=1 the engine runs in a child process (engine/engine_process.py, `stowage serve`
+over loopback HTTP): a crash of the engine (the out-of-memory killer, SIGBUS from a weights file changed
+under the model, a native fault) is then a failed reply, and the window, its chats and the partial reply
+stay; the next Load starts a fresh child. In-process is still the default while the memory graphs measure
+this process (docs/server.md, "How the app uses it").
 """
 
 from __future__ import annotations
@@ -22,12 +28,15 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 # the GUI would freeze on them during the first load.
 from engine.planning.budgets import detect_budgets
 from engine.engine import Engine
-from engine.errors import GenerationCancelled, StowageError
+from engine.engine_process import EngineProcess
+from engine.errors import EngineCrashedError, GenerationCancelled, StowageError
+from engine.formats import read_config, read_tokenizer
 from engine.planning.inspect import inspect
 
 from . import context_policy
 
 ENGINE_NICE = int(os.environ.get("STOWAGE_ENGINE_NICE", 10))  # how much lower than the GUI (0..19)
+ENGINE_PROCESS = os.environ.get("STOWAGE_ENGINE_PROCESS", "") == "1"  # the engine in a child process
 
 
 @dataclass
@@ -112,13 +121,20 @@ class EngineWorker(QObject):
     token = Signal(int, str)  # conversation_id, decoded text delta
     reply_finished = Signal(object)  # Reply
     reply_failed = Signal(int, str)  # conversation_id, message
+    # with the engine in a child process only:
+    prefill_progress = Signal(int, int, int)  # conversation_id, prompt tokens done, total (a long prompt)
+    engine_started = Signal(int)  # the engine process's id, for graphs that follow it
+    engine_crashed = Signal(str)  # how it died; `unloaded` follows
 
-    def __init__(self):
+    def __init__(self, use_process: bool | None = None):
         super().__init__()
-        self.engine = None
+        self.use_process = ENGINE_PROCESS if use_process is None else use_process
+        self.engine = None  # in-process: the Engine
+        self.process: EngineProcess | None = None  # or its child process
+        self.tokenizer = None  # counts tokens for the context policy, here whichever runs the engine
         # One engine conversation (its KV blocks) per chat: switching back to a chat reuses what is still
         # cached instead of reading its whole history again. The engine frees the least recently used
-        # ones when a chat needs their blocks.
+        # ones when a chat needs their blocks. (A child's server keeps them by prefix: engine/server/prefix_pool.py.)
         self.conversations: dict[int, object] = {}
         self.context_tokens = 0
 
@@ -154,14 +170,17 @@ class EngineWorker(QObject):
     def load(self, model_dir: str, plan, cancel: threading.Event) -> None:
         self._unload()  # one model at a time: loading another frees the first
         start = time.perf_counter()
+        progress = lambda f, m: self.load_progress.emit(float(f), str(m))  # noqa: E731
         try:
-            self.engine = Engine.load(
-                Path(model_dir), plan, progress=lambda f, m: self.load_progress.emit(float(f), str(m)), cancel=cancel
-            )
+            if self.use_process:
+                self._start_process(Path(model_dir), plan, progress, cancel)
+            else:
+                self.engine = Engine.load(Path(model_dir), plan, progress=progress, cancel=cancel)
+                self.tokenizer = self.engine.tokenizer
             self.conversations = {}
             self.context_tokens = plan.context_tokens
         except Exception as e:
-            self.engine, self.conversations = None, {}
+            self.engine, self.process, self.tokenizer, self.conversations = None, None, None, {}
             release_freed_memory()
             if isinstance(e, GenerationCancelled) or cancel.is_set():
                 self.load_cancelled.emit()
@@ -171,24 +190,44 @@ class EngineWorker(QObject):
             return
         self.loaded.emit(model_dir, time.perf_counter() - start)
 
+    def _start_process(self, model_dir: Path, plan, progress, cancel: threading.Event) -> None:
+        # the plan's own request, planned again by the child against the memory free now
+        request = plan.request
+        tokenizer = read_tokenizer(model_dir)
+        tokenizer.use_builtin_template(read_config(model_dir).model_type)  # as Engine does, so counts agree
+        threads = max(1, (os.cpu_count() or 2) - 1)  # leave the GUI a core (lower_priority says why)
+        self.process = EngineProcess.start(
+            model_dir, context_tokens=plan.context_tokens, dtype=request.dtype, kv_dtype=request.kv_dtype,
+            gpu_layers=request.gpu_layers, progress=progress, cancel=cancel,
+            env={"OMP_NUM_THREADS": str(threads)}, nice=ENGINE_NICE)
+        self.tokenizer = tokenizer
+        self.engine_started.emit(self.process.pid)
+
+    @property
+    def is_loaded(self) -> bool:
+        return self.engine is not None or self.process is not None
+
     @Slot()
     def unload(self) -> None:
         self._unload()
 
     def _unload(self) -> None:
-        if self.engine is None:
+        if not self.is_loaded:
             return
         try:
-            self.engine.close()
+            if self.process is not None:
+                self.process.close()  # the child exits: all of its memory goes back at once
+            else:
+                self.engine.close()
         finally:
-            self.engine, self.conversations = None, {}
+            self.engine, self.process, self.tokenizer, self.conversations = None, None, None, {}
             release_freed_memory()
             self.unloaded.emit()
 
     @Slot(object)
     def chat(self, request: ChatRequest) -> None:
         cid = request.conversation_id
-        if self.engine is None:
+        if not self.is_loaded:
             self.reply_failed.emit(cid, "No model is loaded. Pick a model and press Load.")
             return
         try:
@@ -199,16 +238,18 @@ class EngineWorker(QObject):
                 request.system, request.messages, self._count_tokens, self.context_tokens - reserve, request.policy
             )
             self.reply_started.emit(ReplyStarted(cid, fitted.prompt_tokens, fitted.first_kept, fitted.kept_head))
-            conversation = self.conversations.get(cid)
-            if conversation is None:
-                conversation = self.conversations[cid] = self.engine.new_conversation()
-            gen = self.engine.chat(conversation, fitted.messages, sampling, cancel=request.cancel)
-            for event in gen:
-                if event.text:
-                    self.token.emit(cid, event.text)
-            r = gen.result
+            if self.process is not None:
+                r = self._reply_from_process(cid, fitted.messages, sampling, request.cancel)
+            else:
+                r = self._reply_in_process(cid, fitted.messages, sampling, request.cancel)
         except context_policy.ContextFullError as e:
             self.reply_failed.emit(cid, str(e))
+            return
+        except EngineCrashedError as e:  # the child is gone; the window, the chat and the partial reply stay
+            message = f"{describe_error(e)}. Press Load to start the engine again."
+            self.reply_failed.emit(cid, message)
+            self.engine_crashed.emit(message)
+            self._unload()
             return
         except Exception as e:
             _log_unexpected(e)
@@ -228,17 +269,34 @@ class EngineWorker(QObject):
             )
         )
 
+    def _reply_in_process(self, cid: int, messages: list[dict], sampling, cancel: threading.Event):
+        conversation = self.conversations.get(cid)
+        if conversation is None:
+            conversation = self.conversations[cid] = self.engine.new_conversation()
+        gen = self.engine.chat(conversation, messages, sampling, cancel=cancel)
+        for event in gen:
+            if event.text:
+                self.token.emit(cid, event.text)
+        return gen.result
+
+    def _reply_from_process(self, cid: int, messages: list[dict], sampling, cancel: threading.Event):
+        stream = self.process.chat(messages, sampling, cancel=cancel,
+                                   progress=lambda done, total: self.prefill_progress.emit(cid, done, total))
+        for text in stream:
+            self.token.emit(cid, text)
+        return stream.result
+
     @Slot(int)
     def forget(self, conversation_id: int) -> None:
-        """A deleted chat: free its cached tokens at once."""
+        """A deleted chat: free its cached tokens at once (a child's server evicts them when it needs the room)."""
         conversation = self.conversations.pop(conversation_id, None)
         if conversation is not None and self.engine is not None:
             self.engine.release(conversation)
 
     def _count_tokens(self, messages: list[dict]) -> int:
-        ids = self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         if isinstance(ids, str):
-            ids = self.engine.tokenizer.encode(ids)
+            ids = self.tokenizer.encode(ids)
         return len(ids)
 
 
@@ -251,11 +309,11 @@ class EngineClient(QObject):
     _chat = Signal(object)
     _forget = Signal(int)
 
-    def __init__(self, parent=None):
+    def __init__(self, parent=None, *, use_process: bool | None = None):
         super().__init__(parent)
         self.thread = QThread()
         self.thread.setObjectName("stowage-engine")
-        self.worker = EngineWorker()
+        self.worker = EngineWorker(use_process)
         self.worker.moveToThread(self.thread)
         self.thread.started.connect(self.worker.lower_priority)
         self._inspect.connect(self.worker.inspect)

@@ -1,0 +1,83 @@
+"""The app with its engine in a child process (STOWAGE_ENGINE_PROCESS=1): the engine SIGKILLed in the middle of
+a reply is a failed reply; the window, the chat and the partial reply stay, and the next Load starts a fresh child."""
+
+import os
+import signal
+
+import pytest
+from factory import cpu_plan
+from PySide6.QtCore import Qt
+
+import app.worker
+from app.worker import ChatRequest, EngineClient
+from engine.sampler import SamplingParams
+
+
+@pytest.fixture
+def engine_client(qtbot):
+    client = EngineClient(use_process=True)
+    yield client
+    client.shutdown()
+
+
+def test_worker_signals_over_a_child(engine_client, qtbot, tiny_model_dir):
+    worker = engine_client.worker
+    with qtbot.waitSignal(worker.engine_started, timeout=60_000) as started, \
+            qtbot.waitSignal(worker.loaded, timeout=60_000):
+        engine_client.load(str(tiny_model_dir), cpu_plan(tiny_model_dir, 2048))
+    pid = worker.process.pid
+    assert started.args == [pid] and pid != os.getpid()
+    progress = []
+    worker.prefill_progress.connect(lambda *args: progress.append(args))
+    long_message = [{"role": "user", "content": "Stowage plans memory. " * 150}]  # more than one 512-token chunk
+    with qtbot.waitSignal(worker.reply_finished, timeout=60_000) as done:
+        engine_client.chat(ChatRequest(7, [], long_message, SamplingParams(temperature=0, max_tokens=4)))
+    reply = done.args[0]
+    assert reply.conversation_id == 7 and reply.completion_tokens == 4 and reply.prompt_tokens > 512
+    qtbot.waitUntil(lambda: bool(progress), timeout=10_000)
+    assert progress[0] == (7, 512, reply.prompt_tokens)
+    with qtbot.waitSignal(worker.unloaded, timeout=60_000):
+        engine_client.unload()
+    assert worker.process is None and not _alive(pid)
+
+
+def test_a_killed_engine_is_a_failed_reply_and_a_new_load_starts_a_fresh_one(app_driver, qtbot, tiny_model_dir,
+                                                                            monkeypatch):
+    monkeypatch.setattr(app.worker, "ENGINE_PROCESS", True)
+    window = app_driver.open(tiny_model_dir)
+    app_driver.load(window, context_tokens=2048)
+    worker, chat = window.client.worker, window.chat
+    first_pid = worker.process.pid
+    window.settings_panel.max_tokens.setValue(1500)
+
+    def send_then_kill():
+        app_driver.send(window, "Write a long story")
+        qtbot.waitUntil(lambda: len(chat.view.reply_text) > 3, timeout=app_driver.timeout_ms)
+        os.kill(first_pid, signal.SIGKILL)
+
+    with qtbot.waitSignal(worker.reply_failed, timeout=app_driver.timeout_ms) as failed:
+        send_then_kill()
+    assert "killed by SIGKILL" in failed.args[1] and "Press Load" in failed.args[1]
+    qtbot.waitUntil(lambda: window.loaded_dir is None, timeout=app_driver.timeout_ms)
+    assert window.isVisible()
+    assert chat.error.isVisible() and "killed by SIGKILL" in chat.error.text()
+    [(_, partial)] = [(m.role, m.content) for m in window.store.messages(chat.conversation_id)
+                      if m.role == "assistant"]
+    assert partial  # the partial reply is kept in the chat
+    assert not _alive(first_pid)
+
+    app_driver.load(window, context_tokens=2048)  # a fresh child
+    assert worker.process.pid != first_pid
+    window.settings_panel.max_tokens.setValue(4)
+    reply = app_driver.reply(window, lambda: app_driver.send(window, "Again"))
+    assert reply.finish_reason == "length" and reply.completion_tokens == 4
+    qtbot.mouseClick(window.settings_panel.unload_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: window.loaded_dir is None, timeout=app_driver.timeout_ms)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

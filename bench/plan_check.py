@@ -105,8 +105,10 @@ def _run_heaviest_chunk(engine, plan: Plan) -> None:
     chunk = min(plan.prefill_chunk, plan.context_tokens)
     conv = engine.new_conversation()
     earlier = plan.context_tokens - chunk
-    engine.cache.reserve(conv.seq, earlier)  # their K/V stay zeros: the memory is the same
-    conv.seq.token_ids.extend([0] * earlier)
+    for start in range(0, earlier, chunk):  # a chunk at a time, as a prefill does: window groups recycle as they go
+        n = min(chunk, earlier - start)
+        engine.cache.reserve(conv.seq, n)  # their K/V stay zeros: the memory is the same
+        conv.seq.token_ids.extend([0] * n)
     engine.model.forward([1] * chunk, conv.seq, engine.cache)
     engine.release(conv)
 

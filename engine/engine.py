@@ -94,7 +94,8 @@ class Engine:
         # The KV cache first: it is what the user asked for, and a shortage should show before weights move.
         report(0.0, f"allocating KV cache for {plan.context_tokens:,} tokens")
         try:
-            cache = KVCache(spec, layer_devices, plan.context_tokens, plan.num_seqs)
+            cache = KVCache(spec, layer_devices, plan.context_tokens, plan.num_seqs,
+                            layer_windows=layout.config.layer_windows, prefill_chunk=plan.prefill_chunk)
         except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
             raise InsufficientMemoryError(f"cannot allocate the KV cache for {plan.context_tokens:,} tokens: {e}") from e
         embed = place(checkpoint, {"embed": layout.embed}, devices[plan.embed_device], dtype, plan.embed_device,
@@ -135,13 +136,13 @@ class Engine:
                 f"the conversation needs {num_tokens:,} tokens but the KV cache holds {self.cache.max_tokens:,}; "
                 "load with a larger context or start a new conversation"
             )
-        needed = self.cache.spec.num_blocks(num_tokens) - len(conv.seq.block_table)
-        if needed <= self.cache.allocator.num_free:  # the per-token fast path
+        growth = [(conv.seq, max(0, num_tokens - conv.seq.num_tokens))]
+        if self.cache.can_fit(growth):  # the per-token fast path
             return
-        for other in sorted(self._conversations, key=lambda c: c.last_used):
+        for other in sorted(self._conversations, key=lambda c: c.last_used):  # every group's pool must fit it
             if other is not conv:
                 self.cache.release(other.seq)
-            if self.cache.allocator.num_free >= needed:
+            if self.cache.can_fit(growth):
                 break
 
     # -- generation ----------------------------------------------------------------------------

@@ -107,7 +107,7 @@ class Generation:
         engine, seq, prompt = self.engine, self.conv.seq, self.prompt_ids
         # Reuse the cached prefix; keep at least one token to compute, since we need its logits.
         reuse = min(common_prefix(seq.token_ids, prompt), len(prompt) - 1)
-        engine.cache.truncate(seq, reuse)
+        reuse = engine.cache.truncate(seq, reuse)  # what the cache could keep: 0 when a window was recycled
         engine.make_room(self.conv, len(prompt) + 1)
         r = self.result
         r.reused_tokens = reuse

@@ -1,7 +1,7 @@
 """Which format a model path holds, and its config and tokenizer either way: the one place that tells them apart.
 
-A Hugging Face folder (config.json, *.safetensors) or a GGUF model: a .gguf file, any part of a split
-one, or a folder holding one and no config.json.
+A Hugging Face folder (config.json, *.safetensors) or a GGUF model: a .gguf file (or a file that starts with
+GGUF's magic, as Ollama's blobs do), any part of a split one, or a folder holding one and no config.json.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .config import ModelConfig
+from .gguf import is_gguf_file
 from .gguf_model import open_model
 from .tokenizer import Tokenizer
 
@@ -16,7 +17,7 @@ from .tokenizer import Tokenizer
 def is_gguf(path: str | Path) -> bool:
     path = Path(path)
     if path.is_file():
-        return path.suffix.lower() == ".gguf"
+        return is_gguf_file(path)
     return path.is_dir() and not (path / "config.json").exists() and any(path.glob("*.gguf"))
 
 

@@ -153,3 +153,22 @@ def test_stowage_list_prints_a_table_and_json(home, capsys):
     assert [m["name"] for m in data["models"]][:2] == ["dropped-q8_0", "my-llama"]
     assert set(data["models"][0]) == {"name", "path", "format", "size_bytes", "quant", "source"}
     assert len(data["notes"]) == 3
+
+
+def test_an_ollama_blob_plans_and_generates_like_its_gguf_file(home, tiny):
+    from factory import cpu_plan
+
+    from engine.engine import Engine
+    from engine.formats import is_gguf
+    from engine.sampler import SamplingParams
+
+    blob = next(m for m in discover(places(home)).models if m.name == "tiny:latest").path
+    assert is_gguf(blob)
+    results = []
+    for path in (blob, tiny[1]):
+        plan = cpu_plan(path, 128)
+        engine = Engine.load(path, plan)
+        ids = engine.tokenizer.encode("hello there")
+        reply = engine.generate(engine.new_conversation(), ids, SamplingParams(temperature=0, max_tokens=8)).run()
+        results.append((plan.devices[0].weights_bytes, reply.token_ids))
+    assert results[0] == results[1] and len(results[0][1]) > 0

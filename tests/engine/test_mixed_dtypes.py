@@ -19,6 +19,7 @@ from engine.units import GiB
 
 UP = "model.layers.1.mlp.up_proj.weight"
 NORM = "model.layers.2.input_layernorm.weight"
+EMBED = "model.embed_tokens.weight"
 GREEDY = SamplingParams(temperature=0, max_tokens=6)
 PROMPT = [1, 20, 30, 40, 50]
 
@@ -108,6 +109,18 @@ def test_a_vector_in_another_dtype_stays_a_view_of_the_file(bf16_model, tmp_path
     tokens, report = generate(mixed, p)
     assert tokens  # it ran: a matmul of two dtypes would have raised
     assert report["cpu"]["weights_copied"] == 160 * 64 * 2  # the fp16 matrix only
+    assert report["cpu"]["weights_copied"] + report["cpu"]["weights_mapped"] == p.device("cpu").weights_bytes
+
+
+def test_float8_embeddings_compute_in_float32_with_every_matrix_converted(bf16_model, tmp_path):
+    # The layout's rule: a model whose embeddings are not a compute dtype computes in float32 (found by the fuzz:
+    # "rms_norm not implemented for 'Float8_e5m2'" once the activations took the embeddings' dtype).
+    mixed = with_tensors(bf16_model, tmp_path / "mixed", EMBED=torch.float8_e5m2)
+    info = inspect(mixed)
+    assert info.compute_dtype == "float32"
+    p = cpu_plan(mixed, 64)
+    tokens, report = generate(mixed, p)
+    assert tokens
     assert report["cpu"]["weights_copied"] + report["cpu"]["weights_mapped"] == p.device("cpu").weights_bytes
 
 

@@ -1,4 +1,4 @@
-"""Shared pieces of the CPU benchmarks: the SmolLM2-360M-shaped model, memory probes, fresh-process runs."""
+"""Shared pieces of the CPU benchmarks: real-shaped models with random weights, memory probes, fresh-process runs."""
 
 from __future__ import annotations
 
@@ -36,16 +36,23 @@ SMOLLM2_360M = {
     "torch_dtype": "bfloat16",
     "initializer_range": 0.02,
 }
+# SmolLM2-135M's and SmolLM2-1.7B's shapes: the small model people run, and one of the largest a laptop decodes.
+SMOLLM2_135M = SMOLLM2_360M | {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                               "num_attention_heads": 9, "num_key_value_heads": 3}
+SMOLLM2_1_7B = SMOLLM2_360M | {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 24,
+                               "num_attention_heads": 32, "num_key_value_heads": 32, "tie_word_embeddings": True}
+SHAPES = {"135m": SMOLLM2_135M, "360m": SMOLLM2_360M, "1.7b": SMOLLM2_1_7B}
 BUILD_VERSION = 1  # bump when the files written below change, so cached copies are rebuilt
 GGUF_VERSION = 2
 
 
-def build_model(workdir: Path, *, seed: int = 0) -> Path:
-    """Write the model folder once (config.json, model.safetensors, tokenizer files); reuse it after."""
+def build_model(workdir: Path, *, seed: int = 0, shape: str = "360m") -> Path:
+    """Write the model folder of SHAPES[shape] once (config.json, model.safetensors, tokenizer files); reuse it after."""
     workdir.mkdir(parents=True, exist_ok=True)
-    model_dir = workdir / "smollm2-360m-shape"
+    model_dir = workdir / f"smollm2-{shape}-shape"
     stamp = model_dir / ".complete"
-    want = json.dumps({"version": BUILD_VERSION, "config": SMOLLM2_360M, "seed": seed}, sort_keys=True)
+    c = SHAPES[shape]
+    want = json.dumps({"version": BUILD_VERSION, "config": c, "seed": seed}, sort_keys=True)
     if stamp.exists() and stamp.read_text() == want:
         return model_dir
     import torch
@@ -57,7 +64,6 @@ def build_model(workdir: Path, *, seed: int = 0) -> Path:
     started = time.perf_counter()
     print(f"building {model_dir} (random bf16 weights, std 0.02) ...", file=sys.stderr, flush=True)
     tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=workdir))
-    c = SMOLLM2_360M
     hidden, inter = c["hidden_size"], c["intermediate_size"]
     head_dim = hidden // c["num_attention_heads"]
     kv = c["num_key_value_heads"] * head_dim
@@ -118,13 +124,13 @@ def convert_gguf(model_dir: Path) -> Path:
     import torch
     from safetensors import safe_open
 
-    path = model_dir.parent / "smollm2-360m-shape.bf16.gguf"
+    path = model_dir.parent / f"{model_dir.name}.bf16.gguf"
     stamp = path.with_suffix(".complete")
     want = f"gguf {GGUF_VERSION} " + (model_dir / ".complete").read_text()
     if path.exists() and stamp.exists() and stamp.read_text() == want:
         return path
     print(f"converting to {path} ...", file=sys.stderr, flush=True)
-    c = SMOLLM2_360M
+    c = json.loads((model_dir / "config.json").read_text())
     heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
     tmp = path.with_name(path.name + ".partial")
     w = gguf.GGUFWriter(str(tmp), "llama")

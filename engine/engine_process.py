@@ -70,11 +70,12 @@ class EngineProcess:
     """A started engine child: `server` is its client; `chat`/`complete` report the child's death as
     EngineCrashedError. Start with `EngineProcess.start(...)`; `close()` ends it."""
 
-    def __init__(self, proc: subprocess.Popen, progress: LoadProgress | None):
+    def __init__(self, proc: subprocess.Popen):
         self.proc = proc
         self.server: RemoteServer | None = None  # once the child printed its URL
         self._log: deque[str] = deque(maxlen=50)  # the child's last stderr lines, for the message when it dies
-        self._stderr = threading.Thread(target=_read_stderr, args=(proc, self._log, progress), daemon=True,
+        self._progress: queue.SimpleQueue[tuple[float, str]] = queue.SimpleQueue()  # its loading, read by _wait
+        self._stderr = threading.Thread(target=_read_stderr, args=(proc, self._log, self._progress), daemon=True,
                                         name="stowage-engine-stderr")
         self._stderr.start()
 
@@ -83,7 +84,8 @@ class EngineProcess:
               kv_dtype: str | None = None, gpu_layers: int | None = None, progress: LoadProgress | None = None,
               cancel: threading.Event | None = None, env: dict[str, str] | None = None,
               nice: int = 0) -> "EngineProcess":
-        """Start the child, forward its loading progress, and return once it answers /health.
+        """Start the child, forward its loading progress (progress is called on this thread, as Engine.load
+        calls it), and return once it answers /health.
 
         Raises EngineStartError with the child's own message when it refuses (a plan that does not fit, a
         malformed model), EngineCrashedError when it dies, GenerationCancelled (the child ended) on cancel.set()."""
@@ -103,11 +105,11 @@ class EngineProcess:
                 pass
         urls: queue.Queue[str] = queue.Queue()
         threading.Thread(target=_read_stdout, args=(proc, urls), daemon=True, name="stowage-engine-stdout").start()
-        self = cls(proc, progress)
+        self = cls(proc)
         try:
-            url = self._wait(lambda: _get(urls), cancel)
+            url = self._wait(lambda: _get(urls), cancel, progress)
             if not url:  # stdout closed before a URL: the child is ending
-                self._wait(lambda: None, cancel)
+                self._wait(lambda: None, cancel, progress)
             self.server = RemoteServer(url, key, trust_env=False)  # a proxy must never see the private key
             deadline = time.monotonic() + HEALTH_SECONDS
 
@@ -119,7 +121,7 @@ class EngineProcess:
                                            f"{HEALTH_SECONDS:.0f} s")
                 return None
 
-            self._wait(healthy, cancel)
+            self._wait(healthy, cancel, progress)
         except BaseException:
             self.kill()
             raise
@@ -188,9 +190,13 @@ class EngineProcess:
         raise EngineCrashedError(self.death())
 
     # -- the parts -----------------------------------------------------------------------------
-    def _wait(self, ready: Callable[[], object], cancel: threading.Event | None):
-        """Poll ready() until it returns something; the child's end or cancel.set() raise instead."""
+    def _wait(self, ready: Callable[[], object], cancel: threading.Event | None,
+              progress: LoadProgress | None = None):
+        """Poll ready() until it returns something, passing the child's progress on; the child's end or
+        cancel.set() raise instead."""
         while True:
+            while progress is not None and (step := _get(self._progress)) is not None:
+                progress(*step)
             value = ready()
             if value is not None:
                 return value
@@ -232,7 +238,7 @@ class Watched:
             raise
 
 
-def _get(q: queue.Queue):
+def _get(q: queue.Queue | queue.SimpleQueue):
     try:
         return q.get_nowait()
     except queue.Empty:
@@ -245,10 +251,10 @@ def _read_stdout(proc: subprocess.Popen, urls: queue.Queue) -> None:
         pass
 
 
-def _read_stderr(proc: subprocess.Popen, log: deque[str], progress: LoadProgress | None) -> None:
+def _read_stderr(proc: subprocess.Popen, log: deque[str], progress: queue.SimpleQueue) -> None:
     for line in proc.stderr:
         parsed = parse_progress(line)
         if parsed is None:
             log.append(line.rstrip())
-        elif progress is not None:
-            progress(*parsed)
+        else:
+            progress.put(parsed)

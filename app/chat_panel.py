@@ -15,12 +15,16 @@ from .store import ConversationStore, Message
 from .worker import ChatRequest, EngineClient, Reply, ReplyStarted
 
 TITLE_CHARS = 40
+# A streamed reply is written at least this often, so a crash or kill loses at most this much of it.
+SAVE_INTERVAL_S = 2.0
+# The finish reason a reply carries while it streams: what a crash leaves in the file.
+INTERRUPTED = "interrupted"
 HINT_NO_MODEL = "Pick a model on the right, press Load, then type a message below."
 HINT_READY = "Type a message below: Enter sends it, Shift+Enter starts a new line."
 
 
 class ChatPanel(QWidget):
-    """Sends the current conversation to the engine and stores every message as it completes."""
+    """Sends the current conversation to the engine and stores every message, a reply as it streams."""
 
     conversation_created = Signal(int)
     conversation_renamed = Signal(int)
@@ -41,6 +45,10 @@ class ChatPanel(QWidget):
         self._sampling: dict = {}
         self._generating_for: int | None = None
         self._message_ids: list[int] = []
+        self._reply_text = ""  # of the reply streaming now, whichever chat is on screen
+        self._reply_id: int | None = None  # its row, from its first token on
+        self._reply_saved_at = 0.0
+        self._reply_orphaned = False  # its chat was deleted: nothing more is written for it
 
         self.view = ChatView()
         self.input = ChatInput()
@@ -92,15 +100,19 @@ class ChatPanel(QWidget):
             self.view.set_messages([])
         else:
             row = self.store.conversation(self.conversation_id)
-            self.view.set_messages(self.store.messages(self.conversation_id), row.memory_start_id)
-            if self.client.is_generating and self._generating_for == self.conversation_id:
-                self.view.begin_reply()  # the reply so far arrives from here on
+            streaming = self.client.is_generating and self._generating_for == self.conversation_id
+            messages = [m for m in self.store.messages(self.conversation_id) if not (streaming and m.id == self._reply_id)]
+            self.view.set_messages(messages, row.memory_start_id)
+            if streaming:  # the reply so far, then the rest as it arrives
+                self.view.begin_reply()
+                self.view.append_reply(self._reply_text)
         self.counter.setText(self._context_text(None))
         self._update_buttons()
 
     def conversation_deleted(self, conversation_id: int) -> None:
         """A reply for a deleted conversation has no one to read it: stop it (its end re-enables Send), free its cache."""
         if self.client.is_generating and self._generating_for == conversation_id:
+            self._reply_orphaned = True
             self.client.stop()
         self.client.forget(conversation_id)
 
@@ -176,6 +188,7 @@ class ChatPanel(QWidget):
         self._reply_started_at = time.perf_counter()
         self._reply_tokens = 0
         self._prompt_tokens = 0
+        self._reply_text, self._reply_id, self._reply_orphaned = "", None, False
         self.view.begin_reply()
         self.client.chat(request)
         self._update_buttons()
@@ -197,6 +210,8 @@ class ChatPanel(QWidget):
 
     def _token(self, conversation_id: int, text: str) -> None:
         self._reply_tokens += 1
+        self._reply_text += text
+        self._save_partial_reply()
         if conversation_id != self.conversation_id:
             return
         self.view.append_reply(text)
@@ -204,20 +219,44 @@ class ChatPanel(QWidget):
         speed = self._reply_tokens / seconds if seconds > 0 else 0.0
         self.counter.setText(f"{speed:.1f} tokens/s · " + self._context_text(self._prompt_tokens + self._reply_tokens))
 
-    def _reply_finished(self, reply: Reply) -> None:
-        meta = {"finish_reason": reply.finish_reason, "tokens_per_s": round(reply.decode_tokens_per_s, 2),
-                "prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
-                "first_token_s": round(reply.first_token_seconds, 3),
-                "prompt_tokens_per_s": round(reply.prefill_tokens_per_s, 1),
-                "model": self.model_name, "sampling": self._sampling}
+    def _reply_meta(self, finish_reason: str, **figures) -> dict:
+        meta = {"finish_reason": finish_reason, **figures, "model": self.model_name, "sampling": self._sampling}
         if self._kept_head:  # the memory line's wording when the chat is shown again
             meta["kept_head"] = self._kept_head
-        message = None
-        exists = any(row.id == reply.conversation_id for row in self.store.conversations())
+        return meta
+
+    def _save_partial_reply(self) -> None:
+        """Write the streaming reply: its row at the first token, then its text at most every SAVE_INTERVAL_S."""
+        if self._reply_orphaned or self._generating_for is None:
+            return
+        now = time.monotonic()
+        if self._reply_id is None:
+            meta = self._reply_meta(INTERRUPTED, prompt_tokens=self._prompt_tokens)
+            self._reply_id = self.store.add_message(self._generating_for, "assistant", self._reply_text, meta)
+        elif now - self._reply_saved_at >= SAVE_INTERVAL_S:
+            self.store.update_message(self._reply_id, self._reply_text)
+        else:
+            return
+        self._reply_saved_at = now
+
+    def _store_reply(self, text: str, meta: dict) -> Message | None:
+        """The reply's final text and meta in its row (made now if no token came); None when nothing is kept."""
         # Nothing to keep for a reply stopped before its first token, or whose conversation was deleted.
-        if reply.text and exists:
-            message_id = self.store.add_message(reply.conversation_id, "assistant", reply.text, meta)
-            message = Message(message_id, "assistant", reply.text, meta)
+        if not text or self._reply_orphaned:
+            return None
+        if self._reply_id is None:
+            self._reply_id = self.store.add_message(self._generating_for, "assistant", text, meta)
+        else:
+            self.store.update_message(self._reply_id, text, meta)
+        return Message(self._reply_id, "assistant", text, meta)
+
+    def _reply_finished(self, reply: Reply) -> None:
+        meta = self._reply_meta(
+            reply.finish_reason, tokens_per_s=round(reply.decode_tokens_per_s, 2), prompt_tokens=reply.prompt_tokens,
+            completion_tokens=reply.completion_tokens, first_token_s=round(reply.first_token_seconds, 3),
+            prompt_tokens_per_s=round(reply.prefill_tokens_per_s, 1))
+        message = self._store_reply(reply.text, meta)
+        self._generating_for = None
         if reply.conversation_id == self.conversation_id:
             if message is None:
                 self.view.drop_reply()
@@ -230,8 +269,15 @@ class ChatPanel(QWidget):
         self.reply_done.emit(reply)
 
     def _reply_failed(self, conversation_id: int, message: str) -> None:
+        # What streamed before the error is kept, marked as cut short by it.
+        stored = self._store_reply(self._reply_text, self._reply_meta("error", error=message,
+                                                                       prompt_tokens=self._prompt_tokens))
+        self._generating_for = None
         if conversation_id == self.conversation_id:
-            self.view.drop_reply()
+            if stored is None:
+                self.view.drop_reply()
+            else:
+                self.view.end_reply(stored)
             self.show_error(message)
         self._update_buttons()
 

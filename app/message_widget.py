@@ -128,8 +128,9 @@ class MessageWidget(QFrame):
             parts.append(f"{meta['tokens_per_s']:.1f} tokens/s")
         reason = meta.get("finish_reason")
         if reason and reason != "stop":
-            parts.append({"cancelled": "stopped", "length": "hit max new tokens",
-                          "context_full": "context full"}.get(reason, reason))
+            # "interrupted": the app ended while it streamed; what was saved of it is shown.
+            parts.append({"cancelled": "stopped", "length": "hit max new tokens", "context_full": "context full",
+                          "interrupted": "interrupted", "error": "cut short by an error"}.get(reason, reason))
         self.note.setText(" · ".join(parts))
 
     def copy(self) -> None:

@@ -320,3 +320,35 @@ def test_ctrl_f_goes_to_the_chat_search(window, qtbot):
     qtbot.waitUntil(window.isActiveWindow)
     qtbot.keyClick(window, Qt.Key.Key_F, Qt.KeyboardModifier.ControlModifier)
     qtbot.waitUntil(window.conversations.search.hasFocus)
+
+
+def test_a_reply_in_progress_is_in_the_sqlite_file_before_it_ends(window, app_driver, qtbot):
+    app_driver.load(window)
+    window.settings_panel.max_tokens.setValue(20)
+    held, release = threading.Event(), threading.Event()
+
+    def hold(*_):  # in the engine thread: the reply cannot end while it waits here
+        if not held.is_set():
+            held.set()
+            release.wait(30)
+
+    window.client.worker.token.connect(hold, Qt.ConnectionType.DirectConnection)
+    app_driver.send(window, "Hello there")
+    cid = window.chat.conversation_id
+
+    def partial_on_disk():
+        other = ConversationStore(window.store.path)  # as another process (or the next start) reads the file
+        try:
+            return [m for m in other.messages(cid) if m.role == "assistant"]
+        finally:
+            other.close()
+
+    try:
+        qtbot.waitUntil(lambda: bool(partial_on_disk()), timeout=app_driver.timeout_ms)
+        (partial,) = partial_on_disk()
+        assert partial.meta["finish_reason"] == "interrupted" and window.client.is_generating
+    finally:
+        release.set()
+    qtbot.waitUntil(lambda: not window.client.is_generating, timeout=app_driver.timeout_ms)
+    (final,) = partial_on_disk()
+    assert final.id == partial.id and final.meta["finish_reason"] != "interrupted"

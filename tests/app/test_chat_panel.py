@@ -1,0 +1,126 @@
+"""The chat panel on a stand-in engine client whose signals the test emits: saving as a reply streams, errors."""
+
+import sqlite3
+
+import pytest
+from PySide6.QtCore import QObject, Signal
+
+from app import chat_panel
+from app.chat_panel import ChatPanel
+from app.store import ConversationStore
+from app.worker import Reply, ReplyStarted
+
+
+class FakeWorker(QObject):
+    reply_started = Signal(object)
+    token = Signal(int, str)
+    reply_finished = Signal(object)
+    reply_failed = Signal(int, str)
+    prefill_progress = Signal(int, int, int)  # conversation_id, done, total
+
+
+class FakeClient(QObject):
+    """EngineClient's face towards the chat panel; the test plays the engine by emitting the worker's signals."""
+
+    def __init__(self):
+        super().__init__()
+        self.worker = FakeWorker()
+        self.requests = []
+        self.stopped = False
+        self.worker.reply_finished.connect(lambda *_: self.requests.clear())
+        self.worker.reply_failed.connect(lambda *_: self.requests.clear())
+
+    def chat(self, request):
+        self.requests.append(request)
+
+    def stop(self):
+        self.stopped = True
+
+    def forget(self, conversation_id):
+        pass
+
+    @property
+    def is_generating(self):
+        return bool(self.requests)
+
+
+@pytest.fixture
+def panel(qtbot, tmp_path):
+    store = ConversationStore(tmp_path / "c.sqlite3")
+    client = FakeClient()
+    widget = ChatPanel(store, client)
+    qtbot.addWidget(widget)
+    widget.set_model_loaded(1024, "fake-model")
+    yield widget
+    store.close()
+
+
+def on_disk(panel):
+    """The messages of the panel's chat as another process would read the file now."""
+    db = sqlite3.connect(panel.store.path)
+    try:
+        return db.execute("SELECT role, content, meta FROM messages WHERE conversation_id = ? ORDER BY id",
+                          (panel.conversation_id,)).fetchall()
+    finally:
+        db.close()
+
+
+def ask(panel, text="Count to three"):
+    panel.input.setPlainText(text)
+    panel.send()
+    cid = panel.conversation_id
+    panel.client.worker.reply_started.emit(ReplyStarted(cid, 12, 0))
+    return cid
+
+
+def reply(cid, text, reason="stop"):
+    return Reply(cid, text, reason, 12, 3, 0, 10.0, 100.0, 0.5)
+
+
+def test_the_reply_is_written_as_it_streams_and_kept_when_it_fails(panel, monkeypatch):
+    monkeypatch.setattr(chat_panel, "SAVE_INTERVAL_S", 0.0)  # every token written: the test reads no clock
+    cid = ask(panel)
+    worker = panel.client.worker
+    for piece in ("One", ", two"):
+        worker.token.emit(cid, piece)
+    role, content, meta = on_disk(panel)[-1]
+    assert (role, content) == ("assistant", "One, two")
+    assert '"finish_reason": "interrupted"' in meta  # what a crash now would leave
+    worker.reply_failed.emit(cid, "Out of memory")
+    role, content, meta = on_disk(panel)[-1]
+    assert content == "One, two" and '"finish_reason": "error"' in meta and "Out of memory" in meta
+    assert panel.view.widgets[-1].text == "One, two" and "cut short by an error" in panel.view.widgets[-1].note.text()
+    assert not panel.error.isHidden()
+
+
+def test_partial_saves_wait_for_the_interval_and_the_end_writes_the_whole_reply(panel, monkeypatch):
+    monkeypatch.setattr(chat_panel, "SAVE_INTERVAL_S", 1e9)  # no second write before the end
+    cid = ask(panel)
+    worker = panel.client.worker
+    for piece in ("One", ", two", ", three"):
+        worker.token.emit(cid, piece)
+    assert on_disk(panel)[-1][1] == "One"  # the row is made at the first token
+    worker.reply_finished.emit(reply(cid, "One, two, three", "cancelled"))
+    rows = on_disk(panel)
+    assert [r[0] for r in rows] == ["user", "assistant"]
+    assert rows[-1][1] == "One, two, three" and '"finish_reason": "cancelled"' in rows[-1][2]
+
+
+def test_switching_back_to_a_streaming_chat_shows_the_reply_once(panel):
+    cid = ask(panel)
+    panel.client.worker.token.emit(cid, "One")
+    panel.show_conversation(None)
+    panel.show_conversation(cid)
+    assert [w.message.role for w in panel.view.widgets] == ["user", "assistant"]
+    assert panel.view.reply_text == "One"
+
+
+def test_a_deleted_chat_gets_no_more_writes(panel):
+    cid = ask(panel)
+    panel.client.worker.token.emit(cid, "One")
+    panel.store.delete(cid)
+    panel.conversation_deleted(cid)
+    assert panel.client.stopped
+    panel.client.worker.token.emit(cid, ", two")
+    panel.client.worker.reply_finished.emit(reply(cid, "One, two", "cancelled"))
+    assert panel.store.conversations() == []

@@ -105,27 +105,27 @@ class EngineProcess:
                 pass
         urls: queue.Queue[str] = queue.Queue()
         threading.Thread(target=_read_stdout, args=(proc, urls), daemon=True, name="stowage-engine-stdout").start()
-        self = cls(proc)
+        process = cls(proc)
         try:
-            url = self._wait(lambda: _get(urls), cancel, progress)
+            url = process._wait(lambda: _get(urls), cancel, progress)
             if not url:  # stdout closed before a URL: the child is ending
-                self._wait(lambda: None, cancel, progress)
-            self.server = RemoteServer(url, key, trust_env=False)  # a proxy must never see the private key
+                process._wait(lambda: None, cancel, progress)
+            process.server = RemoteServer(url, key, trust_env=False)  # a proxy must never see the private key
             deadline = time.monotonic() + HEALTH_SECONDS
 
             def healthy() -> bool | None:
-                if self.server.health():
+                if process.server.health():
                     return True
                 if time.monotonic() > deadline:
                     raise EngineStartError(f"the engine process printed {url} but did not answer there within "
                                            f"{HEALTH_SECONDS:.0f} s")
                 return None
 
-            self._wait(healthy, cancel, progress)
+            process._wait(healthy, cancel, progress)
         except BaseException:
-            self.kill()
+            process.kill()
             raise
-        return self
+        return process
 
     def __enter__(self) -> "EngineProcess":
         return self

@@ -170,7 +170,10 @@ class EngineWorker(QObject):
     def load(self, model_dir: str, plan, cancel: threading.Event) -> None:
         self._unload()  # one model at a time: loading another frees the first
         start = time.perf_counter()
-        progress = lambda f, m: self.load_progress.emit(float(f), str(m))  # noqa: E731
+
+        def progress(fraction: float, message: str) -> None:
+            self.load_progress.emit(float(fraction), str(message))
+
         try:
             if self.use_process:
                 self._start_process(Path(model_dir), plan, progress, cancel)
@@ -246,7 +249,8 @@ class EngineWorker(QObject):
             self.reply_failed.emit(cid, str(e))
             return
         except EngineCrashedError as e:  # the child is gone; the window, the chat and the partial reply stay
-            message = f"{describe_error(e)}. Press Load to start the engine again."
+            death = describe_error(e)
+            message = f"{death[:1].upper()}{death[1:]}. Press Load to start the engine again."
             self.reply_failed.emit(cid, message)
             self.engine_crashed.emit(message)
             self._unload()

@@ -45,6 +45,7 @@ class ChatPanel(QWidget):
         self._sampling: dict = {}
         self._generating_for: int | None = None
         self._message_ids: list[int] = []
+        self._answered_id: int | None = None  # the message the streaming reply answers (its parent)
         self._reply_text = ""  # of the reply streaming now, whichever chat is on screen
         self._reply_id: int | None = None  # its row, from its first token on
         self._reply_saved_at = 0.0
@@ -58,7 +59,7 @@ class ChatPanel(QWidget):
         self.stop_button.setToolTip("Stop the reply (Esc)")
         self.stop_button.setShortcut("Esc")
         self.regenerate_button = QPushButton("Regenerate")
-        self.regenerate_button.setToolTip("Write the last reply again (the new one replaces it)")
+        self.regenerate_button.setToolTip("Write the last reply again (the old one stays: ‹ › on the reply switches)")
         self.counter = QLabel()
         self.counter.setStyleSheet("color: #555;")
         self.counter.setAccessibleName("Speed and context used")
@@ -84,6 +85,7 @@ class ChatPanel(QWidget):
         self.stop_button.clicked.connect(self.client.stop)
         self.regenerate_button.clicked.connect(self.regenerate)
         self.view.edit_submitted.connect(self.edit_and_resend)
+        self.view.alternative_chosen.connect(self.choose_alternative)
         worker = self.client.worker
         worker.reply_started.connect(self._reply_started)
         worker.token.connect(self._token)
@@ -115,6 +117,8 @@ class ChatPanel(QWidget):
             self._reply_orphaned = True
             self.client.stop()
         self.client.forget(conversation_id)
+        if conversation_id == self.conversation_id:
+            self.show_conversation(None)  # until the list shows the next one
 
     def set_model_loaded(self, context_tokens: int, model_name: str = "") -> None:
         self.context_tokens = context_tokens
@@ -144,36 +148,45 @@ class ChatPanel(QWidget):
         message_id = self.store.add_message(self.conversation_id, "user", text)
         # Cleared only once the message is safely stored: nothing typed is ever lost.
         self.input.clear()
-        self.view.add_message(Message(message_id, "user", text))
-        self._start_reply()
+        self.view.add_message(Message(message_id, "user", text, parent_id=None, siblings=(message_id,)))
+        self._start_reply(self.store.messages(self.conversation_id))
 
     def regenerate(self) -> None:
-        """Drop the last reply and write it again (after a Stop, an error, or a reply you did not like)."""
+        """Write the last reply again, beside the old one (after a Stop, an error, or a reply you did not like)."""
         if self.conversation_id is None or self.client.is_generating or not self.context_tokens:
             return
         messages = self.store.messages(self.conversation_id)
-        users = [m for m in messages if m.role == "user"]
-        if not users:
+        last_question = max((i for i, m in enumerate(messages) if m.role == "user"), default=None)
+        if last_question is None:
             return
-        self.store.delete_after(self.conversation_id, users[-1].id)
-        self.show_conversation(self.conversation_id)
-        self._start_reply()
+        kept = messages[: last_question + 1]
+        self.error.hide()
+        self.view.set_messages(kept, self.store.conversation(self.conversation_id).memory_start_id)
+        self._start_reply(kept)
 
     def edit_and_resend(self, message_id: int, text: str) -> None:
+        """Send an edited message as a new version of it; the old one stays with the branch below it."""
         if self.conversation_id is None or self.client.is_generating:
             return
         if not self.context_tokens:
             self.show_error("No model is loaded yet: load one, then edit the message again.")
             return
-        self.store.update_message(message_id, text)
-        self.store.delete_after(self.conversation_id, message_id)
+        self.store.add_alternative(message_id, text)
         self.show_conversation(self.conversation_id)
-        self._start_reply()
+        self._start_reply(self.store.messages(self.conversation_id))
 
-    def _start_reply(self) -> None:
+    def choose_alternative(self, message_id: int) -> None:
+        """‹ ›: show another version of a message, with the branch below it as it was last shown."""
+        if self.conversation_id is None or self.client.is_generating:
+            return
+        self.store.choose(message_id)
+        self.show_conversation(self.conversation_id)
+
+    def _start_reply(self, messages: list[Message]) -> None:
+        """Ask for a reply to `messages` (the branch on screen, up to the message answered)."""
         self.error.hide()
-        messages = self.store.messages(self.conversation_id)
         self._message_ids = [m.id for m in messages]
+        self._answered_id = messages[-1].id
         request = ChatRequest(
             conversation_id=self.conversation_id,
             system=self.settings.system_messages(),
@@ -232,7 +245,8 @@ class ChatPanel(QWidget):
         now = time.monotonic()
         if self._reply_id is None:
             meta = self._reply_meta(INTERRUPTED, prompt_tokens=self._prompt_tokens)
-            self._reply_id = self.store.add_message(self._generating_for, "assistant", self._reply_text, meta)
+            self._reply_id = self.store.add_message(self._generating_for, "assistant", self._reply_text, meta,
+                                                    parent_id=self._answered_id)
         elif now - self._reply_saved_at >= SAVE_INTERVAL_S:
             self.store.update_message(self._reply_id, self._reply_text)
         else:
@@ -245,10 +259,12 @@ class ChatPanel(QWidget):
         if not text or self._reply_orphaned:
             return None
         if self._reply_id is None:
-            self._reply_id = self.store.add_message(self._generating_for, "assistant", text, meta)
+            self._reply_id = self.store.add_message(self._generating_for, "assistant", text, meta,
+                                                    parent_id=self._answered_id)
         else:
             self.store.update_message(self._reply_id, text, meta)
-        return Message(self._reply_id, "assistant", text, meta)
+        # As stored, with its versions (a regenerated reply shows "2/2").
+        return next(m for m in self.store.messages(self._generating_for) if m.id == self._reply_id)
 
     def _reply_finished(self, reply: Reply) -> None:
         meta = self._reply_meta(
@@ -258,8 +274,8 @@ class ChatPanel(QWidget):
         message = self._store_reply(reply.text, meta)
         self._generating_for = None
         if reply.conversation_id == self.conversation_id:
-            if message is None:
-                self.view.drop_reply()
+            if message is None:  # the branch as it was (a regenerated reply stopped early: the old one again)
+                self.show_conversation(self.conversation_id)
             else:
                 self.view.end_reply(message)
             self.counter.setText(f"{reply.decode_tokens_per_s:.1f} tokens/s · " + self._context_text(reply.context_tokens))
@@ -275,7 +291,7 @@ class ChatPanel(QWidget):
         self._generating_for = None
         if conversation_id == self.conversation_id:
             if stored is None:
-                self.view.drop_reply()
+                self.show_conversation(self.conversation_id)
             else:
                 self.view.end_reply(stored)
             self.show_error(message)
@@ -306,6 +322,7 @@ class ChatPanel(QWidget):
 
     def _update_buttons(self) -> None:
         generating = self.client.is_generating
+        self.view.set_alternatives_enabled(not generating)
         self.send_button.setEnabled(not generating)
         self.stop_button.setEnabled(generating)
         has_question = any(w.message.role == "user" for w in self.view.widgets)

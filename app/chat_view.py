@@ -16,6 +16,7 @@ class ChatView(QScrollArea):
     """Shows messages; `edit_submitted(message_id, text)` comes from a user message's Edit."""
 
     edit_submitted = Signal(int, str)
+    alternative_chosen = Signal(int)  # a message id: show that version (and the branch below it)
     reply_rendered = Signal(str)  # the reply's text so far, each time the view redraws it
 
     def __init__(self, parent=None):
@@ -47,6 +48,7 @@ class ChatView(QScrollArea):
         self.verticalScrollBar().rangeChanged.connect(self._follow)
         self._at_bottom = True
         self.verticalScrollBar().valueChanged.connect(self._track_bottom)
+        self._alternatives_enabled = True
 
     def set_placeholder(self, text: str) -> None:
         self.placeholder.setText(text)
@@ -82,17 +84,24 @@ class ChatView(QScrollArea):
         widget = MessageWidget(message)
         widget.edit_submitted.connect(self.edit_submitted)
         widget.edit_started.connect(lambda: self._warn_edit(widget))
+        widget.alternative_chosen.connect(self.alternative_chosen)
+        widget.set_alternatives_enabled(self._alternatives_enabled)
         self._column.insertWidget(self._column.count() - 1, widget)
         self.widgets.append(widget)
         return widget
 
     def _warn_edit(self, widget: MessageWidget) -> None:
-        """Sending an edit answers it afresh: say which messages below it would go."""
+        """Sending an edit answers it afresh, beside the version there now: say so, and how to go back."""
+        num_versions = max(len(widget.message.siblings), 1) + 1
         later = len(self.widgets) - self.widgets.index(widget) - 1
-        if later == 1:
-            widget.set_edit_note("Sending replaces the reply below.")
-        elif later > 1:
-            widget.set_edit_note(f"Sending removes the {later} later messages and writes a new reply.")
+        kept = f" with the {later} messages after it" if later > 1 else " with the reply after it" if later else ""
+        widget.set_edit_note(f"Sending makes version {num_versions} of this message and answers it; the one there "
+                             f"now is kept{kept} (‹ › switches back).")
+
+    def set_alternatives_enabled(self, enabled: bool) -> None:
+        self._alternatives_enabled = enabled
+        for widget in self.widgets:
+            widget.set_alternatives_enabled(enabled)
 
     def _add_memory_marker(self, kept_head: int = 0) -> None:
         text = ("— The model still remembers the first exchange, but not the messages between it and this line —"
@@ -133,18 +142,9 @@ class ChatView(QScrollArea):
         self._render_timer.stop()
         if self.reply is None:
             return
-        self.reply.message = message
-        self.reply.set_text(message.content)
-        self.reply.set_meta(message.meta)
+        self.reply.show_message(message)
+        self.reply.set_alternatives_enabled(self._alternatives_enabled)
         self.reply = None
-
-    def drop_reply(self) -> None:
-        """Remove a reply that never produced a stored message (an error before any token)."""
-        self._render_timer.stop()
-        if self.reply is not None:
-            self.widgets.remove(self.reply)
-            self.reply.deleteLater()
-            self.reply = None
 
     @property
     def reply_text(self) -> str:

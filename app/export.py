@@ -1,4 +1,5 @@
-"""A conversation written out as Markdown or JSON: each message with its time, each reply with its model and sampling."""
+"""A conversation's branch on screen written out as Markdown or JSON: each message with its time and which
+version of it this is, each reply with its model and sampling."""
 
 from __future__ import annotations
 
@@ -16,11 +17,18 @@ def _stamp(created: float, fmt: str = "%Y-%m-%d %H:%M") -> str:
     return time.strftime(fmt, time.localtime(created)) if created else ""
 
 
+def _version(message: Message) -> str:
+    """'version 2 of 3' for a message with other versions (regenerated, edited); '' otherwise."""
+    versions = message.siblings
+    return f"version {versions.index(message.id) + 1} of {len(versions)}" if len(versions) > 1 else ""
+
+
 def _about(message: Message) -> str:
     """'demo-model · 2026-03-14 15:09 · temperature 0.3, ...': what is known of how a message came about."""
     sampling = message.meta.get("sampling") or {}
     settings = ", ".join(f"{label} {sampling[key]}" for key, label in SAMPLING_NAMES if sampling.get(key) is not None)
-    return " · ".join(filter(None, [message.meta.get("model", ""), _stamp(message.created), settings]))
+    return " · ".join(filter(None, [message.meta.get("model", ""), _stamp(message.created), settings,
+                                    _version(message)]))
 
 
 def to_markdown(title: str, messages: list[Message]) -> str:
@@ -35,6 +43,7 @@ def to_markdown(title: str, messages: list[Message]) -> str:
 def to_json(title: str, messages: list[Message]) -> str:
     def entry(m: Message) -> dict:
         stamp = {"created": _stamp(m.created, "%Y-%m-%dT%H:%M:%S")} if m.created else {}
-        return {"role": m.role, "content": m.content, **stamp, **({"meta": m.meta} if m.meta else {})}
+        version = {"version": m.siblings.index(m.id) + 1, "num_versions": len(m.siblings)} if len(m.siblings) > 1 else {}
+        return {"role": m.role, "content": m.content, **stamp, **version, **({"meta": m.meta} if m.meta else {})}
 
     return json.dumps({"title": title, "messages": [entry(m) for m in messages]}, indent=2, ensure_ascii=False)

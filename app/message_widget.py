@@ -63,7 +63,8 @@ class MessageWidget(QFrame):
     """A message; `edit_submitted(message_id, text)` when the user edits theirs and presses Send."""
 
     edit_submitted = Signal(int, str)
-    edit_started = Signal()  # the view answers with set_edit_note: what sending the edit would remove
+    edit_started = Signal()  # the view answers with set_edit_note: what sending the edit would do
+    alternative_chosen = Signal(int)  # the id of the version of this message to show instead ("‹ 1/2 ›")
 
     def __init__(self, message: Message, parent=None):
         super().__init__(parent)
@@ -76,8 +77,16 @@ class MessageWidget(QFrame):
         self.copy_button = _small_button("Copy", "Copy this message")
         self.edit_button = _small_button("Edit", "Edit this message and resend it")
         self.edit_button.setVisible(message.role == "user")
+        self.previous_button = _small_button("‹", "The previous version of this message")
+        self.next_button = _small_button("›", "The next version of this message")
+        self.version = QLabel()
+        self.version.setStyleSheet("color: #555; border: none;")
+        self.version.setAccessibleName("Version of this message")
         header = QHBoxLayout()
         header.addWidget(self.title)
+        header.addWidget(self.previous_button)
+        header.addWidget(self.version)
+        header.addWidget(self.next_button)
         header.addWidget(self.note, 1)
         header.addWidget(self.copy_button)
         header.addWidget(self.edit_button)
@@ -107,8 +116,35 @@ class MessageWidget(QFrame):
         self.edit_button.clicked.connect(self.start_edit)
         self.cancel_button.clicked.connect(self.stop_edit)
         self.save_button.clicked.connect(self._submit_edit)
+        self.previous_button.clicked.connect(lambda: self._step(-1))
+        self.next_button.clicked.connect(lambda: self._step(1))
+        self.show_message(message)
+
+    def show_message(self, message: Message) -> None:
+        """Show `message` (a reply once stored, with its final text, figures and versions)."""
+        self.message = message
         self.set_text(message.content)
         self.set_meta(message.meta)
+        versions = message.siblings
+        at = versions.index(message.id) if message.id in versions else 0
+        self.version.setText(f"{at + 1}/{len(versions)}")
+        for widget in (self.previous_button, self.version, self.next_button):
+            widget.setVisible(len(versions) > 1)
+        self.previous_button.setEnabled(at > 0)
+        self.next_button.setEnabled(at < len(versions) - 1)
+
+    def set_alternatives_enabled(self, enabled: bool) -> None:
+        """Switching versions waits while a reply streams (it would land on the branch left)."""
+        versions = self.message.siblings
+        at = versions.index(self.message.id) if self.message.id in versions else 0
+        self.previous_button.setEnabled(enabled and at > 0)
+        self.next_button.setEnabled(enabled and at < len(versions) - 1)
+
+    def _step(self, by: int) -> None:
+        versions = self.message.siblings
+        at = versions.index(self.message.id) + by
+        if 0 <= at < len(versions):
+            self.alternative_chosen.emit(versions[at])
 
     @property
     def text(self) -> str:

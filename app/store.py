@@ -29,6 +29,17 @@ CREATE TABLE IF NOT EXISTS messages (
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 """
+# SCHEMA is version 0; every file, a new one included, is brought to SCHEMA_VERSION by MIGRATIONS in order.
+# Each is (columns added: (table, column, declaration), ...), then the SQL that fills them in for old rows.
+SCHEMA_VERSION = 1
+MIGRATIONS = {
+    1: ((("messages", "parent_id", "INTEGER REFERENCES messages(id) ON DELETE CASCADE"),  # NULL: a first message
+         ("messages", "chosen", "INTEGER NOT NULL DEFAULT 0"),  # the highest among siblings is on screen
+         ("conversations", "system_prompt", "TEXT")),  # NULL: the default one in the settings
+        # Before branches a chat was one line of messages in id order: each follows the one before it.
+        "UPDATE messages SET chosen = id, parent_id = (SELECT MAX(p.id) FROM messages p "
+        "WHERE p.conversation_id = messages.conversation_id AND p.id < messages.id)"),
+}
 # Files SQLite keeps beside the database; they belong to it and move with it.
 _SIDE_FILES = ("-wal", "-shm", "-journal")
 
@@ -39,6 +50,7 @@ class ConversationRow:
     title: str
     updated: float
     memory_start_id: int | None = None
+    system_prompt: str | None = None  # None: the default system prompt in the settings
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,8 @@ class Message:
     content: str
     meta: dict = field(default_factory=dict)  # tokens/s, finish reason, model, sampling, ... of an assistant reply
     created: float = 0.0  # seconds since the epoch (0: not known, as for a message not stored yet)
+    parent_id: int | None = None  # the message it follows (None: the first of its chat)
+    siblings: tuple[int, ...] = ()  # its versions (it included), oldest first: regenerated replies, edits
 
 
 class _UnreadableHistory(Exception):
@@ -70,6 +84,33 @@ def _expected_columns() -> dict[str, set[str]]:
 _COLUMNS = _expected_columns()  # read from SCHEMA itself, so the check cannot drift from it
 
 
+def _columns_at(version: int) -> dict[str, set[str]]:
+    """The columns a file at schema `version` has: SCHEMA's and those MIGRATIONS added up to it."""
+    columns = {table: set(names) for table, names in _COLUMNS.items()}
+    for v in range(1, min(version, SCHEMA_VERSION) + 1):
+        for table, column, _ in MIGRATIONS[v][0]:
+            columns[table].add(column)
+    return columns
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Bring `db` (SCHEMA at its user_version) to SCHEMA_VERSION in one transaction; raises on a read-only file."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        for v in range(version + 1, SCHEMA_VERSION + 1):
+            columns, fill = MIGRATIONS[v]
+            for table, column, declaration in columns:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+            db.execute(fill)
+        # Written even when nothing changes: a read-only file is found out now, not at the first message sent.
+        db.execute(f"PRAGMA user_version = {max(int(version), SCHEMA_VERSION)}")
+        db.commit()
+    except BaseException:
+        db.rollback()
+        raise
+
+
 def _check(db: sqlite3.Connection) -> None:
     """Raise _UnreadableHistory unless `db` passes quick_check and its tables have SCHEMA's columns; reads only."""
     try:
@@ -77,13 +118,13 @@ def _check(db: sqlite3.Connection) -> None:
         if result != [("ok",)]:
             raise _UnreadableHistory(f"it fails SQLite's integrity check: {str(result[0][0]).splitlines()[-1]}")
         found = _table_columns(db)
+        version = db.execute("PRAGMA user_version").fetchone()[0]
     except sqlite3.DatabaseError as e:
         name = getattr(e, "sqlite_errorname", "")
         if name.startswith("SQLITE_CORRUPT") or name == "SQLITE_NOTADB":
             raise _UnreadableHistory(f"{e}") from e
         raise
-    for table, columns in _COLUMNS.items():
-        # A later schema change must add its columns (ALTER TABLE) before this check, or old files are moved aside.
+    for table, columns in _columns_at(version).items():
         if table in found and not columns <= found[table]:
             missing = ", ".join(sorted(columns - found[table]))
             raise _UnreadableHistory(f"it is not a Stowage history (table {table} lacks {missing})")
@@ -115,11 +156,7 @@ def _connect(path: Path) -> sqlite3.Connection:
         # commit) and skips an fsync per message that froze the GUI for tens of milliseconds.
         db.execute("PRAGMA synchronous = NORMAL")
         db.commit()
-        # A read-only file opens and reads fine; find out now, not at the first message sent.
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        db.execute("BEGIN IMMEDIATE")
-        db.execute(f"PRAGMA user_version = {int(version)}")
-        db.rollback()
+        _migrate(db)
     except BaseException:
         db.close()
         raise
@@ -153,6 +190,7 @@ def _in_memory(path: Path | None) -> tuple[sqlite3.Connection, bool]:
     db.execute("PRAGMA foreign_keys = ON")
     db.executescript(SCHEMA)
     db.commit()
+    _migrate(db)
     return db, copied
 
 
@@ -231,7 +269,7 @@ class ConversationStore:
     def conversations(self) -> list[ConversationRow]:
         """All conversations, most recently updated first."""
         rows = self._db.execute(
-            "SELECT id, title, updated, memory_start_id FROM conversations ORDER BY updated DESC, id DESC"
+            "SELECT id, title, updated, memory_start_id, system_prompt FROM conversations ORDER BY updated DESC, id DESC"
         )
         return [ConversationRow(*row) for row in rows]
 
@@ -241,7 +279,7 @@ class ConversationStore:
             return self.conversations()
         pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         rows = self._db.execute(
-            "SELECT id, title, updated, memory_start_id FROM conversations c WHERE title LIKE ?1 ESCAPE '\\' OR "
+            "SELECT id, title, updated, memory_start_id, system_prompt FROM conversations c WHERE title LIKE ?1 ESCAPE '\\' OR "
             "EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id AND m.content LIKE ?1 ESCAPE '\\') "
             "ORDER BY updated DESC, id DESC",
             (pattern,),
@@ -250,7 +288,7 @@ class ConversationStore:
 
     def conversation(self, conversation_id: int) -> ConversationRow:
         row = self._db.execute(
-            "SELECT id, title, updated, memory_start_id FROM conversations WHERE id = ?", (conversation_id,)
+            "SELECT id, title, updated, memory_start_id, system_prompt FROM conversations WHERE id = ?", (conversation_id,)
         ).fetchone()
         if row is None:
             raise KeyError(f"no conversation {conversation_id}")
@@ -278,20 +316,61 @@ class ConversationStore:
                 "UPDATE conversations SET memory_start_id = ? WHERE id = ?", (message_id, conversation_id)
             )
 
-    # messages
-    def messages(self, conversation_id: int) -> list[Message]:
-        rows = self._db.execute(
-            "SELECT id, role, content, meta, created FROM messages WHERE conversation_id = ? ORDER BY id",
-            (conversation_id,),
-        )
-        return [Message(id, role, content, json.loads(meta), created) for id, role, content, meta, created in rows]
+    def set_system_prompt(self, conversation_id: int, text: str | None) -> None:
+        """This chat's own system prompt (None: follow the default in the settings)."""
+        with self._db:
+            self._db.execute("UPDATE conversations SET system_prompt = ? WHERE id = ?", (text, conversation_id))
 
-    def add_message(self, conversation_id: int, role: str, content: str, meta: dict | None = None) -> int:
+    # messages: a tree (regenerated replies and edits are siblings); a chat shows one branch of it
+    def messages(self, conversation_id: int) -> list[Message]:
+        """The branch on screen, oldest first: from the first message down, each time the most recently chosen child."""
+        children: dict[int | None, list[tuple]] = {}
+        for row in self._db.execute(
+            "SELECT id, parent_id, role, content, meta, created, chosen FROM messages WHERE conversation_id = ? "
+            "ORDER BY id", (conversation_id,),
+        ):
+            children.setdefault(row[1], []).append(row)
+        branch, parent = [], None
+        while parent in children:
+            versions = children[parent]
+            id, _, role, content, meta, created, _ = max(versions, key=lambda r: (r[6], r[0]))
+            branch.append(Message(id, role, content, json.loads(meta), created, parent, tuple(r[0] for r in versions)))
+            parent = id
+        return branch
+
+    def add_message(self, conversation_id: int, role: str, content: str, meta: dict | None = None,
+                    parent_id: int | None = None) -> int:
+        """A message after `parent_id` (None: after the last one on screen), put on screen."""
+        if parent_id is None:
+            branch = self.messages(conversation_id)
+            parent_id = branch[-1].id if branch else None
+        return self._insert(conversation_id, parent_id, role, content, meta)
+
+    def add_alternative(self, message_id: int, content: str, meta: dict | None = None) -> int:
+        """Another version of a message (the same place and role), put on screen in its stead."""
+        conversation_id, parent_id, role = self._db.execute(
+            "SELECT conversation_id, parent_id, role FROM messages WHERE id = ?", (message_id,)).fetchone()
+        return self._insert(conversation_id, parent_id, role, content, meta)
+
+    def choose(self, message_id: int) -> None:
+        """Put this version of a message on screen, with the branch below it that was last shown."""
+        with self._db:
+            self._db.execute("UPDATE messages SET chosen = ? WHERE id = ?", (self._next_rank(message_id), message_id))
+
+    def _next_rank(self, message_id: int | None = None, conversation_id: int | None = None) -> int:
+        return self._db.execute(
+            "SELECT COALESCE(MAX(chosen), 0) + 1 FROM messages WHERE conversation_id = "
+            "COALESCE(?, (SELECT conversation_id FROM messages WHERE id = ?))", (conversation_id, message_id),
+        ).fetchone()[0]
+
+    def _insert(self, conversation_id: int, parent_id: int | None, role: str, content: str, meta: dict | None) -> int:
         now = time.time()
         with self._db:
             cur = self._db.execute(
-                "INSERT INTO messages (conversation_id, role, content, created, meta) VALUES (?, ?, ?, ?, ?)",
-                (conversation_id, role, content, now, json.dumps(meta or {})),
+                "INSERT INTO messages (conversation_id, parent_id, role, content, created, meta, chosen) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (conversation_id, parent_id, role, content, now, json.dumps(meta or {}),
+                 self._next_rank(conversation_id=conversation_id)),
             )
             self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
         return cur.lastrowid
@@ -304,14 +383,3 @@ class ConversationStore:
                 self._db.execute(
                     "UPDATE messages SET content = ?, meta = ? WHERE id = ?", (content, json.dumps(meta), message_id)
                 )
-
-    def delete_after(self, conversation_id: int, message_id: int) -> None:
-        """Delete every message after `message_id` (for regenerate and edit-and-resend)."""
-        with self._db:
-            self._db.execute(
-                "DELETE FROM messages WHERE conversation_id = ? AND id > ?", (conversation_id, message_id)
-            )
-            self._db.execute(
-                "UPDATE conversations SET memory_start_id = NULL WHERE id = ? AND memory_start_id > ?",
-                (conversation_id, message_id),
-            )

@@ -8,28 +8,38 @@ from app.model_settings import load_model_settings, open_settings
 LONG = " ".join(f"memory{i} context{i} tokens{i}" for i in range(30))
 
 
-def test_regenerate_and_edit_and_resend(app_driver, tiny_model_dir):
+def test_regenerate_and_edit_keep_the_old_versions_and_the_arrows_switch(app_driver, tiny_model_dir):
     window = app_driver.open(tiny_model_dir)
     app_driver.load(window)
     window.settings_panel.max_tokens.setValue(6)
     window.settings_panel.temperature.setValue(1.0)
     window.settings_panel.seed.setValue(-1)  # random: a regenerated reply may differ
+    chat = window.chat
     app_driver.reply(window, lambda: app_driver.send(window, "first question"))
-    cid = window.chat.conversation_id
-    before = window.store.messages(cid)
-    app_driver.reply(window, window.chat.regenerate)
-    after = window.store.messages(cid)
-    assert [m.role for m in after] == ["user", "assistant"]
-    assert after[0].id == before[0].id and after[1].id != before[1].id  # the old reply was replaced
+    cid = chat.conversation_id
+    question, old_reply = window.store.messages(cid)
+    app_driver.reply(window, chat.regenerate)
+    shown = window.store.messages(cid)
+    assert [m.role for m in shown] == ["user", "assistant"] and shown[0].id == question.id
+    new_reply = shown[1]
+    assert new_reply.siblings == (old_reply.id, new_reply.id)  # the old reply is kept beside the new one
+    reply_widget = chat.view.widgets[1]
+    assert reply_widget.version.text() == "2/2" and not reply_widget.version.isHidden()
+    reply_widget.previous_button.click()
+    assert [m.id for m in window.store.messages(cid)] == [question.id, old_reply.id]
+    assert chat.view.widgets[1].text == old_reply.content and chat.view.widgets[1].version.text() == "1/2"
 
-    user_widget = window.chat.view.widgets[0]
+    user_widget = chat.view.widgets[0]
     user_widget.start_edit()
     user_widget.editor.setPlainText("edited question")
     app_driver.reply(window, user_widget.save_button.click)
     edited = window.store.messages(cid)
-    assert [(m.role, m.content) for m in edited][0] == ("user", "edited question")
-    assert len(edited) == 2 and edited[1].id != after[1].id
-    assert window.chat.view.widgets[0].text == "edited question"
+    assert [m.role for m in edited] == ["user", "assistant"] and edited[0].content == "edited question"
+    assert edited[0].siblings == (question.id, edited[0].id) and edited[1].id not in (old_reply.id, new_reply.id)
+    assert chat.view.widgets[0].text == "edited question" and chat.view.widgets[0].version.text() == "2/2"
+    chat.view.widgets[0].previous_button.click()  # the first question again, with the reply last shown under it
+    assert [m.id for m in window.store.messages(cid)] == [question.id, old_reply.id]
+    assert [w.message.id for w in chat.view.widgets] == [question.id, old_reply.id]
 
 
 def test_drop_oldest_turns_marks_where_memory_starts(app_driver, tiny_model_dir):

@@ -61,17 +61,34 @@ def test_single_line_breaks_are_kept_on_screen(qtbot):
     assert widget.text == poem  # Copy gives what was written
 
 
-def test_edit_says_the_later_messages_will_go(qtbot):
+def test_edit_says_the_version_there_now_is_kept(qtbot):
     view = ChatView()
     qtbot.addWidget(view)
     view.show()
     for i, role in enumerate(["user", "assistant", "user", "assistant"], start=1):
-        view.add_message(Message(i, role, f"message {i}"))
+        view.add_message(Message(i, role, f"message {i}", siblings=(i,)))
     first, third = view.widgets[0], view.widgets[2]
     qtbot.waitUntil(first.isVisible)  # widgets added to a shown layout appear at the next event loop pass
     first.edit_button.click()
-    assert first.edit_note.isVisible() and "3 later messages" in first.edit_note.text()
+    assert first.edit_note.isVisible() and "version 2" in first.edit_note.text()
+    assert "kept with the 3 messages after it" in first.edit_note.text()
     first.cancel_button.click()
     assert not first.edit_note.isVisible()
     third.edit_button.click()
-    assert "the reply below" in third.edit_note.text()
+    assert "kept with the reply after it" in third.edit_note.text()
+
+
+def test_arrows_show_which_version_and_ask_for_the_next(qtbot):
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.show()
+    single = view.add_message(Message(1, "user", "Q", siblings=(1,)))
+    second = view.add_message(Message(3, "assistant", "A2", parent_id=1, siblings=(2, 3)))
+    qtbot.waitUntil(second.isVisible)
+    assert not single.version.isVisible() and second.version.isVisible()
+    assert second.version.text() == "2/2" and second.previous_button.isEnabled() and not second.next_button.isEnabled()
+    with qtbot.waitSignal(view.alternative_chosen) as chosen:
+        second.previous_button.click()
+    assert chosen.args == [2]
+    view.set_alternatives_enabled(False)  # while a reply streams
+    assert not second.previous_button.isEnabled()

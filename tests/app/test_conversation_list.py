@@ -57,3 +57,18 @@ def test_search_box_filters_the_list_and_items_show_their_date(qtbot, tmp_path):
     long_ago = time.mktime((2020, 3, 14, 12, 0, 0, 0, 0, -1))
     assert when(long_ago, now=time.time()) == "14 Mar 2020"
     store.close()
+
+
+def test_export_writes_the_branch_on_screen(qtbot, tmp_path):
+    store = ConversationStore(tmp_path / "c.sqlite3")
+    widget = ConversationList(store)
+    qtbot.addWidget(widget)
+    cid = widget.new_conversation()
+    question = store.add_message(cid, "user", "Q")
+    kept = store.add_message(cid, "assistant", "the reply on screen")
+    store.add_message(cid, "assistant", "a regenerated reply", parent_id=question)
+    store.choose(kept)
+    widget.export(cid, tmp_path / "chat.md")
+    text = (tmp_path / "chat.md").read_text()
+    assert "the reply on screen" in text and "regenerated" not in text and "version 1 of 2" in text
+    store.close()

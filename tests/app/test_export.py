@@ -30,3 +30,10 @@ def test_json_roundtrips():
 def test_messages_without_dates_or_meta_export_as_before():
     text = to_markdown("Old", [Message(1, "user", "hi")])
     assert text == "# Old\n\n## You\n\nhi\n"
+
+
+def test_a_message_with_other_versions_says_which_one_is_written():
+    regenerated = Message(5, "assistant", "4", {"model": "demo-model"}, AT, parent_id=1, siblings=(2, 5))
+    assert "*demo-model · 2026-03-14 15:09 · version 2 of 2*" in to_markdown("Sums", [MESSAGES[0], regenerated])
+    entry = json.loads(to_json("Sums", [regenerated]))["messages"][0]
+    assert (entry["version"], entry["num_versions"]) == (2, 2)

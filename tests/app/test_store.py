@@ -18,20 +18,36 @@ def test_conversation_survives_reopen(tmp_path):
     assert messages[1].meta == {"tokens_per_s": 12.5}
 
 
-def test_delete_after_and_delete(tmp_path):
+def test_delete(tmp_path):
     store = ConversationStore(tmp_path / "c.sqlite3")
     cid = store.create()
-    first = store.add_message(cid, "user", "one")
-    store.add_message(cid, "assistant", "two")
-    third = store.add_message(cid, "user", "three")
-    store.set_memory_start(cid, third)
-    store.delete_after(cid, first)
-    assert [m.content for m in store.messages(cid)] == ["one"]
-    assert store.conversation(cid).memory_start_id is None  # the marked message is gone
+    store.add_message(cid, "user", "one")
     other = store.create("other")
     store.delete(cid)
     assert [r.id for r in store.conversations()] == [other]
     assert store.messages(cid) == []
+
+
+def test_alternatives_are_siblings_and_the_chosen_branch_is_shown(tmp_path):
+    path = tmp_path / "c.sqlite3"
+    store = ConversationStore(path)
+    cid = store.create()
+    question = store.add_message(cid, "user", "Q")
+    first = store.add_message(cid, "assistant", "A1")
+    follow_up = store.add_message(cid, "user", "Q2")
+    second = store.add_message(cid, "assistant", "A2", parent_id=question)  # a regenerated reply
+    shown = store.messages(cid)
+    assert [m.content for m in shown] == ["Q", "A2"] and shown[1].siblings == (first, second)
+    store.choose(first)  # back to the first reply, and the branch below it as it was left
+    assert [m.content for m in store.messages(cid)] == ["Q", "A1", "Q2"]
+    edited = store.add_alternative(question, "Q, edited")
+    shown = store.messages(cid)
+    assert [(m.id, m.content) for m in shown] == [(edited, "Q, edited")] and shown[0].siblings == (question, edited)
+    store.close()
+    reopened = ConversationStore(path)
+    reopened.choose(question)
+    assert [m.id for m in reopened.messages(cid)] == [question, first, follow_up]
+    reopened.close()
 
 
 def test_default_path_is_in_the_data_dir(isolated_user_files):

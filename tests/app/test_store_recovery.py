@@ -322,3 +322,58 @@ def test_data_folder_that_cannot_be_created_runs_in_memory(locked_folder, monkey
     seen = as_folder_owner(locked_folder, default_store)
     assert "will not be saved" in seen["warning"] and str(locked_folder / "stowage") in seen["warning"]
     assert seen["path"] is None
+
+
+# The schema before branches and per-chat system prompts (user_version 0), as Stowage wrote it.
+OLD_SCHEMA = """
+CREATE TABLE conversations (id INTEGER PRIMARY KEY, title TEXT NOT NULL, created REAL NOT NULL,
+                            updated REAL NOT NULL, memory_start_id INTEGER);
+CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT,
+                       conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+                       role TEXT NOT NULL, content TEXT NOT NULL, created REAL NOT NULL, meta TEXT NOT NULL DEFAULT '{}');
+CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
+INSERT INTO conversations VALUES (1, 'Old chat', 1.0, 2.0, 3), (2, 'Other', 1.0, 1.0, NULL);
+INSERT INTO messages (conversation_id, role, content, created) VALUES
+    (1, 'user', 'hi', 1.0), (2, 'user', 'elsewhere', 1.0), (1, 'assistant', 'hello', 1.5), (1, 'user', 'more', 2.0);
+"""
+
+
+def test_a_history_in_the_old_schema_opens_with_its_chats(tmp_path):
+    path = tmp_path / "c.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript(OLD_SCHEMA)
+    db.execute("PRAGMA journal_mode = WAL")
+    db.close()
+    store = ConversationStore(path)
+    assert store.warning is None
+    assert [(r.title, r.memory_start_id, r.system_prompt) for r in store.conversations()] == [
+        ("Old chat", 3, None), ("Other", None, None)]
+    old = store.messages(1)
+    assert [(m.id, m.role, m.content, m.parent_id) for m in old] == [
+        (1, "user", "hi", None), (3, "assistant", "hello", 1), (4, "user", "more", 3)]
+    assert [m.content for m in store.messages(2)] == ["elsewhere"]
+    store.add_message(1, "assistant", "and a new reply")
+    store.close()
+    reopened = ConversationStore(path)  # migrated once: the second open finds the new schema
+    assert [m.content for m in reopened.messages(1)][-1] == "and a new reply"
+    reopened.close()
+
+
+def read_old_chat(path: str) -> dict:
+    store = ConversationStore(path)
+    shown = [m.content for m in store.messages(1)]
+    store.close()
+    return {"warning": store.warning, "shown": shown}
+
+
+def test_a_read_only_history_in_the_old_schema_is_shown(locked_folder):
+    path = locked_folder / "c.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript(OLD_SCHEMA)
+    db.close()
+    before = path.read_bytes()
+    path.chmod(0o400)
+    seen = as_folder_owner(locked_folder, read_old_chat, str(path))
+    assert "will not be saved" in seen["warning"] and "Past conversations are shown" in seen["warning"]
+    assert seen["shown"] == ["hi", "hello", "more"]  # migrated in memory; the file is left as it was
+    assert path.read_bytes() == before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
@@ -12,6 +13,7 @@ from .chat_input import ChatInput
 from .chat_view import ChatView
 from .model_settings import ModelSettings
 from .store import ConversationStore, Message
+from .system_prompt_bar import SystemPromptBar
 from .worker import ChatRequest, EngineClient, Reply, ReplyStarted
 
 TITLE_CHARS = 40
@@ -51,6 +53,7 @@ class ChatPanel(QWidget):
         self._reply_saved_at = 0.0
         self._reply_orphaned = False  # its chat was deleted: nothing more is written for it
 
+        self.system_prompt = SystemPromptBar()
         self.view = ChatView()
         self.input = ChatInput()
         self.send_button = QPushButton("Send")
@@ -75,6 +78,7 @@ class ChatPanel(QWidget):
         buttons.addWidget(self.send_button)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.system_prompt)
         layout.addWidget(self.view, 1)
         layout.addWidget(self.error)
         layout.addWidget(self.input)
@@ -86,6 +90,7 @@ class ChatPanel(QWidget):
         self.regenerate_button.clicked.connect(self.regenerate)
         self.view.edit_submitted.connect(self.edit_and_resend)
         self.view.alternative_chosen.connect(self.choose_alternative)
+        self.system_prompt.changed.connect(self._system_prompt_changed)
         worker = self.client.worker
         worker.reply_started.connect(self._reply_started)
         worker.token.connect(self._token)
@@ -100,8 +105,10 @@ class ChatPanel(QWidget):
         self.error.hide()
         if self.conversation_id is None:
             self.view.set_messages([])
+            self.system_prompt.show_prompt(None, self.settings.system_prompt)
         else:
             row = self.store.conversation(self.conversation_id)
+            self.system_prompt.show_prompt(row.system_prompt, self.settings.system_prompt)
             streaming = self.client.is_generating and self._generating_for == self.conversation_id
             messages = [m for m in self.store.messages(self.conversation_id) if not (streaming and m.id == self._reply_id)]
             self.view.set_messages(messages, row.memory_start_id)
@@ -119,6 +126,18 @@ class ChatPanel(QWidget):
         self.client.forget(conversation_id)
         if conversation_id == self.conversation_id:
             self.show_conversation(None)  # until the list shows the next one
+
+    def set_settings(self, settings: ModelSettings) -> None:
+        """The settings panel's choices: sampling, and the default system prompt for chats without their own."""
+        self.settings = settings
+        self.system_prompt.show_prompt(self.system_prompt.own, settings.system_prompt)
+
+    def _system_prompt_changed(self, own: str | None) -> None:
+        if self.conversation_id is None:
+            self.conversation_id = self.store.create()
+            self.conversation_created.emit(self.conversation_id)
+        self.store.set_system_prompt(self.conversation_id, own)
+        self.system_prompt.show_prompt(own, self.settings.system_prompt)
 
     def set_model_loaded(self, context_tokens: int, model_name: str = "") -> None:
         self.context_tokens = context_tokens
@@ -189,7 +208,7 @@ class ChatPanel(QWidget):
         self._answered_id = messages[-1].id
         request = ChatRequest(
             conversation_id=self.conversation_id,
-            system=self.settings.system_messages(),
+            system=replace(self.settings, system_prompt=self.system_prompt.prompt).system_messages(),
             messages=[{"role": m.role, "content": m.content} for m in messages],
             sampling=self.settings.sampling_params(),
             policy=self.settings.overflow_policy,

@@ -147,7 +147,7 @@ class MainWindow(QMainWindow):
         self.forecast = Forecast(info, budgets)
         defaults = model_defaults(Path(model_dir))
         settings = load_model_settings(self.qsettings, Path(model_dir), defaults)
-        self.chat.settings = settings
+        self.chat.set_settings(settings)
         self.settings_panel.set_model(self.forecast, settings, defaults)
         self.qsettings.setValue("last_model", model_dir)
         if model_dir not in self.settings_panel.catalog_dirs:
@@ -173,7 +173,7 @@ class MainWindow(QMainWindow):
         self.qsettings.setValue("model_folders", folders)
 
     def _settings_changed(self, settings) -> None:
-        self.chat.settings = settings
+        self.chat.set_settings(settings)
         if self.model_dir:
             self._unsaved = (Path(self.model_dir), settings)
             self._save_timer.start()  # writing the INI file costs ~20 ms: once after a burst, not per move

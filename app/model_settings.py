@@ -54,6 +54,34 @@ class ModelSettings:
         return [{"role": "system", "content": self.system_prompt}] if self.system_prompt.strip() else []
 
 
+# What a sampling preset sets; the length and the seed stay as the user left them.
+PRESET_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+MODEL_DEFAULTS = "model"  # the preset that is the model's own sampling (model_defaults)
+SAMPLING_PRESETS = {
+    "Precise": {"temperature": 0.2, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1},
+    "Balanced": {name: getattr(ModelSettings(), name) for name in PRESET_FIELDS},  # Stowage's own defaults
+    "Creative": {"temperature": 1.0, "top_p": 0.98, "top_k": 100, "min_p": 0.02, "repetition_penalty": 1.05},
+    "Greedy": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0},
+}
+
+
+def with_preset(s: ModelSettings, preset: str, defaults: ModelSettings) -> ModelSettings:
+    """`s` with a preset's sampling: a SAMPLING_PRESETS name, or MODEL_DEFAULTS for `defaults`' own."""
+    values = SAMPLING_PRESETS.get(preset) or {name: getattr(defaults, name) for name in PRESET_FIELDS}
+    if preset == MODEL_DEFAULTS:  # the model's whole sampling, its length included
+        values = {**values, "max_tokens": defaults.max_tokens}
+    return replace(s, **values)
+
+
+def preset_of(s: ModelSettings, defaults: ModelSettings) -> str | None:
+    """Which preset `s`'s sampling is (the model's defaults first), or None for the user's own mix."""
+    def same(a: ModelSettings, b: ModelSettings) -> bool:
+        return all(round(getattr(a, n), 2) == round(getattr(b, n), 2) for n in PRESET_FIELDS)
+
+    return next((name for name in (MODEL_DEFAULTS, *SAMPLING_PRESETS) if same(s, with_preset(s, name, defaults))),
+                None)
+
+
 def model_defaults(model_dir: Path) -> ModelSettings:
     """ModelSettings() with the sampling the model's authors chose in generation_config.json, where it is sane.
 

@@ -31,7 +31,7 @@ from . import context_policy
 from .context_control import ContextControl
 from .forecast import Forecast
 from .model_catalog import ModelEntry
-from .model_settings import ModelSettings
+from .model_settings import ModelSettings, with_preset
 from .plan_bar import PlanBar
 from .sampling_form import SamplingForm
 from .wheel_guard import guard_wheel
@@ -160,10 +160,11 @@ class SettingsPanel(QWidget):
         self.temperature, self.max_tokens, self.seed = self.sampling.temperature, self.sampling.max_tokens, self.sampling.seed
 
         self.system_prompt = QPlainTextEdit()
-        self.system_prompt.setPlaceholderText("Instructions the model sees before every conversation")
+        self.system_prompt.setPlaceholderText("What the model is told first in every chat without a system prompt "
+                                              "of its own (Edit above a chat gives it one)")
         self.system_prompt.setFixedHeight(70)
-        self.system_prompt.setAccessibleName("System prompt")
-        prompt_box = QGroupBox("System prompt")
+        self.system_prompt.setAccessibleName("Default system prompt")
+        prompt_box = QGroupBox("Default system prompt")
         QVBoxLayout(prompt_box).addWidget(self.system_prompt)
 
         inner = QWidget()
@@ -196,7 +197,7 @@ class SettingsPanel(QWidget):
                        self.ram_limit.valueChanged, self.policy.currentIndexChanged, self.sampling.edited,
                        self.system_prompt.textChanged):
             signal.connect(self._edited)
-        self.sampling.reset_requested.connect(self._reset_sampling)
+        self.sampling.preset_chosen.connect(self._apply_preset)
         self.load_button.clicked.connect(self.load_requested)
         self.unload_button.clicked.connect(self.unload_requested)
         self.cancel_button.clicked.connect(self.cancel_requested)
@@ -249,6 +250,7 @@ class SettingsPanel(QWidget):
         """A model was inspected: show its facts and plan with the settings saved for it."""
         self.forecast = forecast
         self.defaults = defaults or ModelSettings()
+        self.sampling.defaults = self.defaults
         info = forecast.info
         c = info.config
         self.model_info.setStyleSheet("color: #555;")
@@ -304,10 +306,10 @@ class SettingsPanel(QWidget):
         finally:
             self._updating = False
 
-    def _reset_sampling(self) -> None:
+    def _apply_preset(self, preset: str) -> None:
         self._updating = True
         try:
-            self.sampling.show_settings(self.defaults)
+            self.sampling.show_settings(with_preset(self.settings, preset, self.defaults))
         finally:
             self._updating = False
         self._edited()

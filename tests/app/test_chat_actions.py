@@ -3,7 +3,7 @@
 from PySide6.QtCore import Qt
 
 from app.context_policy import DROP_OLDEST, POLICIES, TRUNCATE_MIDDLE
-from app.model_settings import load_model_settings, open_settings
+from app.model_settings import SAMPLING_PRESETS, load_model_settings, open_settings
 
 LONG = " ".join(f"memory{i} context{i} tokens{i}" for i in range(30))
 
@@ -227,9 +227,19 @@ def test_sampling_starts_from_the_models_generation_config_and_resets_to_it(app_
     form.temperature.setValue(1.3)
     form.top_k.setValue(77)
     assert window.chat.settings.temperature == 1.3
+    assert form.preset.currentText() == "Custom"
     form.reset_button.click()
     assert values() == (0.6, 0.9, 20, 1.05, 300)
     assert window.chat.settings.temperature == 0.6 and window.chat.settings.top_k == 20  # and what is sent
+    assert form.preset.currentText() == "The model's defaults"
+
+    form.preset.setCurrentIndex(form.preset.findText("Creative"))
+    form.preset.activated.emit(form.preset.currentIndex())  # as a pick from the list does
+    creative = SAMPLING_PRESETS["Creative"]
+    assert (window.chat.settings.temperature, window.chat.settings.top_k) == (creative["temperature"], creative["top_k"])
+    assert form.max_tokens.value() == 300  # a preset leaves the length alone
+    form.min_p.setValue(0.5)
+    assert form.preset.currentText() == "Custom"
 
 
 def test_a_greedy_generation_config_means_temperature_zero(tmp_path):

@@ -124,3 +124,28 @@ def test_a_deleted_chat_gets_no_more_writes(panel):
     panel.client.worker.token.emit(cid, ", two")
     panel.client.worker.reply_finished.emit(reply(cid, "One, two", "cancelled"))
     assert panel.store.conversations() == []
+
+
+def test_a_chat_has_its_own_system_prompt_or_follows_the_default(panel):
+    from dataclasses import replace
+
+    panel.set_settings(replace(panel.settings, system_prompt="Be brief."))
+    cid = ask(panel, "first")
+    assert panel.client.requests[-1].system == [{"role": "system", "content": "Be brief."}]
+    assert "(default): Be brief." in panel.system_prompt.summary.text()
+    panel.client.worker.reply_finished.emit(reply(cid, "ok"))
+    bar = panel.system_prompt
+    bar.edit_button.click()
+    bar.editor.setPlainText("Answer in French.")
+    bar.save_button.click()
+    assert panel.store.conversation(cid).system_prompt == "Answer in French."
+    assert "this chat's own" in bar.summary.text()
+    ask(panel, "second")
+    assert panel.client.requests[-1].system == [{"role": "system", "content": "Answer in French."}]
+    panel.client.worker.reply_finished.emit(reply(cid, "d'accord"))
+    panel.show_conversation(None)
+    panel.show_conversation(cid)  # kept with the chat
+    assert bar.own == "Answer in French."
+    bar.edit_button.click()
+    bar.default_button.click()
+    assert panel.store.conversation(cid).system_prompt is None and bar.prompt == "Be brief."

@@ -1,0 +1,89 @@
+"""Above a chat: its system prompt (its own, or the default from the settings), edited in place."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
+
+
+class SystemPromptBar(QWidget):
+    """One line saying what the model is told first in this chat; Edit opens it. `changed(text or None)`."""
+
+    changed = Signal(object)  # str: this chat's own prompt; None: follow the default again
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.own: str | None = None
+        self.default = ""
+        self._line = ""  # the summary before eliding
+        self.summary = QLabel()
+        self.summary.setStyleSheet("color: #555;")
+        self.summary.setTextFormat(Qt.TextFormat.PlainText)
+        self.summary.setMinimumWidth(50)  # elided to the chat's width, never widening it
+        self.edit_button = QPushButton("Edit")
+        self.edit_button.setToolTip("This chat's own system prompt (the default one is in the settings)")
+        self.editor = QPlainTextEdit()
+        self.editor.setAccessibleName("This chat's system prompt")
+        self.editor.setFixedHeight(70)
+        self.save_button = QPushButton("Save")
+        self.default_button = QPushButton("Use the default")
+        self.default_button.setToolTip("Follow the default system prompt in the settings")
+        self.cancel_button = QPushButton("Cancel")
+        line = QHBoxLayout()
+        line.setContentsMargins(0, 0, 0, 0)
+        line.addWidget(self.summary, 1)
+        line.addWidget(self.edit_button)
+        buttons = QHBoxLayout()
+        buttons.addStretch(1)
+        for b in (self.default_button, self.cancel_button, self.save_button):
+            buttons.addWidget(b)
+        self.editing = QWidget()
+        editing = QVBoxLayout(self.editing)
+        editing.setContentsMargins(0, 0, 0, 0)
+        editing.addWidget(self.editor)
+        editing.addLayout(buttons)
+        self.editing.hide()
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(line)
+        layout.addWidget(self.editing)
+        self.edit_button.clicked.connect(self.start_edit)
+        self.cancel_button.clicked.connect(self.stop_edit)
+        self.save_button.clicked.connect(lambda: self._finish(self.editor.toPlainText().strip()))
+        self.default_button.clicked.connect(lambda: self._finish(None))
+
+    @property
+    def prompt(self) -> str:
+        """What the model is told first: the chat's own prompt, or the default."""
+        return self.default if self.own is None else self.own
+
+    def show_prompt(self, own: str | None, default: str) -> None:
+        self.own, self.default = own, default
+        whose = "default" if own is None else "this chat's own"
+        text = " ".join(self.prompt.split())
+        self._line = f"System prompt ({whose}): {text}" if text else f"No system prompt ({whose})"
+        self.summary.setToolTip(self.prompt)
+        self.default_button.setEnabled(own is not None)
+        self._elide()
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._elide()
+
+    def _elide(self) -> None:
+        width = max(self.summary.width(), 50)
+        self.summary.setText(self.summary.fontMetrics().elidedText(self._line, Qt.TextElideMode.ElideRight, width))
+
+    def start_edit(self) -> None:
+        self.editor.setPlainText(self.prompt)
+        self.editing.show()
+        self.edit_button.hide()
+        self.editor.setFocus()
+
+    def stop_edit(self) -> None:
+        self.editing.hide()
+        self.edit_button.show()
+
+    def _finish(self, own: str | None) -> None:
+        self.stop_edit()
+        self.changed.emit(own)

@@ -15,7 +15,10 @@ import os
 import sys
 from pathlib import Path
 
+from kernels.cpu_decode import THREADS_ENV
+
 from .defaults import DEFAULT_CONTEXT
+from .discovery import add_list_parser
 from .dtypes import COMPUTE, KV
 from .errors import InsufficientMemoryError, InvalidArgumentError, StowageError
 from .planning.cli import add_plan_parser
@@ -215,13 +218,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling(chat, temperature=0.7)
     chat.set_defaults(func=run_chat)
     add_plan_parser(sub)
-    add_serve_parser(sub)
+    serve = add_serve_parser(sub)
+    add_list_parser(sub)
+    for p in (gen, chat, serve):
+        p.add_argument("--threads", metavar="N", type=int, default=None,
+                       help="CPU threads (default: the cores this process may use)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "threads", None) is not None:  # the engine (in this process or its child) reads it
+            if args.threads < 1:
+                raise InvalidArgumentError(f"--threads must be at least 1, got {args.threads}")
+            os.environ[THREADS_ENV] = str(args.threads)
         return args.func(args)
     except StowageError as e:
         sys.stderr.write(f"\nstowage: {e}\n")

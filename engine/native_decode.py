@@ -20,7 +20,7 @@ from kernels.quant_linear import QuantizedWeight
 FLOAT_CODES = {torch.float32: cpu_decode.W_F32, torch.float16: cpu_decode.W_F16, torch.bfloat16: cpu_decode.W_BF16}
 PLAIN_GGML = {"f32": cpu_decode.W_F32, "f16": cpu_decode.W_F16, "bf16": cpu_decode.W_BF16}
 ACTS = {"silu": cpu_decode.ACT_SILU, "gelu_pytorch_tanh": cpu_decode.ACT_GELU_TANH}
-MAX_HEAD_DIM = 512
+MAX_HEAD_DIM, MAX_GROUP = 512, 64  # decode_layer.c's
 LAYER_MATRICES = {"q": "q", "k": "k", "v": "v", "o": "o", "gate": "gate", "up": "up", "down": "down"}
 LAYER_NORMS = ("input_norm", "post_norm", "pre_ff_norm", "post_ff_norm", "q_norm", "k_norm")
 
@@ -83,6 +83,7 @@ class NativeDecode:
     def _build(cls, lib, transformer, cache) -> "NativeDecode":
         cfg, layers = transformer.config, transformer.layers
         if cfg.hidden_act not in ACTS or cfg.head_dim > MAX_HEAD_DIM or cfg.head_dim % 2 \
+                or cfg.num_heads // cfg.num_kv_heads > MAX_GROUP \
                 or transformer.dtype not in FLOAT_CODES or cache.spec.dtype not in (*FLOAT_CODES, torch.float8_e4m3fn):
             raise Unsupported("configuration")
         first = len(layers)

@@ -103,14 +103,27 @@ def current() -> ctypes.CDLL | None:
     return library(isa) if isa is not None else None
 
 
+THREADS_ENV = "STOWAGE_THREADS"  # `--threads N` of the CLI sets it for the engine process
+
+
 def default_threads() -> int:
     """`STOWAGE_THREADS` if set, else the cores this process may run on (its affinity, not the machine's count)."""
-    if os.environ.get("STOWAGE_THREADS", "").strip():
-        return max(1, int(os.environ["STOWAGE_THREADS"]))
+    if os.environ.get(THREADS_ENV, "").strip():
+        return max(1, int(os.environ[THREADS_ENV]))
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+def use_default_threads() -> int:
+    """torch and the native decode step on default_threads() threads (torch's own default ignores the affinity)."""
+    import torch
+
+    n = default_threads()
+    torch.set_num_threads(n)
+    set_threads(n)
+    return n
 
 
 def set_threads(n: int) -> int:

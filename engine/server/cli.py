@@ -13,6 +13,8 @@ import threading
 import time
 from pathlib import Path
 
+from kernels import cpu_decode
+
 from ..defaults import DEFAULT_CONTEXT
 from ..dtypes import COMPUTE, KV
 from ..errors import InsufficientMemoryError, InvalidArgumentError, StowageError
@@ -83,6 +85,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if value is not None and value < least:
             raise InvalidArgumentError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    cpu_decode.use_default_threads()  # the cores it may use, or the CLI's --threads
     if args.exit_with_parent:
         _exit_with_parent()
     if args.context is None:

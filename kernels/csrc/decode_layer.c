@@ -28,6 +28,7 @@ enum { W_F32 = 100, W_F16 = 101, W_BF16 = 102 };  // float weights; 0 .. NUM_TYP
 enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
 #define MAX_HEAD_DIM 512
 #define MAX_SPLITS 64
+#define MAX_GROUP 64  // query heads per KV head
 #define MAX_THREADS 64
 
 typedef struct {
@@ -604,13 +605,105 @@ typedef struct {
     int64_t splits, per_split;
 } attn_task;
 
+// exp(x) for x <= 0 of a score minus its maximum: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p a degree-6
+// Taylor polynomial (relative error < 3e-7); below -87 it is 0 for what it weighs.
+#ifdef VEC_LANES
+#if VEC_LANES == 16
+static inline void vstore(float *p, vf a) { _mm512_storeu_ps(p, a); }
+static inline vf vmaxv(vf a, vf b) { return _mm512_max_ps(a, b); }
+static inline vf vround(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vf vpow2(vf p, vf n) { return _mm512_scalef_ps(p, n); }
+#else
+static inline void vstore(float *p, vf a) { _mm256_storeu_ps(p, a); }
+static inline vf vmaxv(vf a, vf b) { return _mm256_max_ps(a, b); }
+static inline vf vround(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vf vpow2(vf p, vf n) {
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+static inline vf vexp(vf x) {
+    x = vmaxv(x, vset(-87.0f));
+    vf n = vround(vmul(x, vset(1.44269504088896341f)));
+    vf r = vfma(n, vset(-0.693145751953125f), x);
+    r = vfma(n, vset(-1.428606765330187045e-06f), r);
+    vf p = vset(1.0f / 720);
+    p = vfma(p, r, vset(1.0f / 120));
+    p = vfma(p, r, vset(1.0f / 24));
+    p = vfma(p, r, vset(1.0f / 6));
+    p = vfma(p, r, vset(0.5f));
+    p = vfma(p, r, vset(1.0f));
+    p = vfma(p, r, vset(1.0f));
+    return vpow2(p, n);
+}
+#endif
+
+static inline void exp_inplace(float *x, int n) {
+    int i = 0;
+#ifdef VEC_LANES
+    for (; i + VEC_LANES <= n; i += VEC_LANES) vstore(x + i, vexp(vload(x + i)));
+#endif
+    for (; i < n; i++) x[i] = expf(x[i]);
+}
+
+// q . key row, the row read where it lies in the cache
+// vec: whole vectors per row and a float cache type (else through a converted row)
+static inline float key_dot(const float *q, const void *cache, int32_t type, int vec, int64_t offset, int n,
+                            float scale) {
+    (void)vec;
+#ifdef VEC_LANES
+    if (vec) {
+        vf acc = vzero();
+        for (int i = 0; i < n; i += VEC_LANES) {
+            vf k = type == W_BF16  ? vload_bf16((const uint16_t *)cache + offset + i)
+                   : type == W_F16 ? vload_f16((const uint16_t *)cache + offset + i)
+                                   : vload((const float *)cache + offset + i);
+            acc = vfma(vload(q + i), k, acc);
+        }
+        return vsum(acc);
+    }
+#endif
+    float row[MAX_HEAD_DIM];
+    load_row(cache, type, offset, n, scale, row);
+    return dot(q, row, n);
+}
+
+// acc[g] += p[g] v for the `group` heads, v read where it lies in the cache
+static inline void value_axpy(float *acc, int64_t acc_stride, const float *p, int64_t p_stride, int group,
+                              const void *cache, int32_t type, int vec, int64_t offset, int n, float scale) {
+    (void)vec;
+#ifdef VEC_LANES
+    if (vec) {
+        for (int i = 0; i < n; i += VEC_LANES) {
+            vf v = type == W_BF16  ? vload_bf16((const uint16_t *)cache + offset + i)
+                   : type == W_F16 ? vload_f16((const uint16_t *)cache + offset + i)
+                                   : vload((const float *)cache + offset + i);
+            for (int g = 0; g < group; g++) {
+                float *a = acc + g * acc_stride + i;
+                vstore(a, vfma(vset(p[g * p_stride]), v, vload(a)));
+            }
+        }
+        return;
+    }
+#endif
+    float row[MAX_HEAD_DIM];
+    load_row(cache, type, offset, n, scale, row);
+    for (int g = 0; g < group; g++) axpy(acc + g * acc_stride, p[g * p_stride], row, n);
+}
+
 // One unit = one KV head over one split of the keys: for the `group` query heads that share it, the running
-// maximum, sum and weighted values (flash decoding); merged afterwards.
+// maximum, sum and weighted values (flash decoding), a cache block of keys at a time; merged afterwards.
 static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
     attn_task *t = ctx;
     const model *m = t->m;
     const int hd = m->head_dim, kvh = m->num_kv_heads, group = m->num_heads / kvh, bs = m->block_size;
-    float krow[MAX_HEAD_DIM], vrow[MAX_HEAD_DIM];
+    const int32_t type = m->cache_type;
+#ifdef VEC_LANES
+    const int vec = hd % VEC_LANES == 0 && type != CACHE_FP8;
+#else
+    const int vec = 0;
+#endif
+    float scores[MAX_GROUP * 64];  // [group][keys of a block]: blocks are read 64 tokens at most at a time
     for (int64_t unit = begin; unit < end; unit++) {
         int kh = (int)(unit / t->splits), split = (int)(unit % t->splits);
         int64_t t0 = t->lo + split * t->per_split, t1 = t0 + t->per_split < t->hi ? t0 + t->per_split : t->hi;
@@ -620,26 +713,35 @@ static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
             part[g * (hd + 2) + 1] = 0.0f;
             memset(part + g * (hd + 2) + 2, 0, (size_t)hd * 4);
         }
-        for (int64_t pos = t0; pos < t1; pos++) {
-            int64_t slot = (int64_t)t->block_table[pos / bs] * bs + pos % bs;
-            int64_t offset = (slot * kvh + kh) * hd;
-            load_row(t->l->k_cache, m->cache_type, offset, hd, t->l->k_scale, krow);
-            load_row(t->l->v_cache, m->cache_type, offset, hd, t->l->v_scale, vrow);
+        for (int64_t pos = t0; pos < t1;) {
+            int off = (int)(pos % bs), cnt = bs - off;
+            if (cnt > t1 - pos) cnt = (int)(t1 - pos);
+            if (cnt > 64) cnt = 64;
+            int64_t first = ((int64_t)t->block_table[pos / bs] * bs + off) * kvh + kh;  // in rows of head_dim
             for (int g = 0; g < group; g++) {
                 const float *q = S.qkv + (int64_t)(kh * group + g) * hd;
-                float *p = part + g * (hd + 2);
-                float s = dot(q, krow, hd) * m->attn_scale;
-                if (m->attn_softcap > 0.0f) s = tanhf(s / m->attn_softcap) * m->attn_softcap;
-                if (s > p[0]) {  // a new maximum: rescale what was summed so far
-                    float c = expf(p[0] - s);
+                float *s = scores + g * 64, *p = part + g * (hd + 2), top = p[0];
+                for (int j = 0; j < cnt; j++) {
+                    float x = key_dot(q, t->l->k_cache, type, vec, (first + (int64_t)j * kvh) * hd, hd,
+                                      t->l->k_scale) * m->attn_scale;
+                    if (m->attn_softcap > 0.0f) x = tanhf(x / m->attn_softcap) * m->attn_softcap;
+                    s[j] = x;
+                    if (x > top) top = x;
+                }
+                if (top > p[0]) {  // a new maximum: rescale what was summed so far
+                    float c = expf(p[0] - top);
                     p[1] *= c;
                     for (int i = 0; i < hd; i++) p[2 + i] *= c;
-                    p[0] = s;
+                    p[0] = top;
                 }
-                float e = expf(s - p[0]);
-                p[1] += e;
-                axpy(p + 2, e, vrow, hd);
+                for (int j = 0; j < cnt; j++) s[j] -= top;
+                exp_inplace(s, cnt);
+                for (int j = 0; j < cnt; j++) p[1] += s[j];
             }
+            for (int j = 0; j < cnt; j++)
+                value_axpy(part + 2, hd + 2, scores + j, 64, group, t->l->v_cache, type, vec,
+                           (first + (int64_t)j * kvh) * hd, hd, t->l->v_scale);
+            pos += cnt;
         }
     }
 }

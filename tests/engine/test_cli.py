@@ -116,3 +116,23 @@ def test_chat_says_when_one_message_alone_does_not_fit(model_dir):
     assert code == 0, err
     assert "that message alone does not fit" in err
     assert len([line for line in err.splitlines() if "tokens reused" in line]) == 1  # "Hi" was answered
+
+
+# -- issue 16: the thread count; issue 10: stowage list ---------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["generate", "chat", "serve"])
+def test_threads_is_an_option_of_each_engine_command_and_checked(tmp_path, capsys, command):
+    from engine.cli import build_parser, main
+
+    extra = ["--prompt", "x"] if command == "generate" else []
+    assert build_parser().parse_args([command, str(tmp_path), *extra, "--threads", "3"]).threads == 3
+    assert main([command, str(tmp_path), *extra, "--threads", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "stowage: --threads must be at least 1, got 0"
+
+
+def test_stowage_list_is_registered(tmp_path):
+    env = {**__import__("os").environ, "HOME": str(tmp_path), "OLLAMA_MODELS": str(tmp_path / "none")}
+    out = subprocess.run([sys.executable, "-m", "engine.cli", "list", "--json", "--models-dir", str(tmp_path)],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert isinstance(__import__("json").loads(out.stdout), (list, dict))

@@ -104,3 +104,21 @@ def test_gguf_block_types(tmp_path):
     for dtype in (torch.float32, torch.bfloat16):
         native, torch_path = _engines(path, 256, dtype=str(dtype).removeprefix("torch."))
         _compare(native, torch_path, [(i * 11) % 500 + 3 for i in range(40)], 20, TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("isa", list(cpu_decode.ISAS))
+def test_every_instruction_set(tmp_path, monkeypatch, isa):
+    if isa not in cpu_decode.supported_isas():
+        pytest.skip(f"this CPU has no {isa}")
+    monkeypatch.setenv("STOWAGE_DECODE_ISA", isa)
+    cpu_decode.selected_isa.cache_clear()
+    try:
+        if cpu_decode.current() is None:
+            pytest.skip(f"the {isa} library cannot be built here")
+        assert cpu_decode.current().decode_isa().decode() == isa
+        model_dir = make_model(tmp_path / "m", "llama", dtype=torch.bfloat16, head_dim=24)  # rows of 24: no whole vectors
+        native, torch_path = _engines(model_dir, 256)
+        _compare(native, torch_path, [(i * 13) % 500 + 3 for i in range(50)], 20, TOLERANCE[torch.bfloat16])
+    finally:
+        monkeypatch.undo()
+        cpu_decode.selected_isa.cache_clear()

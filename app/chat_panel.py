@@ -12,6 +12,7 @@ from . import context_policy
 from .chat_input import ChatInput
 from .chat_view import ChatView
 from .model_settings import ModelSettings
+from .prompt_progress import PromptProgress
 from .store import ConversationStore, Message
 from .system_prompt_bar import SystemPromptBar
 from .worker import ChatRequest, EngineClient, Reply, ReplyStarted
@@ -71,6 +72,7 @@ class ChatPanel(QWidget):
         self.error.setWordWrap(True)
         self.error.setStyleSheet("color: #b00020;")
         self.error.hide()
+        self.prompt_progress = PromptProgress()
         buttons = QHBoxLayout()
         buttons.addWidget(self.counter, 1)
         buttons.addWidget(self.regenerate_button)
@@ -80,6 +82,7 @@ class ChatPanel(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.system_prompt)
         layout.addWidget(self.view, 1)
+        layout.addWidget(self.prompt_progress)
         layout.addWidget(self.error)
         layout.addWidget(self.input)
         layout.addLayout(buttons)
@@ -96,6 +99,7 @@ class ChatPanel(QWidget):
         worker.token.connect(self._token)
         worker.reply_finished.connect(self._reply_finished)
         worker.reply_failed.connect(self._reply_failed)
+        worker.prefill_progress.connect(self._prefill_progress)
         self.view.set_placeholder(HINT_NO_MODEL)
         self._update_buttons()
 
@@ -103,6 +107,7 @@ class ChatPanel(QWidget):
     def show_conversation(self, conversation_id: int | None) -> None:
         self.conversation_id = conversation_id if conversation_id is not None and conversation_id >= 0 else None
         self.error.hide()
+        self.prompt_progress.hide()  # the streaming chat's shows again at its next chunk
         if self.conversation_id is None:
             self.view.set_messages([])
             self.system_prompt.show_prompt(None, self.settings.system_prompt)
@@ -237,10 +242,17 @@ class ChatPanel(QWidget):
         self._prompt_tokens = started.prompt_tokens
         self._reply_started_at = time.perf_counter()
         self._kept_head = started.kept_head if memory_start is not None else 0
+        self.prompt_progress.begin()
         if started.conversation_id == self.conversation_id:
             self.view.mark_memory_start(memory_start, self._kept_head)
 
+    def _prefill_progress(self, conversation_id: int, done: int, total: int) -> None:
+        if conversation_id == self.conversation_id == self._generating_for:
+            self.prompt_progress.show_progress(done, total)
+
     def _token(self, conversation_id: int, text: str) -> None:
+        if self._reply_tokens == 0:
+            self.prompt_progress.finish()
         self._reply_tokens += 1
         self._reply_text += text
         self._save_partial_reply()
@@ -292,6 +304,7 @@ class ChatPanel(QWidget):
             prompt_tokens_per_s=round(reply.prefill_tokens_per_s, 1))
         message = self._store_reply(reply.text, meta)
         self._generating_for = None
+        self.prompt_progress.finish()
         if reply.conversation_id == self.conversation_id:
             if message is None:  # the branch as it was (a regenerated reply stopped early: the old one again)
                 self.show_conversation(self.conversation_id)
@@ -308,6 +321,7 @@ class ChatPanel(QWidget):
         stored = self._store_reply(self._reply_text, self._reply_meta("error", error=message,
                                                                        prompt_tokens=self._prompt_tokens))
         self._generating_for = None
+        self.prompt_progress.finish()
         if conversation_id == self.conversation_id:
             if stored is None:
                 self.show_conversation(self.conversation_id)

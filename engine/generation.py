@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -79,13 +79,21 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+PrefillProgress = Callable[[int, int], None]  # (tokens prefilled so far, tokens this prefill computes)
+
+
 class Generation:
-    """Iterate for TokenEvents; `result` fills in as it goes and is final when iteration ends."""
+    """Iterate for TokenEvents; `result` fills in as it goes and is final when iteration ends.
+
+    `progress`, when given (or set before iterating), is called from the iterating thread after each
+    prefill chunk with (done, total): the prompt tokens computed so far and all it computes now (the
+    cached prefix not counted), so a long prompt can show a progress bar.
+    """
 
     def __init__(self, engine: Host, conv: Conversation, prompt_ids: list[int],
-                 sampling: SamplingParams, cancel: threading.Event | None):
+                 sampling: SamplingParams, cancel: threading.Event | None, *, progress: PrefillProgress | None = None):
         self.engine, self.conv, self.prompt_ids = engine, conv, prompt_ids
-        self.sampling, self.cancel = sampling, cancel
+        self.sampling, self.cancel, self.progress = sampling, cancel, progress
         self.result = GenerationResult(prompt_tokens=len(prompt_ids))
         self._started = False
 
@@ -120,6 +128,8 @@ class Generation:
             engine.check_weights()
             logits = engine.model.forward(prompt[i : i + chunk], seq, engine.cache)
             r.prefilled_tokens += len(prompt[i : i + chunk])
+            if self.progress is not None:
+                self.progress(r.prefilled_tokens, len(prompt) - reuse)
         r.prefill_seconds = time.perf_counter() - start
         engine.stats.prefilled_tokens += r.prefilled_tokens
         engine.stats.reused_tokens += reuse

@@ -149,3 +149,26 @@ def test_a_chat_has_its_own_system_prompt_or_follows_the_default(panel):
     bar.edit_button.click()
     bar.default_button.click()
     assert panel.store.conversation(cid).system_prompt is None and bar.prompt == "Be brief."
+
+
+def test_the_prompt_bar_shows_tokens_done_of_all_until_the_first_token(panel, qtbot):
+    panel.show()
+    cid = ask(panel, "a long document")
+    worker, bar = panel.client.worker, panel.prompt_progress
+    assert bar.isHidden()
+    worker.prefill_progress.emit(cid, 512, 4400)
+    assert bar.isVisible() and (bar.value(), bar.maximum()) == (512, 4400)
+    assert bar.format().startswith("Reading the prompt: 512 / 4,400 tokens · about ") and bar.format().endswith(" left")
+    worker.prefill_progress.emit(cid + 1, 1024, 4400)  # another chat's prompt is not this one's
+    assert bar.value() == 512
+    worker.prefill_progress.emit(cid, 4096, 4400)
+    assert bar.value() == 4096
+    worker.token.emit(cid, "Summary")
+    assert bar.isHidden()
+
+
+def test_a_prompt_read_in_one_chunk_shows_no_bar(panel):
+    panel.show()
+    cid = ask(panel)
+    panel.client.worker.prefill_progress.emit(cid, 40, 40)
+    assert panel.prompt_progress.isHidden()

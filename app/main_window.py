@@ -224,7 +224,9 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(f"{TITLE} — {name}")
         self.model_label.setText(f"{name} loaded")
         took = f"{seconds:.1f} s" if seconds >= 1 else f"{seconds * 1000:.0f} ms"
-        self.settings_panel.show_loaded(f"{name} loaded in {took}")
+        # The worker's tokenizer formats the chats (in either engine mode); it is set before `loaded` is sent.
+        template = getattr(self.client.worker.tokenizer, "template_source", "")
+        self.settings_panel.show_loaded(f"{name} loaded in {took}", template)
         self.settings_panel.show_pending("")
         self.plan_label.setText(summary(self.loaded_plan))
         self.plan_label.setToolTip(self.plan_label.text())

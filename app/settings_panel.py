@@ -134,6 +134,11 @@ class SettingsPanel(QWidget):
         self.load_status = QLabel()
         self.load_status.setWordWrap(True)
         self.load_status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.template_label = QLabel()  # which chat template the loaded model formats chats with
+        self.template_label.setWordWrap(True)
+        self.template_label.setStyleSheet("color: #555;")
+        self.template_label.setAccessibleName("Chat template")
+        self.template_label.hide()
         self.pending = QLabel()  # settings changed since Load, which only the next Load applies
         self.pending.setWordWrap(True)
         self.pending.setStyleSheet("color: #8a5a00;")
@@ -174,6 +179,7 @@ class SettingsPanel(QWidget):
         column.addLayout(load_row)
         column.addWidget(self.progress_widget)
         column.addWidget(self.load_status)
+        column.addWidget(self.template_label)
         column.addWidget(self.pending)
         column.addWidget(sampling_box)
         column.addWidget(prompt_box)
@@ -391,8 +397,11 @@ class SettingsPanel(QWidget):
         self.progress.setFormat(f"{message} — %p%")
         self.progress.setValue(int(fraction * 1000))
 
-    def show_loaded(self, text: str) -> None:
+    def show_loaded(self, text: str, template_source: str = "") -> None:
+        """Loaded: `text` says what and how fast; `template_source` which chat template it uses ('' if not known)."""
         self.progress_widget.hide()
+        self.template_label.setText(f"Chat template: {template_source}")
+        self.template_label.setVisible(bool(template_source))
         self.load_status.setStyleSheet("color: #1b5e20;")
         self.load_status.setText(text)
         self.unload_button.setEnabled(True)
@@ -400,6 +409,7 @@ class SettingsPanel(QWidget):
 
     def show_unloaded(self, text: str = "", error: bool = False) -> None:
         self.progress_widget.hide()
+        self.template_label.hide()
         self.load_status.setStyleSheet(ERROR_STYLE if error else "color: #555;")
         self.load_status.setText(text)
         self.unload_button.setEnabled(False)

@@ -27,10 +27,16 @@ def test_first_run_preselects_and_plans_the_first_model(window, app_driver, tiny
 
 def test_reply_streams_into_the_view_and_is_stored(window, app_driver):
     app_driver.load(window)
+    assert window.settings_panel.template_label.text() == "Chat template: the model's own"
     assert window.windowTitle() == f"Stowage — {Path(window.loaded_dir).name}"
     window.settings_panel.max_tokens.setValue(150)  # long enough to outlast a few redraws
-    tokens = []
-    window.chat.view.reply_rendered.connect(lambda text: tokens.append(text))
+    tokens, drawn = [], threading.Event()
+    window.chat.view.reply_rendered.connect(lambda text: (tokens.append(text), drawn.set()))
+
+    def hold(*_):  # in the engine thread, at its first token: go on once the view drew the reply mid-way
+        drawn.wait(20)
+
+    window.client.worker.token.connect(hold, Qt.ConnectionType.DirectConnection)
     reply = app_driver.reply(window, lambda: app_driver.send(window, "Hello there"))
     assert window.chat.input.toPlainText() == ""
     assert len(tokens) > 1, "the reply should show up piece by piece while it streams"
@@ -158,6 +164,7 @@ def test_event_loop_runs_while_the_engine_loads_and_generates(window, app_driver
 
 def test_unload_frees_the_model(window, app_driver, qtbot):
     app_driver.load(window)
+    assert not window.settings_panel.template_label.isHidden()
     engine = window.client.worker.engine
     # Weak references to what the model holds: after Unload nothing in the app may keep them alive.
     held = [weakref.ref(engine), weakref.ref(engine.cache.k_cache[0]), weakref.ref(engine.model)]
@@ -168,6 +175,7 @@ def test_unload_frees_the_model(window, app_driver, qtbot):
     assert [ref() for ref in held] == [None, None, None]
     assert window.windowTitle() == "Stowage"
     assert not window.settings_panel.unload_button.isEnabled()
+    assert window.settings_panel.template_label.isHidden()
     app_driver.send(window, "anyone there?")
     assert window.chat.error.isVisible() and "No model is loaded" in window.chat.error.text()
     assert window.chat.input.toPlainText() == "anyone there?"  # kept for after the next load

@@ -245,6 +245,7 @@ class ChatPanel(QWidget):
         self.prompt_progress.begin()
         if started.conversation_id == self.conversation_id:
             self.view.mark_memory_start(memory_start, self._kept_head)
+            self.counter.setText(self._context_text(started.prompt_tokens))  # while the prompt is read
 
     def _prefill_progress(self, conversation_id: int, done: int, total: int) -> None:
         if conversation_id == self.conversation_id == self._generating_for:

@@ -2,7 +2,9 @@
 
 Usage: STOWAGE_DATA_DIR=$(mktemp -d) python docs/screenshots/drive.py STATE
 States: empty, reply, overflow, error, history (a corrupt history moved aside), about, small (1000x700,
-a context typed that is not whole blocks), small-reply (1000x700 with replies), search (three chats, one found).
+a context typed that is not whole blocks), small-reply (1000x700 with replies), search (three chats, one found),
+branches (a reply regenerated: "‹ 2/2 ›"), prompt (a long prompt being read, in the engine process, held at its
+first chunk so the bar stays on screen).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -17,7 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from PySide6.QtCore import QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from app import paths  # noqa: E402
+from PySide6.QtCore import Qt  # noqa: E402
+
+from app import paths, worker  # noqa: E402
 from app.conversation_list import ID_ROLE  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
 from app.paths import demo_model_dir  # noqa: E402
@@ -41,6 +46,8 @@ def main(state: str) -> None:
     app = QApplication(sys.argv)
     if state == "history":
         (paths.data_dir() / FILE_NAME).write_bytes(b"this is not an SQLite database " * 100)
+    if state == "prompt":
+        worker.ENGINE_PROCESS = True  # the child streams the prefill's progress
     window = MainWindow()
     window.move(0, 0)
     window.resize(*((1000, 700) if state in ("small", "small-reply") else (1280, 800)))
@@ -62,7 +69,31 @@ def main(state: str) -> None:
             window.chat.input.setPlainText(pending.pop(0))
             window.chat.send()
 
-    window.chat.reply_done.connect(ask)
+    if state in ("reply", "small-reply"):
+        window.chat.reply_done.connect(ask)
+
+    def regenerate_once():
+        window.chat.reply_done.disconnect(regenerate_once)
+        window.chat.regenerate()
+
+    def branches():
+        window.chat.reply_done.connect(regenerate_once)
+        pending[1:] = []
+        load_and_ask()
+
+    def long_prompt():
+        held = []
+
+        def hold(_cid, done, total):  # in the engine thread: the reply waits while the screenshot is taken
+            if done < total and not held:
+                held.append(done)
+                time.sleep(120)
+
+        window.client.worker.prefill_progress.connect(hold, Qt.ConnectionType.DirectConnection)
+        pending[:] = [("Summarize this report. " + " ".join(
+            f"Section {i}: the context slider sets how many tokens the model keeps in mind; the bar shows "
+            "the memory it takes." for i in range(40)))]
+        load_and_ask()
 
     def overflow():
         # A RAM limit just above what 1,024 tokens need, then a context twice that: the bar runs over.
@@ -90,7 +121,8 @@ def main(state: str) -> None:
         window.conversations.search.setText("fridge")
         window.conversations.select(window.conversations.list.item(0).data(ID_ROLE))
 
-    actions = {"empty": lambda: None, "search": search, "small-reply": load_and_ask, "reply": load_and_ask, "overflow": overflow, "error": broken,
+    actions = {"empty": lambda: None, "search": search, "small-reply": load_and_ask, "reply": load_and_ask,
+               "branches": branches, "prompt": long_prompt, "overflow": overflow, "error": broken,
                "history": lambda: None, "about": window.about_action.trigger,
                "small": lambda: panel.context.spin.setValue(1000)}
     when(planned, actions[state])

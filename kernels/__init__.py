@@ -1,6 +1,7 @@
 """Our compute: paged attention (a torch reference, Triton kernels for CUDA) and CPU matrix products.
 
-`attention_ops(device)` picks the attention implementation that runs on a device: an object (a module)
+`attention_ops(device)` picks the attention implementation that runs on a device (on the CPU the native one,
+kernels/cpu_attention.py, where its library is; the torch reference otherwise): an object (a module)
 with `NAME`, `write_kv`, `decode_attention`, `prefill_attention`, and `workspace_bytes(...)`, its peak
 scratch, which the planner charges. Triton is imported only when a kernel is first called, so a test
 can set TRITON_INTERPRET before any kernel is decorated, and planning never imports it.
@@ -15,7 +16,7 @@ from types import ModuleType
 
 import torch
 
-from . import reference
+from . import cpu_attention, cpu_decode, reference
 
 FORCE_REFERENCE_ENV = "STOWAGE_FORCE_REFERENCE"
 
@@ -27,6 +28,8 @@ def forced_reference() -> bool:
 def attention_ops(device: torch.device | str) -> ModuleType:
     """The attention implementation that runs on `device` (also asked when planning for a GPU not present)."""
     device = torch.device(device)
+    if device.type == "cpu":  # the cache read in place in C where the native library is, else the reference
+        return cpu_attention if cpu_decode.current() is not None else reference
     if device.type != "cuda" or forced_reference():
         return reference
     return _cuda_ops(device.index)

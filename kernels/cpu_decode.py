@@ -91,6 +91,11 @@ def library(isa: str) -> ctypes.CDLL | None:
     lib.decode_num_threads.restype = ctypes.c_int
     lib.decode_isa.restype = ctypes.c_char_p
     lib.decode_set_spin.argtypes = [ctypes.c_int64]
+    lib.attention_prefill.argtypes = [ptr, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ptr, ptr, ctypes.c_int32,
+                                      ctypes.c_float, ctypes.c_float, ptr, ctypes.c_int32, ctypes.c_int32,
+                                      ctypes.c_int32, ctypes.c_int32, ctypes.c_float, ctypes.c_float, ctypes.c_int32,
+                                      ptr, ctypes.c_int32]
+    lib.attention_prefill.restype = ctypes.c_int
     lib.decode_type_id.argtypes = [ctypes.c_char_p]
     lib.decode_type_id.restype = ctypes.c_int
     lib.decode_set_threads(default_threads())

@@ -606,23 +606,32 @@ typedef struct {
 } attn_task;
 
 // exp(x) for x <= 0 of a score minus its maximum: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p a degree-6
-// Taylor polynomial (relative error < 3e-7); below -87 it is 0 for what it weighs.
+// Taylor polynomial (relative error < 3e-7); below -87 (a masked key) exactly 0.
 #ifdef VEC_LANES
 #if VEC_LANES == 16
 static inline void vstore(float *p, vf a) { _mm512_storeu_ps(p, a); }
+static inline vf _vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
 static inline vf vmaxv(vf a, vf b) { return _mm512_max_ps(a, b); }
 static inline vf vround(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline vf vpow2(vf p, vf n) { return _mm512_scalef_ps(p, n); }
+static inline vf vzero_below(vf r, vf x, float bound) {  // r where x >= bound, else 0
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(bound), _CMP_GE_OQ), r);
+}
 #else
 static inline void vstore(float *p, vf a) { _mm256_storeu_ps(p, a); }
+static inline vf _vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
 static inline vf vmaxv(vf a, vf b) { return _mm256_max_ps(a, b); }
 static inline vf vround(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vf vzero_below(vf r, vf x, float bound) {
+    return _mm256_and_ps(r, _mm256_cmp_ps(x, _mm256_set1_ps(bound), _CMP_GE_OQ));
+}
 static inline vf vpow2(vf p, vf n) {
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 #endif
 static inline vf vexp(vf x) {
+    vf in = x;
     x = vmaxv(x, vset(-87.0f));
     vf n = vround(vmul(x, vset(1.44269504088896341f)));
     vf r = vfma(n, vset(-0.693145751953125f), x);
@@ -634,7 +643,7 @@ static inline vf vexp(vf x) {
     p = vfma(p, r, vset(0.5f));
     p = vfma(p, r, vset(1.0f));
     p = vfma(p, r, vset(1.0f));
-    return vpow2(p, n);
+    return vzero_below(vpow2(p, n), in, -87.0f);
 }
 #endif
 
@@ -894,4 +903,179 @@ int decode_type_id(const char *name) {
     for (int t = 0; t < NUM_TYPES; t++)
         if (strcmp(TYPES[t].name, name) == 0) return t;
     return -1;
+}
+
+// ---- chunked prefill attention over the paged cache ---------------------------------------------------------
+// A chunk of n new queries (their K/V already written) attends causally to the cache, read in place through the
+// block table: no gathered copy of the context, no dense mask, no scores matrix. Units are (KV head, tile of
+// queries); a unit keeps the running maximum, sum and output of each (query, head) of its tile and goes through
+// its keys a cache block at a time, the block's keys transposed once so the scores of 16 keys are one vector.
+
+#define PF_STATES 64  // (query, head) pairs per unit
+#define PF_KEYS 16    // keys per step
+
+typedef struct {
+    const void *query;
+    int32_t q_type, cache_type, out_type;
+    int64_t n, start;
+    const void *k_cache, *v_cache;
+    float k_scale, v_scale, scale, softcap;
+    const int32_t *block_table;
+    int num_heads, num_kv_heads, head_dim, block_size, window, tile;
+    int64_t num_tiles;
+    void *out;
+} prefill_task;
+
+static void store_scalar(void *p, int32_t type, int64_t i, float v) {
+    switch (type) {
+    case W_F16: ((uint16_t *)p)[i] = f32_f16(v); break;
+    case W_BF16: ((uint16_t *)p)[i] = f32_bf16(v); break;
+    default: ((float *)p)[i] = v;
+    }
+}
+
+static void prefill_chunk(void *ctx, int64_t begin, int64_t end) {
+    prefill_task *t = ctx;
+    const int hd = t->head_dim, kvh = t->num_kv_heads, group = t->num_heads / kvh, bs = t->block_size;
+    // on the thread's stack (at most 320 KiB): a call allocates nothing but its output
+    float q[PF_STATES * MAX_HEAD_DIM], acc[PF_STATES * MAX_HEAD_DIM], kt[MAX_HEAD_DIM * PF_KEYS];
+    float vrows[PF_KEYS][MAX_HEAD_DIM], m[PF_STATES], l[PF_STATES], s[PF_STATES][PF_KEYS];
+    for (int64_t unit = begin; unit < end; unit++) {
+        const int kh = (int)(unit / t->num_tiles);
+        const int64_t t0 = (unit % t->num_tiles) * t->tile, t1 = t0 + t->tile < t->n ? t0 + t->tile : t->n;
+        const int states = (int)(t1 - t0) * group;  // state i: query t0 + i / group, head kh * group + i % group
+        for (int i = 0; i < states; i++) {
+            int64_t row = ((t0 + i / group) * t->num_heads + kh * group + i % group) * hd;
+            for (int d = 0; d < hd; d++) q[i * hd + d] = load_scalar(t->query, t->q_type, row + d) * t->scale;
+            m[i] = -INFINITY, l[i] = 0.0f;
+            memset(acc + i * hd, 0, (size_t)hd * 4);
+        }
+        const int64_t first_q = t->start + t0, last_q = t->start + t1 - 1;
+        int64_t lo = t->window > 0 && first_q + 1 > t->window ? first_q + 1 - t->window : 0;
+        for (int64_t pos = lo; pos <= last_q;) {
+            int cnt = bs - (int)(pos % bs);
+            if (cnt > PF_KEYS) cnt = PF_KEYS;
+            if (cnt > last_q + 1 - pos) cnt = (int)(last_q + 1 - pos);
+            int64_t first = ((int64_t)t->block_table[pos / bs] * bs + pos % bs) * kvh + kh;
+            for (int j = 0; j < PF_KEYS; j++) {  // K transposed: kt[d][j]; V rows as float32
+                if (j < cnt) {
+                    float krow[MAX_HEAD_DIM];
+                    load_row(t->k_cache, t->cache_type, (first + (int64_t)j * kvh) * hd, hd, t->k_scale, krow);
+                    load_row(t->v_cache, t->cache_type, (first + (int64_t)j * kvh) * hd, hd, t->v_scale, vrows[j]);
+                    for (int d = 0; d < hd; d++) kt[d * PF_KEYS + j] = krow[d];
+                } else {
+                    for (int d = 0; d < hd; d++) kt[d * PF_KEYS + j] = 0.0f;
+                }
+            }
+            for (int i = 0; i < states; i++) {
+                const int64_t qp = t->start + t0 + i / group;
+                if (pos > qp) continue;  // every key of the step is after this query
+                const float *qi = q + i * hd;
+                float *si = s[i];
+#ifdef VEC_LANES
+                for (int c = 0; c < PF_KEYS; c += VEC_LANES) {
+                    vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+                    int d = 0;
+                    for (; d + 4 <= hd; d += 4) {
+                        a0 = vfma(vset(qi[d]), vload(kt + d * PF_KEYS + c), a0);
+                        a1 = vfma(vset(qi[d + 1]), vload(kt + (d + 1) * PF_KEYS + c), a1);
+                        a2 = vfma(vset(qi[d + 2]), vload(kt + (d + 2) * PF_KEYS + c), a2);
+                        a3 = vfma(vset(qi[d + 3]), vload(kt + (d + 3) * PF_KEYS + c), a3);
+                    }
+                    for (; d < hd; d++) a0 = vfma(vset(qi[d]), vload(kt + d * PF_KEYS + c), a0);
+                    vstore(si + c, _vadd(_vadd(a0, a1), _vadd(a2, a3)));
+                }
+#else
+                for (int j = 0; j < PF_KEYS; j++) {
+                    float x = 0.0f;
+                    for (int d = 0; d < hd; d++) x += qi[d] * kt[d * PF_KEYS + j];
+                    si[j] = x;
+                }
+#endif
+                // the keys of this step the query sees: causal, and within its window
+                const int jhi = qp - pos + 1 < cnt ? (int)(qp - pos + 1) : cnt;
+                int jlo = 0;
+                if (t->window > 0 && qp - t->window + 1 > pos) jlo = (int)(qp - t->window + 1 - pos);
+                if (jlo >= jhi) {
+                    for (int j = 0; j < PF_KEYS; j++) si[j] = 0.0f;
+                    continue;
+                }
+                float top = -INFINITY;
+                for (int j = jlo; j < jhi; j++) {
+                    if (t->softcap > 0.0f) si[j] = tanhf(si[j] / t->softcap) * t->softcap;
+                    top = si[j] > top ? si[j] : top;
+                }
+                if (top > m[i]) {
+                    float c = expf(m[i] - top);
+                    l[i] *= c;
+                    for (int d = 0; d < hd; d++) acc[i * hd + d] *= c;
+                    m[i] = top;
+                }
+                for (int j = 0; j < PF_KEYS; j++) si[j] = j >= jlo && j < jhi ? si[j] - m[i] : -200.0f;
+                exp_inplace(si, PF_KEYS);  // exp(-200) is 0: keys it does not see weigh nothing
+#ifdef VEC_LANES
+                vf sum = vzero();
+                for (int j = 0; j < PF_KEYS; j += VEC_LANES) sum = _vadd(sum, vload(si + j));
+                l[i] += vsum(sum);
+#else
+                for (int j = jlo; j < jhi; j++) l[i] += si[j];
+#endif
+            }
+            // acc += p V: each output vector stays in a register over the step's keys
+            for (int i = 0; i < states; i++) {
+                if (pos > t->start + t0 + i / group) continue;
+                float *ai = acc + i * hd;
+                const float *pi = s[i];
+                int d = 0;
+#ifdef VEC_LANES
+                for (; d + 4 * VEC_LANES <= hd; d += 4 * VEC_LANES) {  // four independent sums in flight
+                    vf a0 = vload(ai + d), a1 = vload(ai + d + VEC_LANES), a2 = vload(ai + d + 2 * VEC_LANES),
+                       a3 = vload(ai + d + 3 * VEC_LANES);
+                    for (int j = 0; j < cnt; j++) {
+                        const vf p = vset(pi[j]);
+                        const float *v = vrows[j] + d;
+                        a0 = vfma(p, vload(v), a0);
+                        a1 = vfma(p, vload(v + VEC_LANES), a1);
+                        a2 = vfma(p, vload(v + 2 * VEC_LANES), a2);
+                        a3 = vfma(p, vload(v + 3 * VEC_LANES), a3);
+                    }
+                    vstore(ai + d, a0), vstore(ai + d + VEC_LANES, a1), vstore(ai + d + 2 * VEC_LANES, a2),
+                        vstore(ai + d + 3 * VEC_LANES, a3);
+                }
+                for (; d + VEC_LANES <= hd; d += VEC_LANES) {
+                    vf a = vload(ai + d);
+                    for (int j = 0; j < cnt; j++) a = vfma(vset(pi[j]), vload(vrows[j] + d), a);
+                    vstore(ai + d, a);
+                }
+#endif
+                for (; d < hd; d++)
+                    for (int j = 0; j < cnt; j++) ai[d] += pi[j] * vrows[j][d];
+            }
+            pos += cnt;
+        }
+        for (int i = 0; i < states; i++) {
+            int64_t row = ((t0 + i / group) * t->num_heads + kh * group + i % group) * hd;
+            float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+            for (int d = 0; d < hd; d++) store_scalar(t->out, t->out_type, row + d, acc[i * hd + d] * inv);
+        }
+    }
+}
+
+// out [n, num_heads, head_dim] (out_type) for queries [n, num_heads, head_dim] (q_type) at positions start.. of
+// one sequence, against its cache through block_table (softcap 0: none; window 0: the whole context).
+int attention_prefill(const void *query, int32_t q_type, int64_t n, int64_t start, const void *k_cache,
+                      const void *v_cache, int32_t cache_type, float k_scale, float v_scale, const int32_t *block_table,
+                      int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size, float scale,
+                      float softcap, int32_t window, void *out, int32_t out_type) {
+    if (head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads) return -1;
+    const int group = num_heads / num_kv_heads;
+    if (group > PF_STATES) return -1;
+    prefill_task t = {query, q_type, cache_type, out_type, n, start, k_cache, v_cache, k_scale, v_scale, scale,
+                      softcap, block_table, num_heads, num_kv_heads, head_dim, block_size, window, PF_STATES / group, 0,
+                      out};
+    // smaller tiles when there are too few units for the threads
+    while (t.tile > 1 && num_kv_heads * ((n + t.tile - 1) / t.tile) < 4 * pool.num_threads) t.tile /= 2;
+    t.num_tiles = (n + t.tile - 1) / t.tile;
+    parallel(prefill_chunk, &t, num_kv_heads * t.num_tiles, 1);
+    return 0;
 }

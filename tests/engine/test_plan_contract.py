@@ -33,7 +33,13 @@ def _padded(ops, extra: int):
     return workspace_bytes
 
 
-@pytest.mark.parametrize("device, module, gpus", [("cpu", "reference", []), ("cuda:0", "triton_attention", [64 * GiB])])
+from kernels import cpu_decode  # noqa: E402
+
+# the CPU runs its native attention where the library could be built, else the reference
+CPU_KERNEL = "cpu_attention" if cpu_decode.current() is not None else "reference"
+
+
+@pytest.mark.parametrize("device, module, gpus", [("cpu", CPU_KERNEL, []), ("cuda:0", "triton_attention", [64 * GiB])])
 def test_the_planner_asks_the_kernel_that_runs_on_the_device(model_dir, monkeypatch, device, module, gpus):
     # A kernel that says it needs 1 GiB more moves that device's forecast by exactly 1 GiB: the planner restates
     # nothing of the kernel's cost, it asks.

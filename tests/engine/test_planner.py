@@ -21,12 +21,18 @@ Workspace (engine/planning/workspace.py; c = 512 tokens, a = 2 bytes, T = 32,768
     + embedded chunk c*4096*a 4,194,304 + logits 769,536 + overhead 33,554,432 = 419,151,360
   CPU with the embeddings only: max(4,194,304, rotary build 32,768*4 + 2*32,768*64*4 = 16,908,288)
     + 33,554,432 = 50,462,720
+  CPU attention in C (kernels/cpu_attention.py, where its library is): only the output c*32*128*a = 4,194,304
+    -> attention phase 11,534,336 + 4,194,304 = 15,728,640 < MLP 44,040,192: layer peak 73,400,320 (as on CUDA)
+    + 4,194,304 + 769,536 + 33,554,432 = 111,918,592
 Budgets: GPU free - max(512 MiB, 2%); RAM available - max(1 GiB, 5%). 16 GiB RAM -> 16,106,127,360.
+The tests below plan the CPU with the reference's formula (the native library switched off); the last one
+checks the native kernel's.
 """
 
 import pytest
 
 from engine.planning.budgets import given_budgets
+from kernels import cpu_decode
 from engine.errors import InsufficientMemoryError
 from engine.planning.inspect import inspect
 from engine.planning.plan import PlanRequest, check, max_context, plan
@@ -42,8 +48,18 @@ GPU_WS = 744_488_960
 GPU_WS_HEAD = 745_258_496
 CPU_WS = 419_151_360
 CPU_WS_EMBED_ONLY = 50_462_720
+CPU_WS_NATIVE = 111_918_592
 RAM_16 = 16 * GiB - GiB
 REQUEST = PlanRequest(32768, kv_dtype="float16")
+
+
+@pytest.fixture(autouse=True)
+def reference_on_the_cpu(monkeypatch):
+    monkeypatch.setenv("STOWAGE_NATIVE_DECODE", "0")
+    cpu_decode.selected_isa.cache_clear()
+    yield
+    monkeypatch.undo()
+    cpu_decode.selected_isa.cache_clear()
 
 
 @pytest.fixture(scope="module")
@@ -238,3 +254,12 @@ def test_tied_embeddings_are_copied_to_the_head_device(tmp_path):
     assert cpu.weights_bytes == embed
     cpu_plan = plan(qwen, PlanRequest(4096, gpu_layers=0), given_budgets([8 * GiB], 16 * GiB))
     assert cpu_plan.devices[1].weights_bytes == qwen.weights_bytes() == sum(qwen.layer_bytes()) + embed + 2048
+
+
+def test_the_native_cpu_attention_charges_only_its_output(info, monkeypatch):
+    monkeypatch.delenv("STOWAGE_NATIVE_DECODE")
+    cpu_decode.selected_isa.cache_clear()
+    if cpu_decode.current() is None:
+        pytest.skip("no native library here")
+    p = plan(info, REQUEST, given_budgets([8 * GiB], 16 * GiB))
+    assert p.devices[1].attention == "cpu-native" and p.devices[1].workspace_bytes == CPU_WS_NATIVE

@@ -9,12 +9,19 @@ import pytest
 import torch
 
 import kernels
-from kernels import reference
+from kernels import cpu_attention, cpu_decode, reference
 
 
-def test_cpu_gets_the_reference():
-    assert kernels.attention_ops("cpu") is reference
-    assert kernels.attention_ops(torch.device("cpu")) is reference
+def test_cpu_gets_the_native_kernel_or_the_reference(monkeypatch):
+    expected = cpu_attention if cpu_decode.current() is not None else reference
+    assert kernels.attention_ops("cpu") is expected and kernels.attention_ops(torch.device("cpu")) is expected
+    monkeypatch.setenv("STOWAGE_NATIVE_DECODE", "0")  # its switch
+    cpu_decode.selected_isa.cache_clear()
+    try:
+        assert kernels.attention_ops("cpu") is reference
+    finally:
+        monkeypatch.undo()
+        cpu_decode.selected_isa.cache_clear()
 
 
 def test_force_reference_switch(monkeypatch):

@@ -1,0 +1,72 @@
+"""The CPU's native paged attention (kernels/cpu_attention.py) against the torch reference on the same caches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu_attention, cpu_decode, reference
+
+pytestmark = pytest.mark.skipif(cpu_decode.current() is None, reason="no native library here (no C compiler)")
+
+
+def _cache(num_tokens, kv_heads, head_dim, dtype, block_size=16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = -(-num_tokens // block_size) + 3
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    k = torch.randn(shape, generator=gen) * 0.5
+    v = torch.randn(shape, generator=gen)
+    table = torch.randperm(num_blocks, generator=gen)[: -(-num_tokens // block_size)].to(torch.int32)
+    if dtype == torch.float8_e4m3fn:
+        return k.to(dtype), v.to(dtype), table
+    return k.to(dtype), v.to(dtype), table
+
+
+CASES = [  # heads, kv heads, head_dim, new tokens, start, window, softcap
+    (4, 2, 16, 37, 0, None, None),      # a prompt that ends in a partly filled block
+    (9, 3, 64, 20, 117, None, None),    # a chunk after cached tokens
+    (8, 1, 32, 50, 300, None, None),    # one KV head for all
+    (4, 4, 24, 33, 40, None, None),     # rows of 24: no whole vectors
+    (4, 2, 16, 40, 90, 24, None),       # a sliding window shorter than the chunk
+    (4, 2, 16, 5, 200, 64, 50.0),       # window and Gemma 2's soft-cap
+    (2, 1, 256, 3, 10, None, None),     # Gemma's wide heads
+    (128, 1, 16, 2, 5, None, None),     # more query heads per KV head than a tile holds: the reference serves
+]
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,n,start,window,softcap", CASES)
+@pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                               (torch.float16, torch.float16), (torch.bfloat16, torch.float8_e4m3fn)])
+def test_prefill_matches_the_reference(heads, kv_heads, head_dim, n, start, window, softcap, dtype, cache_dtype):
+    k, v, table = _cache(start + n, kv_heads, head_dim, cache_dtype)
+    q = (torch.randn(n, heads, head_dim, generator=torch.Generator().manual_seed(1))).to(dtype)
+    args = (q, k, v, table, start, head_dim ** -0.5, 1.0, 1.0)
+    ours = cpu_attention.prefill_attention(*args, window=window, softcap=softcap)
+    ref = reference.prefill_attention(*args, window=window, softcap=softcap)
+    assert ours.dtype == dtype and ours.shape == ref.shape
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(ours.float(), ref.float(), atol=tolerance, rtol=tolerance)
+
+
+def test_batched_decode_matches_the_reference():
+    k, v, _ = _cache(400, 2, 32, torch.bfloat16, seed=3)
+    lens = torch.tensor([1, 17, 160, 399], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(4)
+    tables = torch.full((4, 25), -1, dtype=torch.int32)
+    for i, n in enumerate(lens.tolist()):
+        blocks = -(-n // 16)
+        tables[i, :blocks] = torch.randperm(k.shape[0], generator=gen)[:blocks].to(torch.int32)
+    q = torch.randn(4, 8, 32, generator=gen).to(torch.bfloat16)
+    args = (q, k, v, tables, lens, 32 ** -0.5)
+    torch.testing.assert_close(cpu_attention.decode_attention(*args).float(),
+                               reference.decode_attention(*args).float(), atol=2e-2, rtol=2e-2)
+
+
+def test_cpu_runs_the_native_kernel_and_charges_its_workspace():
+    from kernels import attention_ops
+
+    assert attention_ops("cpu") is cpu_attention
+    shape = dict(num_tokens=512, context_tokens=32768, num_heads=32, num_kv_heads=8, head_dim=128,
+                 dtype=torch.bfloat16, cache_dtype=torch.bfloat16, block_size=16)
+    # no gathered context and no scores: a small fraction of what the reference needs at a long context
+    assert cpu_attention.workspace_bytes(**shape) < reference.workspace_bytes(**shape) / 10

@@ -673,8 +673,48 @@ static inline void value_axpy(float *acc, int64_t acc_stride, const float *p, in
     for (int g = 0; g < group; g++) axpy(acc + g * acc_stride, p[g * p_stride], row, n);
 }
 
-// One unit = one KV head over one split of the keys: for the `group` query heads that share it, the running
-// maximum, sum and weighted values (flash decoding), a cache block of keys at a time; merged afterwards.
+// acc[g] += sum_j p[g][j] v_j over a block's `cnt` values (v_j at offset + j * stride), p: [group][64]. Each output
+// vector stays in a register across the block's values: accumulating in memory, one value at a time, stalled on
+// every store (the rows of acc are not vector-aligned).
+static inline void block_values(float *acc, int64_t acc_stride, const float *p, int group, const void *cache,
+                                int32_t type, int vec, int64_t offset, int64_t stride, int cnt, int n, float scale) {
+#ifdef VEC_LANES
+    if (vec) {
+        for (int g0 = 0; g0 < group; g0 += 4) {
+            const int ng = group - g0 < 4 ? group - g0 : 4;
+            const float *p0 = p + g0 * 64, *p1 = p0 + (ng > 1) * 64, *p2 = p0 + (ng > 2) * 128,
+                        *p3 = p0 + (ng > 3) * 192;  // heads past the group repeat the first, never stored
+            float *c0 = acc + g0 * acc_stride, *c1 = c0 + (ng > 1) * acc_stride, *c2 = c0 + (ng > 2) * 2 * acc_stride,
+                  *c3 = c0 + (ng > 3) * 3 * acc_stride;
+            for (int i = 0; i < n; i += VEC_LANES) {  // four sums in registers (named: an array would be spilled)
+                vf a0 = vload(c0 + i), a1 = vload(c1 + i), a2 = vload(c2 + i), a3 = vload(c3 + i);
+                for (int j = 0; j < cnt; j++) {
+                    const int64_t o = offset + j * stride + i;
+                    vf v = type == W_BF16  ? vload_bf16((const uint16_t *)cache + o)
+                           : type == W_F16 ? vload_f16((const uint16_t *)cache + o)
+                                           : vload((const float *)cache + o);
+                    a0 = vfma(vset(p0[j]), v, a0);
+                    a1 = vfma(vset(p1[j]), v, a1);
+                    a2 = vfma(vset(p2[j]), v, a2);
+                    a3 = vfma(vset(p3[j]), v, a3);
+                }
+                vstore(c0 + i, a0);  // (a head past the group computed the first's sums again: same values)
+                if (ng > 3) vstore(c3 + i, a3);
+                if (ng > 2) vstore(c2 + i, a2);
+                if (ng > 1) vstore(c1 + i, a1);
+            }
+        }
+        return;
+    }
+#endif
+    for (int j = 0; j < cnt; j++)
+        value_axpy(acc, acc_stride, p + j, 64, group, cache, type, vec, offset + j * stride, n, scale);
+}
+
+// One unit = one split of the keys, for every head: the running maximum, sum and weighted values of each query
+// head (flash decoding), a cache block of keys at a time; merged afterwards. All KV heads of a block are read
+// together, so the cache is one sequential stream (a head at a time, its rows strided by the other heads',
+// read it at a fraction of the bandwidth).
 static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
     attn_task *t = ctx;
     const model *m = t->m;
@@ -686,72 +726,72 @@ static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
     const int vec = 0;
 #endif
     float scores[MAX_GROUP * 64];  // [group][keys of a block]: blocks are read 64 tokens at most at a time
-    for (int64_t unit = begin; unit < end; unit++) {
-        int kh = (int)(unit / t->splits), split = (int)(unit % t->splits);
+    for (int64_t split = begin; split < end; split++) {
         int64_t t0 = t->lo + split * t->per_split, t1 = t0 + t->per_split < t->hi ? t0 + t->per_split : t->hi;
-        float *part = S.part + ((int64_t)kh * t->splits + split) * group * (hd + 2);  // per head: max, sum, acc
-        for (int g = 0; g < group; g++) {
-            part[g * (hd + 2)] = -INFINITY;
-            part[g * (hd + 2) + 1] = 0.0f;
-            memset(part + g * (hd + 2) + 2, 0, (size_t)hd * 4);
+        float *parts = S.part + split * m->num_heads * (hd + 2);  // per head: max, sum, acc
+        for (int h = 0; h < m->num_heads; h++) {
+            parts[h * (hd + 2)] = -INFINITY;
+            parts[h * (hd + 2) + 1] = 0.0f;
+            memset(parts + h * (hd + 2) + 2, 0, (size_t)hd * 4);
         }
         for (int64_t pos = t0; pos < t1;) {
             int off = (int)(pos % bs), cnt = bs - off;
             if (cnt > t1 - pos) cnt = (int)(t1 - pos);
             if (cnt > 64) cnt = 64;
-            int64_t first = ((int64_t)t->block_table[pos / bs] * bs + off) * kvh + kh;  // in rows of head_dim
-            for (int g = 0; g < group; g++) {
-                const float *q = S.qkv + (int64_t)(kh * group + g) * hd;
-                float *s = scores + g * 64, *p = part + g * (hd + 2), top = p[0];
-                for (int j = 0; j < cnt; j++) {
-                    float x = key_dot(q, t->l->k_cache, type, vec, (first + (int64_t)j * kvh) * hd, hd,
-                                      t->l->k_scale) * m->attn_scale;
-                    if (m->attn_softcap > 0.0f) x = tanhf(x / m->attn_softcap) * m->attn_softcap;
-                    s[j] = x;
-                    if (x > top) top = x;
+            const int64_t slot = (int64_t)t->block_table[pos / bs] * bs + off;
+            for (int kh = 0; kh < kvh; kh++) {
+                const int64_t first = slot * kvh + kh;  // in rows of head_dim; the next token's is kvh rows on
+                float *part = parts + (int64_t)kh * group * (hd + 2);
+                for (int g = 0; g < group; g++) {
+                    const float *q = S.qkv + (int64_t)(kh * group + g) * hd;
+                    float *sc = scores + g * 64, *p = part + g * (hd + 2), top = p[0];
+                    for (int j = 0; j < cnt; j++)  // independent dot products: no branch between them
+                        sc[j] = key_dot(q, t->l->k_cache, type, vec, (first + (int64_t)j * kvh) * hd, hd,
+                                        t->l->k_scale) * m->attn_scale;
+                    if (m->attn_softcap > 0.0f)
+                        for (int j = 0; j < cnt; j++) sc[j] = tanhf(sc[j] / m->attn_softcap) * m->attn_softcap;
+                    for (int j = 0; j < cnt; j++) top = sc[j] > top ? sc[j] : top;
+                    if (top > p[0]) {  // a new maximum: rescale what was summed so far
+                        float c = expf(p[0] - top);
+                        p[1] *= c;
+                        for (int i = 0; i < hd; i++) p[2 + i] *= c;
+                        p[0] = top;
+                    }
+                    for (int j = 0; j < cnt; j++) sc[j] -= top;
+                    exp_inplace(sc, cnt);
+                    for (int j = 0; j < cnt; j++) p[1] += sc[j];
                 }
-                if (top > p[0]) {  // a new maximum: rescale what was summed so far
-                    float c = expf(p[0] - top);
-                    p[1] *= c;
-                    for (int i = 0; i < hd; i++) p[2 + i] *= c;
-                    p[0] = top;
-                }
-                for (int j = 0; j < cnt; j++) s[j] -= top;
-                exp_inplace(s, cnt);
-                for (int j = 0; j < cnt; j++) p[1] += s[j];
+                block_values(part + 2, hd + 2, scores, group, t->l->v_cache, type, vec, first * hd,
+                             (int64_t)kvh * hd, cnt, hd, t->l->v_scale);
             }
-            for (int j = 0; j < cnt; j++)
-                value_axpy(part + 2, hd + 2, scores + j, 64, group, t->l->v_cache, type, vec,
-                           (first + (int64_t)j * kvh) * hd, hd, t->l->v_scale);
             pos += cnt;
         }
     }
 }
 
 static void attention(const model *m, const layer *l, const int32_t *block_table, int64_t position) {
-    const int hd = m->head_dim, kvh = m->num_kv_heads, group = m->num_heads / kvh;
+    const int hd = m->head_dim;
     attn_task t = {m, l, block_table, 0, position + 1, 1, 0};
     if (l->window > 0 && position + 1 > l->window) t.lo = position + 1 - l->window;
     int64_t n = t.hi - t.lo;
-    // enough units for every thread, none under 32 keys
-    int64_t want = (2 * pool.num_threads + kvh - 1) / kvh;
+    // enough splits for every thread, none under 32 keys
+    int64_t want = 2 * pool.num_threads;
     if (n / 256 > want) want = n / 256;
     if (want > n / 32) want = n / 32;
     if (want > MAX_SPLITS) want = MAX_SPLITS;
     if (want < 1) want = 1;
     t.per_split = (n + want - 1) / want;
     t.splits = (n + t.per_split - 1) / t.per_split;
-    parallel(attn_chunk, &t, (int64_t)kvh * t.splits, 1);
+    parallel(attn_chunk, &t, t.splits, 1);
     for (int h = 0; h < m->num_heads; h++) {  // merge the splits of each head
-        int kh = h / group, g = h % group;
         float top = -INFINITY, total = 0.0f, *out = S.attn + (int64_t)h * hd;
         for (int64_t s = 0; s < t.splits; s++) {
-            float mx = S.part[((kh * t.splits + s) * group + g) * (hd + 2)];
+            float mx = S.part[(s * m->num_heads + h) * (hd + 2)];
             if (mx > top) top = mx;
         }
         memset(out, 0, (size_t)hd * 4);
         for (int64_t s = 0; s < t.splits; s++) {
-            const float *p = S.part + ((kh * t.splits + s) * group + g) * (hd + 2);
+            const float *p = S.part + (s * m->num_heads + h) * (hd + 2);
             if (p[1] == 0.0f) continue;
             float c = expf(p[0] - top);
             total += p[1] * c;

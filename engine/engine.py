@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -106,6 +107,11 @@ class Engine:
         layers = load_layers(checkpoint, layout.layers, layer_devices, plan.layer_devices, dtype, report,
                              is_cancelled, converted)
         model = Transformer(config, embed, head, layers, cache.max_tokens, qk_order=gguf.qk_order if gguf else None)
+        # The objects a load leaves (tokenizer tables, tensor records) live as long as the model: out of the
+        # collector's way, so the few objects each decode step makes do not have them scanned again and again
+        # (measured: the collector was 5-7% of a small model's decode step).
+        gc.collect()
+        gc.freeze()
         report(1.0, "loaded")
         return cls(model_dir, layout, tokenizer, model, cache, plan, checkpoint, devices)
 

@@ -38,7 +38,8 @@ SMOLLM2_360M = {
 }
 # SmolLM2-135M's and SmolLM2-1.7B's shapes: the small model people run, and one of the largest a laptop decodes.
 SMOLLM2_135M = SMOLLM2_360M | {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
-                               "num_attention_heads": 9, "num_key_value_heads": 3}
+                               "num_attention_heads": 9, "num_key_value_heads": 3,
+                               "max_position_embeddings": 32768}  # room for the long-context decode case
 SMOLLM2_1_7B = SMOLLM2_360M | {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 24,
                                "num_attention_heads": 32, "num_key_value_heads": 32, "tie_word_embeddings": True}
 SHAPES = {"135m": SMOLLM2_135M, "360m": SMOLLM2_360M, "1.7b": SMOLLM2_1_7B}

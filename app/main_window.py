@@ -105,6 +105,7 @@ class MainWindow(QMainWindow):
         worker.load_failed.connect(self._load_failed)
         worker.load_cancelled.connect(lambda: panel.show_unloaded("Loading cancelled; nothing is held."))
         worker.unloaded.connect(self._unloaded)
+        worker.engine_started.connect(self.stats.follow)  # the graphs follow the engine where it runs
 
         build_menus(self)
         self.resize(1280, 800)
@@ -216,7 +217,7 @@ class MainWindow(QMainWindow):
         self._loading_plan = plan
         self._predict(plan, baseline=True)
         self.settings_panel.show_loading(0.0, "Starting")
-        self.client.load(self.model_dir, plan)
+        self.client.load(self.model_dir, plan, threads=self.settings_panel.settings.cpu_threads)
 
     def _loaded(self, model_dir: str, seconds: float) -> None:
         self.loaded_dir, self.loaded_plan = model_dir, self._loading_plan
@@ -238,6 +239,7 @@ class MainWindow(QMainWindow):
         self.show_error("Loading failed", message)
 
     def _unloaded(self) -> None:
+        self.stats.follow(None)
         self.loaded_dir = self.loaded_plan = None
         self.setWindowTitle(TITLE)
         self.model_label.setText("No model loaded")

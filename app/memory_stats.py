@@ -63,6 +63,17 @@ class MemoryStats:
         if not self.gpus:
             self.gpu_note = "No NVIDIA GPU: " + self._nvml.note
 
+    def follow(self, pid: int | None) -> None:
+        """Measure process `pid` (the engine's child process), or this one again with None."""
+        try:
+            self._process = psutil.Process(pid or os.getpid())
+        except psutil.Error:  # gone already: back to this process
+            self._process = psutil.Process(os.getpid())
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
     def device_summary(self) -> str:
         """For the status bar: "GPU 0: NVIDIA GeForce RTX 4090, 24 GiB" or "CPU only: no NVIDIA driver found"."""
         if not self.gpus:
@@ -75,7 +86,13 @@ class MemoryStats:
         return Sample(
             time_s=time.monotonic(),
             ram_used_bytes=int(vm.total - vm.available),
-            process_bytes=int(self._process.memory_info().rss),
+            process_bytes=self._process_rss(),
             gpu_used_bytes=tuple(gpu_used),
         )
 
+    def _process_rss(self) -> int:
+        try:
+            return int(self._process.memory_info().rss)
+        except psutil.Error:  # the engine's process ended (unloaded, or it died): this one from now on
+            self.follow(None)
+            return int(self._process.memory_info().rss)

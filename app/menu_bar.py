@@ -74,12 +74,22 @@ def app_version() -> str:
         return "(development copy)"
 
 
+def cpu_decode_state() -> str:
+    """What runs the CPU decode step, once the engine has loaded its library (never built from the GUI thread)."""
+    from kernels import cpu_decode
+
+    if cpu_decode.library.cache_info().currsize == 0:
+        return "not loaded yet (with the first model)"
+    return cpu_decode.active()
+
+
 def about_text(window) -> str:
     torch = sys.modules.get("torch")  # imported before the window shows (app/worker.py)
     lines = [
         f"Python {platform.python_version()}, PySide6 {PySide6.__version__} (Qt {qVersion()}), "
         f"torch {torch.__version__ if torch else 'not loaded'}, {platform.system()} {platform.machine()}",
         f"Devices: {window.stats.device_summary()}",
+        f"CPU decode step: {cpu_decode_state()}",
         "",
         f"Conversations: {window.store.path or 'in memory only'}",
         f"Models folder (any model folder put here is listed): {paths.models_dir()}",

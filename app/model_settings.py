@@ -36,6 +36,7 @@ class ModelSettings:
     max_tokens: int = 512
     seed: int | None = None
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    cpu_threads: int = 0  # 0: the cores the engine may use, less one for the window (kernels/cpu_decode.py)
 
     def sampling_params(self):
         from engine.sampler import SamplingParams

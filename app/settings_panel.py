@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import replace
 from pathlib import Path
 
@@ -111,6 +113,12 @@ class SettingsPanel(QWidget):
         for key, label in context_policy.POLICIES.items():
             self.policy.addItem(label, key)
         self.policy.setToolTip("What happens when a conversation outgrows the context")
+        self.cpu_threads = QSpinBox()
+        self.cpu_threads.setRange(0, max(1, os.cpu_count() or 1))
+        self.cpu_threads.setSpecialValueText("Auto")
+        self.cpu_threads.setAccessibleName("CPU threads")
+        self.cpu_threads.setToolTip("Threads for the CPU's share of the model; Auto leaves the window a core. "
+                                    "Applies at the next Load.")
         memory_box = QGroupBox("Memory")
         form = QFormLayout(memory_box)
         form.addRow("Context", self.context)
@@ -121,6 +129,7 @@ class SettingsPanel(QWidget):
         form.addRow("KV cache", self.kv_dtype)
         form.addRow("RAM limit", self.ram_limit)
         form.addRow("When full", self.policy)
+        form.addRow("CPU threads", self.cpu_threads)
 
         # -- load -----------------------------------------------------------------------------
         self.load_button = QPushButton("Load")
@@ -301,6 +310,7 @@ class SettingsPanel(QWidget):
             self.kv_dtype.setCurrentIndex(max(0, self.kv_dtype.findData(s.kv_dtype)))
             self.ram_limit.setValue(s.ram_limit_gib or 0.0)
             self.policy.setCurrentIndex(max(0, self.policy.findData(s.overflow_policy)))
+            self.cpu_threads.setValue(s.cpu_threads)
             self.sampling.show_settings(s)
             self.system_prompt.setPlainText(s.system_prompt)
             self.settings = s
@@ -329,6 +339,7 @@ class SettingsPanel(QWidget):
             ram_limit_gib=self.ram_limit.value() or None,
             overflow_policy=self.policy.currentData(),
             system_prompt=self.system_prompt.toPlainText(),
+            cpu_threads=self.cpu_threads.value(),
         )
 
     def _edited(self, *_) -> None:

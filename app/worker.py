@@ -32,6 +32,7 @@ from engine.engine_process import EngineProcess
 from engine.errors import EngineCrashedError, GenerationCancelled, StowageError
 from engine.formats import read_config, read_tokenizer
 from engine.planning.inspect import inspect
+from kernels import cpu_decode
 
 from . import context_policy
 
@@ -137,6 +138,7 @@ class EngineWorker(QObject):
         # ones when a chat needs their blocks. (A child's server keeps them by prefix: engine/server/prefix_pool.py.)
         self.conversations: dict[int, object] = {}
         self.context_tokens = 0
+        self.threads = 0  # set_threads
 
     @Slot()
     def lower_priority(self) -> None:
@@ -154,6 +156,23 @@ class EngineWorker(QObject):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), ENGINE_NICE)
         except (AttributeError, OSError):
             pass
+        # The native kernels load here, before any plan is made: the GUI thread's forecasts then find them
+        # loaded (never built on the GUI thread), and their pool's threads inherit this thread's priority.
+        cpu_decode.current()
+
+    @Slot(int)
+    def set_threads(self, threads: int) -> None:
+        """CPU threads for the next load (0: the cores the engine may use, less one for the window)."""
+        self.threads = max(0, int(threads))
+
+    def _use_threads(self) -> None:
+        import torch
+
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        # The native decode step's pool may take every core: its threads take work in chunks and yield when
+        # idle, so the GUI's thread is served first (they were started niced, in this thread: lower_priority).
+        cpu_decode.set_threads(self.threads or cpu_decode.default_threads())
 
     @Slot(str, object)
     def inspect(self, model_dir: str, budget_args: dict) -> None:
@@ -180,6 +199,7 @@ class EngineWorker(QObject):
             else:
                 self.engine = Engine.load(Path(model_dir), plan, progress=progress, cancel=cancel)
                 self.tokenizer = self.engine.tokenizer
+                self._use_threads()
             self.conversations = {}
             self.context_tokens = plan.context_tokens
         except Exception as e:
@@ -198,11 +218,11 @@ class EngineWorker(QObject):
         request = plan.request
         tokenizer = read_tokenizer(model_dir)
         tokenizer.use_builtin_template(read_config(model_dir).model_type)  # as Engine does, so counts agree
-        threads = max(1, (os.cpu_count() or 2) - 1)  # leave the GUI a core (lower_priority says why)
+        threads = self.threads or max(1, cpu_decode.default_threads() - 1)  # the GUI a core (lower_priority)
         self.process = EngineProcess.start(
             model_dir, context_tokens=plan.context_tokens, dtype=request.dtype, kv_dtype=request.kv_dtype,
             gpu_layers=request.gpu_layers, progress=progress, cancel=cancel,
-            env={"OMP_NUM_THREADS": str(threads)}, nice=ENGINE_NICE)
+            env={"OMP_NUM_THREADS": str(threads), cpu_decode.THREADS_ENV: str(threads)}, nice=ENGINE_NICE)
         self.tokenizer = tokenizer
         self.engine_started.emit(self.process.pid)
 
@@ -277,7 +297,8 @@ class EngineWorker(QObject):
         conversation = self.conversations.get(cid)
         if conversation is None:
             conversation = self.conversations[cid] = self.engine.new_conversation()
-        gen = self.engine.chat(conversation, messages, sampling, cancel=cancel)
+        gen = self.engine.chat(conversation, messages, sampling, cancel=cancel,
+                               progress=lambda done, total: self.prefill_progress.emit(cid, done, total))
         for event in gen:
             if event.text:
                 self.token.emit(cid, event.text)
@@ -309,6 +330,7 @@ class EngineClient(QObject):
 
     _inspect = Signal(str, object)
     _load = Signal(str, object, object)
+    _threads = Signal(int)
     _unload = Signal()
     _chat = Signal(object)
     _forget = Signal(int)
@@ -322,6 +344,7 @@ class EngineClient(QObject):
         self.thread.started.connect(self.worker.lower_priority)
         self._inspect.connect(self.worker.inspect)
         self._load.connect(self.worker.load)
+        self._threads.connect(self.worker.set_threads)
         self._unload.connect(self.worker.unload)
         self._chat.connect(self.worker.chat)
         self._forget.connect(self.worker.forget)
@@ -334,8 +357,10 @@ class EngineClient(QObject):
     def inspect(self, model_dir: str, **budget_args) -> None:
         self._inspect.emit(model_dir, budget_args)
 
-    def load(self, model_dir: str, plan) -> None:
+    def load(self, model_dir: str, plan, *, threads: int = 0) -> None:
+        """Load with `threads` CPU threads (0: the cores the engine may use, less one for the window)."""
         self._load_cancel = threading.Event()
+        self._threads.emit(threads)
         self._load.emit(model_dir, plan, self._load_cancel)
 
     def cancel_load(self) -> None:

@@ -17,7 +17,7 @@ from .config import ModelConfig
 from .dtypes import COMPUTE, KV
 from .errors import InsufficientMemoryError, InvalidArgumentError, ModelFormatError
 from .formats import is_gguf
-from .generation import Conversation, Generation
+from .generation import Conversation, Generation, PrefillProgress
 from .gguf_model import open_model
 from .kv_cache import CacheSpec, KVCache
 from .layout import ModelLayout
@@ -153,8 +153,9 @@ class Engine:
 
     # -- generation ----------------------------------------------------------------------------
     def generate(self, conv: Conversation, prompt_ids: list[int], sampling: SamplingParams,
-                 *, cancel: threading.Event | None = None) -> Generation:
-        """A lazy generation: iterate it for TokenEvents; `.result` once finished."""
+                 *, cancel: threading.Event | None = None, progress: PrefillProgress | None = None) -> Generation:
+        """A lazy generation: iterate it for TokenEvents; `.result` once finished. `progress(done, total)` is called
+        after each prefill chunk (the tokens computed so far, of those the cache did not hold)."""
         prompt_ids = list(prompt_ids)
         if not prompt_ids:
             raise InvalidArgumentError("the prompt is empty: give at least one token (a chat message, or text)")
@@ -163,14 +164,15 @@ class Engine:
         if bad is not None:
             raise InvalidArgumentError(f"the prompt holds token id {bad!r:.40}, but {self.name}'s token ids are "
                                        f"integers from 0 to {rows - 1:,}; tokenize with the model's own tokenizer")
-        return Generation(self, conv, prompt_ids, sampling, cancel)
+        return Generation(self, conv, prompt_ids, sampling, cancel, progress=progress)
 
     def chat(self, conv: Conversation, messages: list[dict], sampling: SamplingParams,
-             *, cancel: threading.Event | None = None) -> Generation:
+             *, cancel: threading.Event | None = None, progress: PrefillProgress | None = None) -> Generation:
         """generate() on the chat template's tokens for `messages` ([{"role", "content"}], at least one)."""
         if not messages:
             raise InvalidArgumentError("no messages to reply to: give at least one {\"role\", \"content\"} message")
-        return self.generate(conv, self.tokenizer.apply_chat_template(messages), sampling, cancel=cancel)
+        return self.generate(conv, self.tokenizer.apply_chat_template(messages), sampling, cancel=cancel,
+                             progress=progress)
 
     def check_weights(self) -> None:
         """Raise ModelFormatError if a weight file changed on disk since it was mapped: called before each step,

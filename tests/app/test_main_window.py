@@ -251,6 +251,7 @@ def test_menu_bar_has_file_edit_view_help_and_about_says_versions_and_where_data
     assert box is not None and box.isVisible()
     text = box.informativeText()
     assert PySide6.__version__ in text and "Python" in text and "torch" in text
+    assert "CPU decode step: " in text  # which kernels run (issue 16)
     assert str(isolated_user_files / "conversations.sqlite3") in text
     assert str(isolated_user_files / "models") in text
 

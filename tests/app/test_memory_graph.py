@@ -61,3 +61,21 @@ def test_y_axis_moves_only_when_the_data_leaves_it():
     assert top >= 3.1 * 1.25 and top == y_top(top, 3.3)  # small changes keep the axis (and its cache)
     assert y_top(top, top) > top  # data at the top: grow
     assert y_top(top, 0.5) < top  # far below: shrink
+
+
+def test_the_stats_follow_the_engines_process_and_come_back_when_it_ends():
+    import os
+    import subprocess
+    import sys
+
+    from app.memory_stats import MemoryStats
+
+    stats = MemoryStats()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        stats.follow(child.pid)
+        assert stats.pid == child.pid and stats.sample().process_bytes > 0
+    finally:
+        child.kill()
+        child.wait()
+    assert stats.sample().process_bytes > 0 and stats.pid == os.getpid()  # it ended: this process again

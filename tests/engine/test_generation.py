@@ -105,3 +105,23 @@ def test_second_turn_prefills_only_new_tokens(engine):
     assert first.prefilled_tokens > 200
     assert second.prefilled_tokens < 30
     assert engine.stats.prefilled_tokens - before == second.prefilled_tokens
+
+
+def test_prefill_progress_comes_after_each_chunk_and_leaves_out_the_cached_prefix(tmp_path):
+    model_dir = make_model(tmp_path / "m", "llama")
+    engine = Engine.load(model_dir, cpu_plan(model_dir, 512, prefill_chunk=16))
+    conv, calls = engine.new_conversation(), []
+    prompt = list(range(3, 60))  # 57 tokens: chunks of 16, 16, 16, 9
+    greedy = SamplingParams(temperature=0.0, max_tokens=1)
+    gen = engine.generate(conv, prompt, greedy, progress=lambda done, total: calls.append((done, total)))
+    gen.run()
+    assert calls == [(16, 57), (32, 57), (48, 57), (57, 57)]
+    calls.clear()
+    longer = conv.seq.token_ids + list(range(60, 80))
+    gen = engine.generate(conv, longer, greedy, progress=lambda done, total: calls.append((done, total)))
+    gen.run()
+    assert calls[-1][0] == calls[-1][1] == gen.result.prefilled_tokens < len(longer)
+    calls.clear()
+    engine.chat(engine.new_conversation(), [{"role": "user", "content": "hello " * 20}], greedy,
+                progress=lambda done, total: calls.append((done, total))).run()
+    assert calls and calls[-1][0] == calls[-1][1]

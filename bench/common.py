@@ -210,10 +210,15 @@ def anonymous_bytes() -> int:
 
 
 def set_threads(threads: int) -> None:
+    """torch's threads and the native decode step's (kernels/cpu_decode.py: its own pool, not torch's)."""
     import torch
 
+    os.environ["STOWAGE_THREADS"] = str(threads)
     torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
+    from kernels import cpu_decode
+
+    cpu_decode.set_threads(threads)
 
 
 # -- orchestrating ------------------------------------------------------------------------------

@@ -1,0 +1,133 @@
+"""`stowage serve` under concurrent streams: aggregate decode tokens/s and time to first token at 1, 4 and 8 streams.
+
+    .venv/bin/python bench/serve_bench.py [--shape 360m] [--streams 1,4,8] [--runs 3] [--threads 2] [--write-docs]
+
+A live `stowage serve --parallel 8` on 127.0.0.1 (the SmolLM2-360M shape, random bf16 weights,
+bench/common.py) and the official `openai` client: N clients at once each stream a chat reply of --tokens
+tokens (sampled at temperature 1 with a seed per stream: random weights decode their EOS token greedily at once;
+a reply that still ends early counts the tokens it streamed) to a prompt of its own (~100
+tokens, no shared prefix). Aggregate throughput = all streamed tokens / the wall time
+from the first request to the last token; TTFT per request (median, 95th percentile). Medians of --runs rounds
+per stream count, one server for all of them. The target (issue 11): 8 streams >= 4x the single-stream rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1]))
+
+from bench import common  # noqa: E402
+
+KEY = "bench-key"
+
+
+def start_server(model_dir: Path, parallel: int, threads: int, context: int) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, "STOWAGE_API_KEY": KEY}
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", str(model_dir), "--port", "0",
+                             "--parallel", str(parallel), "--context", str(context), "--threads", str(threads)],
+                            cwd=common.ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    url = proc.stdout.readline().strip()
+    if not url.startswith("http://"):
+        proc.kill()
+        raise RuntimeError(f"the server printed no URL: {url!r}")
+    return proc, url
+
+
+def one_stream(client, i: int, tokens: int, out: dict) -> None:
+    try:
+        _stream(client, i, tokens, out)
+    except Exception as e:  # a thread's error would be lost: keep it for the round to raise
+        out[i] = e
+
+
+def _stream(client, i: int, tokens: int, out: dict) -> None:
+    words = " ".join(f"w{(i * 131 + k) % 997}" for k in range(90))  # a prompt of its own: no shared prefix
+    start = time.perf_counter()
+    first, count = None, 0
+    stream = client.chat.completions.create(model=client.models.list().data[0].id, messages=[{"role": "user", "content": words}],
+                                            max_tokens=tokens, temperature=1.0, seed=i, stream=True,
+                                            stream_options={"include_usage": True})
+    for chunk in stream:
+        if chunk.usage is not None:
+            count = chunk.usage.completion_tokens
+        delta = chunk.choices[0].delta if chunk.choices else None
+        # the first text of the reply (not the role's chunk, not prefill progress)
+        if delta is not None and delta.content and first is None:
+            first = time.perf_counter()
+    out[i] = {"start": start, "first": first or time.perf_counter(), "end": time.perf_counter(), "tokens": count}
+
+
+def round_of(url: str, streams: int, tokens: int) -> dict:
+    import openai
+
+    clients = [openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=600) for _ in range(streams)]
+    out: dict[int, dict] = {}
+    threads = [threading.Thread(target=one_stream, args=(c, i, tokens, out)) for i, c in enumerate(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    errors = [r for r in out.values() if isinstance(r, Exception)]
+    if errors:
+        raise errors[0]
+    ttft = sorted(r["first"] - r["start"] for r in out.values())
+    # the benchmark's tokenizer decodes few of the random model's tokens to text, so token chunks cannot be timed
+    # one by one: throughput is every generated token (usage) over the round's wall time, prefills included
+    begin, end = min(r["start"] for r in out.values()), max(r["end"] for r in out.values())
+    return {"tok_s": sum(r["tokens"] for r in out.values()) / (end - begin), "tokens": statistics.mean(r["tokens"] for r in out.values()),
+            "ttft_median": statistics.median(ttft),
+            "ttft_p95": ttft[min(len(ttft) - 1, round(0.95 * (len(ttft) - 1)))]}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workdir", type=Path, default=HERE.parent / "out")
+    ap.add_argument("--shape", default="360m", choices=sorted(common.SHAPES))
+    ap.add_argument("--streams", default="1,4,8")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--write-docs", action="store_true")
+    args = ap.parse_args(argv)
+    counts = [int(s) for s in args.streams.split(",")]
+    model_dir = common.build_model(args.workdir, shape=args.shape)
+    load, (digest, commit) = common.load_average(), common.source_state()
+    started = time.perf_counter()
+    proc, url = start_server(model_dir, max(counts), args.threads, 512)
+    try:
+        round_of(url, 1, 4)  # warm-up
+        results = {n: common.medians([round_of(url, n, args.tokens) for _ in range(args.runs)]) for n in counts}
+    finally:
+        proc.terminate()
+        proc.wait()
+    base = results[counts[0]]["tok_s"]
+    rows = [f"| {n} | {r['tokens']:.0f} | {r['tok_s']:.1f} | {r['tok_s'] / base:.2f}x | {r['ttft_median'] * 1e3:.0f} ms | "
+            f"{r['ttft_p95'] * 1e3:.0f} ms |" for n, r in results.items()]
+    body = "\n".join([
+        f"`.venv/bin/python bench/serve_bench.py --shape {args.shape} --streams {args.streams} --tokens {args.tokens} "
+        f"--runs {args.runs} --threads {args.threads} --write-docs` on {datetime.date.today()}, "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average before: {load}; engine "
+        f"{commit} (source {digest}). One `stowage serve --parallel {max(counts)}` (SmolLM2-{args.shape} shape, random "
+        f"bf16); N concurrent `openai` clients, each a {args.tokens}-token sampled (temperature 1) streamed reply to its own ~100-token "
+        f"prompt; medians of {args.runs} rounds.", "",
+        "| streams | tokens per reply (mean) | aggregate tok/s | vs 1 stream | time to first text (median) | "
+        "(95th percentile) |", "|---|---|---|---|---|---|", *rows, "",
+        f"The run took {(time.perf_counter() - started) / 60:.0f} minutes."])
+    print(body)
+    if args.write_docs:
+        common.write_section(HERE.parents[1] / "docs" / "benchmarks.md", "## Serving concurrent streams (issue 11)", body)
+
+
+if __name__ == "__main__":
+    main()

@@ -32,7 +32,7 @@ class NativeLibrary:
     needs: frozenset[str] = frozenset()
 
 
-GEMV_BF16 = NativeLibrary("gemv_bf16", ("gemv_bf16.c",),
+GEMV_BF16 = NativeLibrary("gemv_bf16", ("gemv_bf16.c", "bf16.h"),
                           ("-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-fopenmp", "-shared", "-fPIC"),
                           needs=frozenset({"avx512_bf16", "avx512bw"}))
 
@@ -46,7 +46,7 @@ def quant_gemv(isa: str) -> NativeLibrary:
 
 def decode_layer(isa: str) -> NativeLibrary:
     """kernels/cpu_decode.py's decode step."""
-    return NativeLibrary(f"decode_layer_{isa}", ("decode_layer.c", "quant_dots.h", "quant_blocks.h", "quant_x86.h"),
+    return NativeLibrary(f"decode_layer_{isa}", ("decode_layer.c", "bf16.h", "quant_dots.h", "quant_blocks.h", "quant_x86.h"),
                          ("-O3", "-ffp-contract=off", "-shared", "-fPIC", "-pthread", *ISAS[isa][0]), ("-lm",),
                          frozenset(ISAS[isa][1]))
 

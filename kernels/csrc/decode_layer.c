@@ -20,6 +20,7 @@
 #include <linux/futex.h>
 #include <sys/syscall.h>
 
+#include "bf16.h"
 #include "quant_dots.h"
 
 // ---- types shared with kernels/cpu_decode.py (ctypes mirrors these structs field for field) ----------------
@@ -65,21 +66,6 @@ typedef struct {
 #define CACHE_FP8 3
 
 // ---- scalar conversions -----------------------------------------------------------------------------------
-
-static inline float bf16_f32(uint16_t v) {
-    uint32_t bits = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static inline uint16_t f32_bf16(float f) {  // round to nearest even, as torch does
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    if ((bits & 0x7fffffff) > 0x7f800000) return (uint16_t)((bits >> 16) | 0x40);
-    bits += 0x7fff + ((bits >> 16) & 1);
-    return (uint16_t)(bits >> 16);
-}
 
 static inline float f16_f32(uint16_t h) { return f16_to_f32((const uint8_t *)&h); }
 
@@ -134,7 +120,7 @@ static inline uint8_t f32_fp8(float f) {  // e4m3fn, round to nearest even, satu
 static inline float load_scalar(const void *p, int32_t type, int64_t i) {
     switch (type) {
     case W_F16: return f16_f32(((const uint16_t *)p)[i]);
-    case W_BF16: return bf16_f32(((const uint16_t *)p)[i]);
+    case W_BF16: return bf16_to_f32(((const uint16_t *)p)[i]);
     default: return ((const float *)p)[i];
     }
 }
@@ -194,7 +180,7 @@ static inline vf vload_f32(const float *p) { return vload(p); }
 FLOAT_DOTS(dots_f32, float, vload_f32, SLOAD_F32)
 FLOAT_DOTS(dots_f16, uint16_t, vload_f16, f16_f32)
 #if !defined(__AVX512BF16__)
-FLOAT_DOTS(dots_bf16, uint16_t, vload_bf16, bf16_f32)
+FLOAT_DOTS(dots_bf16, uint16_t, vload_bf16, bf16_to_f32)
 #endif
 
 #if defined(__AVX512BF16__)
@@ -213,7 +199,7 @@ static void dots_bf16_native(const uint16_t *w, int64_t cols, int64_t nrows, con
         for (; i + 32 <= cols; i += 32)
             a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(row + i), (__m512bh)_mm512_loadu_si512(xb + i));
         float s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-        for (; i < cols; i++) s += bf16_f32(row[i]) * bf16_f32(xb[i]);
+        for (; i < cols; i++) s += bf16_to_f32(row[i]) * bf16_to_f32(xb[i]);
         y[r] = s;
     }
 }
@@ -227,7 +213,7 @@ typedef struct {
 } input;
 
 static void prepare(input *in, int64_t n) {
-    for (int64_t i = 0; i < n; i++) in->xb[i] = f32_bf16(in->x[i]);
+    for (int64_t i = 0; i < n; i++) in->xb[i] = f32_to_bf16(in->x[i]);
     for (int64_t s = 0; s < n / 32; s++) {
         float sum = 0.0f;
         for (int j = 0; j < 32; j++) sum += in->x[32 * s + j];
@@ -508,7 +494,7 @@ static void ffn_chunk(void *ctx, int64_t begin, int64_t end) {
         float g = S.gate[r];
         float a = t->act == ACT_GELU_TANH ? gelu_tanh(g) : g / (1.0f + expf(-g));
         S.act[r] = a * S.up[r];
-        t->act_b[r] = f32_bf16(S.act[r]);
+        t->act_b[r] = f32_to_bf16(S.act[r]);
     }
     for (int64_t s = begin / 32; s < end / 32; s++) {  // chunks are whole groups of 32
         float sum = 0.0f;
@@ -532,7 +518,7 @@ static void load_row(const void *cache, int32_t type, int64_t offset, int n, flo
         for (int i = 0; i < n; i++) out[i] = f16_f32(((const uint16_t *)cache)[offset + i]);
         break;
     case W_BF16:
-        for (int i = 0; i < n; i++) out[i] = bf16_f32(((const uint16_t *)cache)[offset + i]);
+        for (int i = 0; i < n; i++) out[i] = bf16_to_f32(((const uint16_t *)cache)[offset + i]);
         break;
     default:
         for (int i = 0; i < n; i++) out[i] = FP8_TABLE[((const uint8_t *)cache)[offset + i]] * scale;
@@ -546,7 +532,7 @@ static void store_row(void *cache, int32_t type, int64_t offset, int n, float sc
         for (int i = 0; i < n; i++) ((uint16_t *)cache)[offset + i] = f32_f16(in[i]);
         break;
     case W_BF16:
-        for (int i = 0; i < n; i++) ((uint16_t *)cache)[offset + i] = f32_bf16(in[i]);
+        for (int i = 0; i < n; i++) ((uint16_t *)cache)[offset + i] = f32_to_bf16(in[i]);
         break;
     default:
         for (int i = 0; i < n; i++) ((uint8_t *)cache)[offset + i] = f32_fp8(in[i] / scale);
@@ -875,7 +861,7 @@ int decode_layers(const model *m, int first, int last, void *h, int32_t h_type, 
     for (int64_t i = 0; i < m->hidden; i++) {
         switch (h_type) {
         case W_F16: ((uint16_t *)h)[i] = f32_f16(S.h[i]); break;
-        case W_BF16: ((uint16_t *)h)[i] = f32_bf16(S.h[i]); break;
+        case W_BF16: ((uint16_t *)h)[i] = f32_to_bf16(S.h[i]); break;
         default: ((float *)h)[i] = S.h[i];
         }
     }
@@ -942,7 +928,7 @@ typedef struct {
 static void store_scalar(void *p, int32_t type, int64_t i, float v) {
     switch (type) {
     case W_F16: ((uint16_t *)p)[i] = f32_f16(v); break;
-    case W_BF16: ((uint16_t *)p)[i] = f32_bf16(v); break;
+    case W_BF16: ((uint16_t *)p)[i] = f32_to_bf16(v); break;
     default: ((float *)p)[i] = v;
     }
 }

@@ -6,20 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline float bf16_to_f32(uint16_t v) {
-    uint32_t bits = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {  // round to nearest even, as torch does
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    if ((bits & 0x7fffffff) > 0x7f800000) return (uint16_t)((bits >> 16) | 0x40);  // NaN stays NaN
-    bits += 0x7fff + ((bits >> 16) & 1);
-    return (uint16_t)(bits >> 16);
-}
+#include "bf16.h"
 
 static inline float row_dot(const uint16_t *row, const uint16_t *x, int64_t cols) {
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();

@@ -1,6 +1,7 @@
 """The whole window on a tiny real model: load, stream, stop, persist, survive a broken folder."""
 
 import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -30,11 +31,15 @@ def test_reply_streams_into_the_view_and_is_stored(window, app_driver):
     assert window.settings_panel.template_label.text() == "Chat template: the model's own"
     assert window.windowTitle() == f"Stowage — {Path(window.loaded_dir).name}"
     window.settings_panel.max_tokens.setValue(150)  # long enough to outlast a few redraws
-    tokens, drawn = [], threading.Event()
-    window.chat.view.reply_rendered.connect(lambda text: (tokens.append(text), drawn.set()))
+    tokens, events = [], []
+    window.chat.view.reply_rendered.connect(tokens.append)
 
-    def hold(*_):  # in the engine thread, at its first token: go on once the view drew the reply mid-way
-        drawn.wait(20)
+    def hold(*_):  # in the engine thread, at its 1st and 10th token: go on once the view drew the reply again
+        events.append(None)
+        if len(events) in (1, 10):
+            wanted, deadline = len(events) // 10 + 1, time.monotonic() + 20
+            while len(tokens) < wanted and time.monotonic() < deadline:  # the decode step outruns a redraw
+                time.sleep(0.005)
 
     window.client.worker.token.connect(hold, Qt.ConnectionType.DirectConnection)
     reply = app_driver.reply(window, lambda: app_driver.send(window, "Hello there"))

@@ -15,7 +15,7 @@ import os
 from functools import cache
 
 from .cbuild import cpu_flags, load_library
-from .native_libs import ISAS, decode_layer
+from .native_libs import ISAS, choose, decode_layer, supported
 
 # Weight and cache type codes of the C side: floats; ggml block types are their quant_type_id.
 W_F32, W_F16, W_BF16, CACHE_FP8 = 100, 101, 102, 3
@@ -56,8 +56,7 @@ def enabled() -> bool:
 
 def supported_isas() -> list[str]:
     """The instruction sets this CPU can run, best first."""
-    flags = cpu_flags()
-    return [isa for isa, (_, needs) in ISAS.items() if needs <= flags]
+    return supported(ISAS, cpu_flags())
 
 
 @cache
@@ -65,12 +64,7 @@ def selected_isa() -> str | None:
     """`STOWAGE_DECODE_ISA` if set (None when the CPU lacks it), else the best the CPU has; None when turned off."""
     if not enabled():
         return None
-    forced = os.environ.get("STOWAGE_DECODE_ISA", "")
-    if forced and forced not in ISAS:
-        raise ValueError(f"STOWAGE_DECODE_ISA={forced!r} is not one of {', '.join(ISAS)}")
-    if forced:
-        return forced if forced in supported_isas() else None
-    return supported_isas()[0]
+    return choose(tuple(ISAS), cpu_flags(), "STOWAGE_DECODE_ISA", os.environ)
 
 
 @cache

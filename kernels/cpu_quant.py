@@ -17,12 +17,11 @@ from functools import cache
 import torch
 
 from .cbuild import cpu_flags, load_library
-from .native_libs import ISAS, QUANT_ISAS, quant_gemv
+from .native_libs import QUANT_ISAS, choose, quant_gemv, supported
 
 def supported_isas() -> list[str]:
     """The instruction sets this CPU can run, best first."""
-    flags = cpu_flags()
-    return [isa for isa in QUANT_ISAS if ISAS[isa][1] <= flags]
+    return supported(QUANT_ISAS, cpu_flags())
 
 
 @cache
@@ -30,12 +29,7 @@ def selected_isa() -> str | None:
     """`STOWAGE_QUANT_ISA` if set (None when the CPU lacks it), else the best the CPU has; None when turned off."""
     if os.environ.get("STOWAGE_FORCE_REFERENCE", "") not in ("", "0"):
         return None
-    forced = os.environ.get("STOWAGE_QUANT_ISA", "")
-    if forced and forced not in QUANT_ISAS:
-        raise ValueError(f"STOWAGE_QUANT_ISA={forced!r} is not one of {', '.join(QUANT_ISAS)}")
-    if forced:
-        return forced if forced in supported_isas() else None
-    return supported_isas()[0]
+    return choose(QUANT_ISAS, cpu_flags(), "STOWAGE_QUANT_ISA", os.environ)
 
 
 @cache

@@ -54,5 +54,21 @@ def decode_layer(isa: str) -> NativeLibrary:
 QUANT_ISAS = ("avx512", "avx2", "scalar")
 
 
+def supported(levels, flags: set[str]) -> list[str]:
+    """The levels (names in ISAS) a CPU with these /proc/cpuinfo flags runs, best first."""
+    return [isa for isa in levels if ISAS[isa][1] <= flags]
+
+
+def choose(levels, flags: set[str], env: str, environ) -> str | None:
+    """`environ[env]` if set (None when the CPU lacks it; a name not in levels is a ValueError), else the best."""
+    forced = environ.get(env, "")
+    if forced and forced not in levels:
+        raise ValueError(f"{env}={forced!r} is not one of {', '.join(levels)}")
+    runs = supported(levels, flags)
+    if forced:
+        return forced if forced in runs else None
+    return runs[0]
+
+
 def all_libraries() -> list[NativeLibrary]:
     return [GEMV_BF16, *(quant_gemv(i) for i in QUANT_ISAS), *(decode_layer(i) for i in ISAS)]

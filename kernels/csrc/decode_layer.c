@@ -898,11 +898,7 @@ const char *decode_isa(void) {
 __attribute__((constructor)) static void init(void) { build_fp8_table(); }
 
 // The id decode_layers takes for a ggml block type named as kernels/quants.py names it, or -1.
-int decode_type_id(const char *name) {
-    for (int t = 0; t < NUM_TYPES; t++)
-        if (strcmp(TYPES[t].name, name) == 0) return t;
-    return -1;
-}
+int decode_type_id(const char *name) { return block_type_id(name); }
 
 // ---- chunked prefill attention over the paged cache ---------------------------------------------------------
 // A chunk of n new queries (their K/V already written) attends causally to the cache, read in place through the

@@ -24,6 +24,13 @@ static const block_type TYPES[NUM_TYPES] = {
     [Q5_K] = {"q5_k", QK_K, 176},    [Q6_K] = {"q6_k", QK_K, 210},
 };
 
+// The type named as kernels/quants.py names it ("q4_k"), or -1.
+static inline int block_type_id(const char *name) {
+    for (int t = 0; t < NUM_TYPES; t++)
+        if (strcmp(TYPES[t].name, name) == 0) return t;
+    return -1;
+}
+
 static inline float f16_to_f32(const uint8_t *p) {
     uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
 #if defined(__F16C__)

@@ -8,11 +8,7 @@
 #include "quant_dots.h"
 
 // The type's id for quant_gemv, or -1: the names are kernels/quants.py's.
-int quant_type_id(const char *name) {
-    for (int t = 0; t < NUM_TYPES; t++)
-        if (strcmp(TYPES[t].name, name) == 0) return t;
-    return -1;
-}
+int quant_type_id(const char *name) { return block_type_id(name); }
 
 // The instruction set this library was built for.
 const char *quant_isa(void) {

@@ -10,8 +10,10 @@ from dataclasses import dataclass
 
 _X86 = ["-mavx2", "-mfma", "-mf16c"]
 _X86_NEEDS = {"avx2", "fma", "f16c"}
-_AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl"]
-_AVX512_NEEDS = {"avx512f", "avx512bw", "avx512vl"}
+# VNNI (Cascade Lake, Ice Lake, Zen 4 on) for the integer dots of quant_x86.h; AVX-512 CPUs without it
+# (Skylake-SP/X) run the avx2 level
+_AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
+_AVX512_NEEDS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
 # Instruction-set levels: compiler flags and the /proc/cpuinfo flags they need, best first.
 ISAS: dict[str, tuple[list[str], set[str]]] = {
     "avx512bf16": ([*_AVX512, "-mavx512bf16", *_X86], _AVX512_NEEDS | {"avx512_bf16"} | _X86_NEEDS),

@@ -205,21 +205,21 @@ static void dots_bf16_native(const uint16_t *w, int64_t cols, int64_t nrows, con
 }
 #endif
 
-// An input vector as every kind of weight wants it: float32, rounded to bf16, and its sums per 32 (ggml blocks).
+// An input vector as every kind of weight wants it: float32, rounded to bf16, and quantized to integers per 32
+// (ggml blocks' integer dots, quant_dots.h).
 typedef struct {
     const float *x;
     uint16_t *xb;
-    float *xsum;
+    qvec xq;
 } input;
 
-static void prepare(input *in, int64_t n) {
-    for (int64_t i = 0; i < n; i++) in->xb[i] = f32_to_bf16(in->x[i]);
-    for (int64_t s = 0; s < n / 32; s++) {
-        float sum = 0.0f;
-        for (int j = 0; j < 32; j++) sum += in->x[32 * s + j];
-        in->xsum[s] = sum;
-    }
+// in's other forms of x[begin, end) (begin a multiple of 32)
+static void prepare_part(const input *in, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; i++) in->xb[i] = f32_to_bf16(in->x[i]);
+    quantize_x(in->x, begin, end, &in->xq);
 }
+
+static void prepare(input *in, int64_t n) { prepare_part(in, 0, n); }
 
 // y[r - r0] = W[r] . x + bias[r] for r in [r0, r1)
 static void matvec_rows(const matrix *m, int64_t r0, int64_t r1, const input *in, float *y) {
@@ -238,7 +238,7 @@ static void matvec_rows(const matrix *m, int64_t r0, int64_t r1, const input *in
         const int64_t nb = cols / TYPES[m->type].elems, row_bytes = nb * TYPES[m->type].bytes;
         const uint8_t *w = (const uint8_t *)m->data + r0 * row_bytes;
         const row_dot dot = DOTS[m->type];
-        for (int64_t r = 0; r < n; r++) y[r] = dot(w + r * row_bytes, in->x, in->xsum, nb);
+        for (int64_t r = 0; r < n; r++) y[r] = dot(w + r * row_bytes, &in->xq, nb);
     }
     }
     if (m->bias)
@@ -389,8 +389,8 @@ void decode_set_spin(int64_t ns) { pool.spin_ns = ns; }
 typedef struct {
     float *h, *x, *qkv, *attn, *o, *gate, *up, *act, *cos, *sin, *part;
     uint16_t *xb, *ab;  // bf16 copies of x (or the attention output) and of the MLP's activation
-    float *xsum, *asum;  // their sums per 32
-    int64_t cap;
+    qvec xq, aq;        // the same quantized to integers
+    int64_t cap;         // bytes
 } scratch;
 
 static scratch S;
@@ -400,12 +400,12 @@ static int ensure_scratch(const model *m) {
             kv = (int64_t)m->num_kv_heads * m->head_dim, inter = m->intermediate;
     int64_t wide = hidden > q ? hidden : q;  // what x's copies hold
     int64_t floats = hidden + wide + (q + 2 * kv) + q + hidden + 3 * inter + m->head_dim +
-                     (int64_t)m->num_heads * MAX_SPLITS * (m->head_dim + 2) + (wide / 32 + 1) + (inter / 32 + 1);
-    int64_t halves = wide + inter;
-    int64_t need = floats + (halves + 1) / 2;
+                     (int64_t)m->num_heads * MAX_SPLITS * (m->head_dim + 2) + 2 * (wide / 32) + 2 * (inter / 32);
+    int64_t halves = wide + inter;  // bf16 copies
+    int64_t need = 4 * floats + 2 * (halves + 1) + 4 * (wide / 16 + inter / 16) + 2 * (wide + inter);
     if (S.cap >= need) return 0;
     free(S.h);
-    float *base = malloc((size_t)need * sizeof(float));
+    float *base = malloc((size_t)need);
     if (!base) {
         S = (scratch){0};
         return -1;
@@ -421,10 +421,18 @@ static int ensure_scratch(const model *m) {
     S.cos = S.act + inter;
     S.sin = S.cos + m->head_dim / 2;
     S.part = S.sin + m->head_dim / 2;
-    S.xsum = S.part + (int64_t)m->num_heads * MAX_SPLITS * (m->head_dim + 2);
-    S.asum = S.xsum + wide / 32 + 1;
-    S.xb = (uint16_t *)(S.asum + inter / 32 + 1);
+    S.xq.d = S.part + (int64_t)m->num_heads * MAX_SPLITS * (m->head_dim + 2);
+    S.xq.s = S.xq.d + wide / 32;
+    S.aq.d = S.xq.s + wide / 32;
+    S.aq.s = S.aq.d + inter / 32;
+    S.xb = (uint16_t *)(S.aq.s + inter / 32);
     S.ab = S.xb + wide;
+    S.xq.sum16 = (int32_t *)(S.ab + inter + ((wide + inter) & 1));  // 4-byte aligned
+    S.aq.sum16 = S.xq.sum16 + wide / 16;
+    S.xq.q = (int8_t *)(S.aq.sum16 + inter / 16);
+    S.xq.r = S.xq.q + wide;
+    S.aq.q = S.xq.r + wide;
+    S.aq.r = S.aq.q + inter;
     S.cap = need;
     return 0;
 }
@@ -477,15 +485,14 @@ typedef struct {
     const layer *l;
     const input *in;
     int act;
-    uint16_t *act_b;
-    float *act_sum;
+    const input *out;  // act, the down product's input
 } ffn_task;
 
 static inline float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
-// act[r] = f(gate[r] . x) * (up[r] . x), prepared as the down product's input (bf16 copy, sums per 32)
+// act[r] = f(gate[r] . x) * (up[r] . x), prepared as the down product's input (bf16 copy, integers)
 static void ffn_chunk(void *ctx, int64_t begin, int64_t end) {
     ffn_task *t = ctx;
     matvec_rows(&t->l->gate, begin, end, t->in, S.gate + begin);
@@ -494,13 +501,8 @@ static void ffn_chunk(void *ctx, int64_t begin, int64_t end) {
         float g = S.gate[r];
         float a = t->act == ACT_GELU_TANH ? gelu_tanh(g) : g / (1.0f + expf(-g));
         S.act[r] = a * S.up[r];
-        t->act_b[r] = f32_to_bf16(S.act[r]);
     }
-    for (int64_t s = begin / 32; s < end / 32; s++) {  // chunks are whole groups of 32
-        float sum = 0.0f;
-        for (int j = 0; j < 32; j++) sum += S.act[32 * s + j];
-        t->act_sum[s] = sum;
-    }
+    prepare_part(t->out, begin, end);  // chunks are whole groups of 32
 }
 
 static void rotate(float *x, const float *cos, const float *sin, int half) {
@@ -804,7 +806,7 @@ static void head_norm_rope(const model *m, float *x, int num_heads, const vector
 static void layer_step(const model *m, const layer *l, const int32_t *block_table, int64_t position) {
     const int64_t hidden = m->hidden, qd = (int64_t)m->num_heads * m->head_dim,
                   kvd = (int64_t)m->num_kv_heads * m->head_dim;
-    input in = {S.x, S.xb, S.xsum};
+    input in = {S.x, S.xb, S.xq};
     const float *inv = l->local_rope && m->inv_freq_local ? m->inv_freq_local : m->inv_freq;
     for (int i = 0; i < m->head_dim / 2; i++) {  // as Hugging Face: the angle in float32, then its cos and sin
         float angle = (float)position * inv[i];
@@ -822,7 +824,7 @@ static void layer_step(const model *m, const layer *l, const int32_t *block_tabl
     store_row(l->v_cache, m->cache_type, slot * kvd, (int)kvd, l->v_scale, v);
     attention(m, l, block_table, position);
 
-    input ain = {S.attn, S.xb, S.xsum};
+    input ain = {S.attn, S.xb, S.xq};
     prepare(&ain, qd);
     matvecs(&l->o, NULL, NULL, &ain, S.o);
     if (m->sandwich) {  // Gemma: the attention output normalized before the residual, another norm before the MLP
@@ -835,10 +837,10 @@ static void layer_step(const model *m, const layer *l, const int32_t *block_tabl
     }
     prepare(&in, hidden);
     // every gate/up chunk reads x's copies and writes its rows of act's copies: two sets of buffers
-    ffn_task f = {l, &in, m->act, S.ab, S.asum};
+    input din = {S.act, S.ab, S.aq};
+    ffn_task f = {l, &in, m->act, &din};
     int64_t grain = (grain_for(m->intermediate) + 31) & ~(int64_t)31;
     parallel(ffn_chunk, &f, m->intermediate, grain);
-    input din = {S.act, S.ab, S.asum};
     matvecs(&l->down, NULL, NULL, &din, S.o);
     if (m->sandwich) rms_norm(S.o, S.o, hidden, &l->post_ff_norm, m->eps, m->norm_plus_one);
     for (int64_t i = 0; i < hidden; i++) S.h[i] += S.o[i];
@@ -874,7 +876,7 @@ int decode_head(const model *m, const void *h, int32_t h_type, const vector *nor
     if (ensure_scratch(m) != 0) return -1;
     load_h(h, h_type, m->hidden);
     rms_norm(S.h, S.x, m->hidden, norm, m->eps, m->norm_plus_one);
-    input in = {S.x, S.xb, S.xsum};
+    input in = {S.x, S.xb, S.xq};
     prepare(&in, m->hidden);
     matvecs(head, NULL, NULL, &in, logits);
     if (softcap > 0.0f)

@@ -24,6 +24,18 @@ static const block_type TYPES[NUM_TYPES] = {
     [Q5_K] = {"q5_k", QK_K, 176},    [Q6_K] = {"q6_k", QK_K, 210},
 };
 
+// An activation vector as the integer row dots read it (quant_dots.h's quantize_x): in blocks of 32 (as Q8_0
+// stores weights), x ~ d * v with v = 256 q + r a 16-bit integer held as two int8 planes, q = x / (256 d)
+// rounded and r the rest in 256ths, so that u8 x s8 instructions multiply it; plus the sums the weights'
+// minimums and offsets need.
+typedef struct {
+    int8_t *q;       // [n] round(x / (256 d)), in -127..127
+    int8_t *r;       // [n] round(x / d - 256 q), in -127..127
+    float *d;        // [n / 32] max |x| / 127 / 256 of each 32
+    float *s;        // [n / 32] d * sum of v over each 32
+    int32_t *sum16;  // [n / 16] sum of v over each 16 (Q6_K's sub-blocks)
+} qvec;
+
 // The type named as kernels/quants.py names it ("q4_k"), or -1.
 static inline int block_type_id(const char *name) {
     for (int t = 0; t < NUM_TYPES; t++)

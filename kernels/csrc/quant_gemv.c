@@ -1,8 +1,8 @@
 // y = W x for the decode step, W in ggml blocks where they lie (the memory map), x and y float32.
 // Decoding reads every weight once per token, so it is bound by memory bandwidth: each row's blocks are
-// read once for all `n` input rows, widened to float32 in registers and never written anywhere.
+// read once for all `n` input rows (quantized to integers first) and multiplied as integers in registers.
 // Rows are split over OpenMP threads. Built at first use by kernels/cpu_quant.py, once per instruction
-// set (no -m flags: portable C; -mavx2 -mfma; -mavx512f -mavx512bw); see docs/kernels.md.
+// set (kernels/native_libs.py: portable C; AVX2; AVX-512 with VNNI); see docs/kernels.md.
 #include <stdlib.h>
 
 #include "quant_dots.h"
@@ -22,26 +22,36 @@ const char *quant_isa(void) {
 }
 
 // y[t, r] = sum_c W[r, c] x[t, c] (+ bias[r]) for t < n: W [rows, cols] in blocks of `type` (rows contiguous),
-// x float32 [n, cols], bias float32 [rows] or NULL, y float32 [n, rows]. Returns 0, or -1 when out of memory.
+// x float32 [n, cols], bias float32 [rows] or NULL, y float32 [n, rows]. Each input row is quantized once
+// (quantize_x), then every weight row dotted with it. Returns 0, or -1 when out of memory.
 int quant_gemv(int type, const uint8_t *w, const float *x, const float *bias, float *y, int64_t rows,
                int64_t cols, int64_t n, int num_threads) {
     const int64_t num_blocks = cols / TYPES[type].elems, row_bytes = num_blocks * TYPES[type].bytes;
-    const int64_t num_sums = cols / 32;
-    float *xsum = malloc((size_t)(n * num_sums) * sizeof(float));  // per 32 weights of x: Q4_K's minimums
-    if (xsum == NULL) return -1;
-    for (int64_t t = 0; t < n; t++)
-        for (int64_t s = 0; s < num_sums; s++) {
-            float sum = 0.0f;
-            for (int j = 0; j < 32; j++) sum += x[t * cols + 32 * s + j];
-            xsum[t * num_sums + s] = sum;
-        }
+    const int64_t per32 = cols / 32;
+    // per input row: d and s (floats), sum16 (int32), then q and r
+    char *buf = malloc((size_t)(n * (per32 * (2 * sizeof(float) + 2 * sizeof(int32_t)) + 2 * cols)));
+    if (buf == NULL) return -1;
+    qvec *xq = malloc((size_t)n * sizeof(qvec));
+    if (xq == NULL) {
+        free(buf);
+        return -1;
+    }
+    float *floats = (float *)buf;
+    int32_t *sums = (int32_t *)(floats + 2 * n * per32);
+    int8_t *q = (int8_t *)(sums + 2 * n * per32);
+    for (int64_t t = 0; t < n; t++) {
+        int8_t *qt = q + 2 * t * cols;
+        xq[t] = (qvec){qt, qt + cols, floats + 2 * t * per32, floats + (2 * t + 1) * per32, sums + 2 * t * per32};
+        quantize_x(x + t * cols, 0, cols, &xq[t]);
+    }
     const row_dot dot = DOTS[type];
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *row = w + r * row_bytes;
         for (int64_t t = 0; t < n; t++)  // the row's blocks stay in L1 for every input row
-            y[t * rows + r] = dot(row, x + t * cols, xsum + t * num_sums, num_blocks) + (bias ? bias[r] : 0.0f);
+            y[t * rows + r] = dot(row, &xq[t], num_blocks) + (bias ? bias[r] : 0.0f);
     }
-    free(xsum);
+    free(xq);
+    free(buf);
     return 0;
 }

@@ -1,7 +1,9 @@
-// AVX2+FMA and AVX-512 dot products of one row of blocks with a float32 vector, for every type. The weights are widened to float32
-// in registers (x stays float32: no int8 rounding of the activations); scales are applied per sub-block
-// of 16 or 32 weights, and Q4_K's minimums through the per-32 sums of x (`xsum`), once per block.
-// Compiled only into the library built with the matching -m flags (kernels/cpu_quant.py).
+// AVX2 and AVX-512 kernels: the float32 vector layer decode_layer.c's float rows use (vf: 8 or 16 lanes), and
+// the integer row dots of every ggml block type with an activation vector quantized to int8 (quant_dots.h's
+// `qvec`): the weights stay integers, 32 products at a time go through one AVX-512 VNNI `vpdpbusd` (u8 x s8,
+// sums of 4 per int32 lane) or, without VNNI, AVX2's `vpmaddubsw` + `vpmaddwd`; each 32 products' int32 sums
+// are then converted once and scaled by the weight's and x's float scales. Compiled only into the libraries
+// built with the matching -m flags (kernels/native_libs.py).
 #pragma once
 #include <immintrin.h>
 
@@ -16,8 +18,6 @@ static inline vf vload(const float *p) { return _mm512_loadu_ps(p); }
 static inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline float vsum(vf a) { return _mm512_reduce_add_ps(a); }
-// 16 bytes (the low 16 of an __m128i) as float32 lanes
-static inline vf vi8(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
 #elif defined(__AVX2__) && defined(__FMA__)
 #define VEC_LANES 8
 typedef __m256 vf;
@@ -31,140 +31,186 @@ static inline float vsum(vf a) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
-// the low 8 bytes of an __m128i as float32 lanes
-static inline vf vi8(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
 #endif
 
 #ifdef VEC_LANES
 #define HAS_SIMD_DOTS 1
 
-// sum_j q[j] * x[j] for 16 signed bytes q: one or two vectors of lanes
-static inline vf dot16(__m128i q, const float *x, vf acc) {
-    acc = vfma(vi8(q), vload(x), acc);
-#if VEC_LANES == 8
-    acc = vfma(vi8(_mm_srli_si128(q, 8)), vload(x + 8), acc);
+// ---- 256-bit integer building blocks (32 weights: one block of 32, or one sub-block) ----------------------
+
+static inline float hsum8(__m256 a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// 8 int32 lanes, each the sum of 4 products u[k] * s[k]: u unsigned bytes, s signed. The AVX2 form sums pairs
+// in int16 first: exact while a pair stays within 32767 (weights up to 128 against |s| <= 127 do).
+static inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 #endif
-    return acc;
 }
 
-static float dot_q8_0(const uint8_t *row, const float *x, const float *xsum, int64_t nb) {
-    (void)xsum;
-    vf acc = vzero();
-    for (int64_t i = 0; i < nb; i++, row += 34, x += 32) {
-        vf p = dot16(_mm_loadu_si128((const __m128i *)(row + 2)), x, vzero());
-        p = dot16(_mm_loadu_si128((const __m128i *)(row + 18)), x + 16, p);
-        acc = vfma(vset(f16_to_f32(row)), p, acc);
+static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+// 8 lanes, each the sum of 4 products u[k] * v[k] (an exact integer) of 32 unsigned weights u and x's v = 256 q + r
+// from j on
+static inline __m256 dot32(__m256i u, const qvec *x, int64_t j) {
+    __m256i hi = dot_u8s8(u, load32(x->q + j)), lo = dot_u8s8(u, load32(x->r + j));
+    return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(hi, 8), lo));
+}
+
+// the same for 32 signed weights w: |w| against v carrying w's sign
+static inline __m256 dot32_signed(__m256i w, const qvec *x, int64_t j) {
+    __m256i u = _mm256_sign_epi8(w, w);
+    __m256i hi = dot_u8s8(u, _mm256_sign_epi8(load32(x->q + j), w));
+    __m256i lo = dot_u8s8(u, _mm256_sign_epi8(load32(x->r + j), w));
+    return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(hi, 8), lo));
+}
+
+// 16 bytes of nibbles as 32 bytes: the low nibbles (weights 0..15), then the high ones (16..31)
+static inline __m256i nibbles32(const uint8_t *p) {
+    __m128i b = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0F));
+}
+
+// 0x10 in byte j where bit j of `bits` is set: the fifth bits of Q5_0 / Q5_1 weights
+static inline __m256i fifth_bits32(uint32_t bits) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return _mm256_maskz_mov_epi8((__mmask32)bits, _mm256_set1_epi8(0x10));
+#else
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(0x10));
+#endif
+}
+
+// ---- the row dots -----------------------------------------------------------------------------------------
+
+static float dot_q8_0(const uint8_t *row, const qvec *x, int64_t nb) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2, row += 68) {  // two blocks, two sums in flight
+        __m256 p0 = dot32_signed(load32(row + 2), x, 32 * i), p1 = dot32_signed(load32(row + 36), x, 32 * i + 32);
+        acc0 = _mm256_fmadd_ps(p0, _mm256_set1_ps(f16_to_f32(row) * x->d[i]), acc0);
+        acc1 = _mm256_fmadd_ps(p1, _mm256_set1_ps(f16_to_f32(row + 34) * x->d[i + 1]), acc1);
     }
-    return vsum(acc);
+    if (i < nb) acc0 = _mm256_fmadd_ps(dot32_signed(load32(row + 2), x, 32 * i), _mm256_set1_ps(f16_to_f32(row) * x->d[i]), acc0);
+    return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
-// Q4_K and Q5_K: 8 sub-blocks of 32 under 6-bit scales and minimums; Q5_K's fifth bits: bit i of qh[l]
-// belongs to weight l of sub-block i.
-static inline float dot_k_blocks(int type, const uint8_t *row, const float *x, const float *xsum, int64_t nb) {
-    const int bytes = TYPES[type].bytes;
-    const __m128i low4 = _mm_set1_epi8(0x0F), fifth = _mm_set1_epi8(0x10);
-    vf acc = vzero();
-    float mins = 0.0f;
-    for (int64_t i = 0; i < nb; i++, row += bytes, x += QK_K, xsum += 8) {
-        float d = f16_to_f32(row), dmin = f16_to_f32(row + 2);
-        uint8_t sc[8], mn[8];
-        k_scales(row + 4, sc, mn);
-        const uint8_t *qs = row + (type == Q4_K ? 16 : 48), *qh = row + 16;
-        __m128i ha = _mm_setzero_si128(), hb = ha;
-        if (type == Q5_K) {
-            ha = _mm_loadu_si128((const __m128i *)qh);
-            hb = _mm_loadu_si128((const __m128i *)(qh + 16));
-        }
-        for (int c = 0; c < 4; c++, qs += 32) {  // sub-block 2c in the low nibbles of 32 bytes, 2c + 1 in the high
-            __m128i a = _mm_loadu_si128((const __m128i *)qs), b = _mm_loadu_si128((const __m128i *)(qs + 16));
-            __m128i a0 = _mm_and_si128(a, low4), b0 = _mm_and_si128(b, low4);
-            __m128i a1 = _mm_and_si128(_mm_srli_epi16(a, 4), low4), b1 = _mm_and_si128(_mm_srli_epi16(b, 4), low4);
-            if (type == Q5_K) {  // bit 2c, then 2c + 1, of each qh byte moved to bit 4
-                a0 = _mm_or_si128(a0, _mm_and_si128(_mm_slli_epi16(_mm_srli_epi16(ha, 2 * c), 4), fifth));
-                b0 = _mm_or_si128(b0, _mm_and_si128(_mm_slli_epi16(_mm_srli_epi16(hb, 2 * c), 4), fifth));
-                a1 = _mm_or_si128(a1, _mm_and_si128(_mm_slli_epi16(_mm_srli_epi16(ha, 2 * c + 1), 4), fifth));
-                b1 = _mm_or_si128(b1, _mm_and_si128(_mm_slli_epi16(_mm_srli_epi16(hb, 2 * c + 1), 4), fifth));
-            }
-            const float *xc = x + 64 * c;
-            vf lo = dot16(b0, xc + 16, dot16(a0, xc, vzero()));
-            vf hi = dot16(b1, xc + 48, dot16(a1, xc + 32, vzero()));
-            acc = vfma(vset(d * (float)sc[2 * c]), lo, acc);
-            acc = vfma(vset(d * (float)sc[2 * c + 1]), hi, acc);
-            mins += dmin * (float)mn[2 * c] * xsum[2 * c] + dmin * (float)mn[2 * c + 1] * xsum[2 * c + 1];
-        }
-    }
-    return vsum(acc) - mins;
-}
-static float dot_q4_k(const uint8_t *r, const float *x, const float *s, int64_t nb) { return dot_k_blocks(Q4_K, r, x, s, nb); }
-static float dot_q5_k(const uint8_t *r, const float *x, const float *s, int64_t nb) { return dot_k_blocks(Q5_K, r, x, s, nb); }
-
-// 16 bytes, 0x10 where bit j of `bits` (16 bits) is set: the fifth bits of Q5_0 / Q5_1 weights
-static inline __m128i fifth_bits(uint32_t bits) {
-    const __m128i mask = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
-    __m128i v = _mm_shuffle_epi8(_mm_set1_epi16((short)bits), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
-    return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(v, mask), mask), _mm_set1_epi8(0x10));
-}
-
-// Q4_0, Q4_1, Q5_0, Q5_1: 32 weights a block, nibbles (weight j low, j + 16 high), optional fifth bits,
-// then d * (q - offset) or d * q + m; the minimums through the per-32 sums of x.
-static inline float dot_32_blocks(int type, const uint8_t *row, const float *x, const float *xsum, int64_t nb) {
+// Q4_0, Q4_1, Q5_0, Q5_1: 32 unsigned weights q a block (nibbles, optional fifth bits). Without a minimum the
+// weight is d (q - offset): sum d dx (q . v) less offset d sum(x); with one it is d q + m: plus m sum(x).
+static inline float dot_32_blocks(int type, const uint8_t *row, const qvec *x, int64_t nb) {
     const int has_min = type == Q4_1 || type == Q5_1, has_high = type == Q5_0 || type == Q5_1;
     const int bytes = TYPES[type].bytes, qs_at = 2 + 2 * has_min + 4 * has_high;
-    const __m128i low4 = _mm_set1_epi8(0x0F), offset = _mm_set1_epi8(has_high ? 16 : 8);
-    vf acc = vzero();
-    float mins = 0.0f;
-    for (int64_t i = 0; i < nb; i++, row += bytes, x += 32) {
-        __m128i qs = _mm_loadu_si128((const __m128i *)(row + qs_at));
-        __m128i lo = _mm_and_si128(qs, low4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low4);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    float sums = 0.0f;  // sum over blocks of (d or m) * sum(x)
+    for (int64_t i = 0; i < nb; i++, row += bytes) {
+        __m256i q = nibbles32(row + qs_at);
         if (has_high) {
             uint32_t qh;
             memcpy(&qh, row + 2 + 2 * has_min, 4);
-            lo = _mm_or_si128(lo, fifth_bits(qh & 0xFFFF));
-            hi = _mm_or_si128(hi, fifth_bits(qh >> 16));
+            q = _mm256_or_si256(q, fifth_bits32(qh));
         }
-        if (!has_min) {
-            lo = _mm_sub_epi8(lo, offset);
-            hi = _mm_sub_epi8(hi, offset);
-        }
-        vf p = dot16(hi, x + 16, dot16(lo, x, vzero()));
-        acc = vfma(vset(f16_to_f32(row)), p, acc);
-        if (has_min) mins += f16_to_f32(row + 2) * xsum[i];
+        __m256 p = dot32(q, x, 32 * i);
+        float d = f16_to_f32(row);
+        if (i & 1)
+            acc1 = _mm256_fmadd_ps(p, _mm256_set1_ps(d * x->d[i]), acc1);
+        else
+            acc0 = _mm256_fmadd_ps(p, _mm256_set1_ps(d * x->d[i]), acc0);
+        sums += (has_min ? f16_to_f32(row + 2) : d) * x->s[i];
     }
-    return vsum(acc) + mins;
+    float dots = hsum8(_mm256_add_ps(acc0, acc1));
+    return has_min ? dots + sums : dots - (has_high ? 16.0f : 8.0f) * sums;
 }
-static float dot_q4_0(const uint8_t *r, const float *x, const float *s, int64_t nb) { return dot_32_blocks(Q4_0, r, x, s, nb); }
-static float dot_q4_1(const uint8_t *r, const float *x, const float *s, int64_t nb) { return dot_32_blocks(Q4_1, r, x, s, nb); }
-static float dot_q5_0(const uint8_t *r, const float *x, const float *s, int64_t nb) { return dot_32_blocks(Q5_0, r, x, s, nb); }
-static float dot_q5_1(const uint8_t *r, const float *x, const float *s, int64_t nb) { return dot_32_blocks(Q5_1, r, x, s, nb); }
+static float dot_q4_0(const uint8_t *r, const qvec *x, int64_t nb) { return dot_32_blocks(Q4_0, r, x, nb); }
+static float dot_q4_1(const uint8_t *r, const qvec *x, int64_t nb) { return dot_32_blocks(Q4_1, r, x, nb); }
+static float dot_q5_0(const uint8_t *r, const qvec *x, int64_t nb) { return dot_32_blocks(Q5_0, r, x, nb); }
+static float dot_q5_1(const uint8_t *r, const qvec *x, int64_t nb) { return dot_32_blocks(Q5_1, r, x, nb); }
 
-static float dot_q6_k(const uint8_t *row, const float *x, const float *xsum, int64_t nb) {
-    (void)xsum;
-    const __m128i low4 = _mm_set1_epi8(0x0F), bits45 = _mm_set1_epi8(0x30), bias = _mm_set1_epi8(32);
-    vf acc = vzero();
+// The 8 six-bit scales (bytes 0..7) and minimums (8..15) of a Q4_K / Q5_K super-block, as k_scales unpacks them,
+// four at a time in 32-bit words.
+static inline __m128i k_scales16(const uint8_t *s) {
+    uint32_t u[4];
+    memcpy(u, s, 12);
+    const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, top2 = 0x03030303;
+    u[3] = ((u[2] >> 4) & low4) | (((u[1] >> 6) & top2) << 4);
+    uint32_t mins = u[1] & low6;
+    u[1] = (u[2] & low4) | (((u[0] >> 6) & top2) << 4);
+    u[2] = mins;
+    u[0] &= low6;
+    return _mm_loadu_si128((const __m128i *)u);
+}
+
+// Q4_K and Q5_K: 8 sub-blocks of 32 under 6-bit scales and minimums: sum_j d sc_j dx_j (q . v)_j
+// - dmin sum_j mn_j sum(x)_j. Q5_K's fifth bits: bit j of qh[l] belongs to weight l of sub-block j.
+static inline float dot_k_blocks(int type, const uint8_t *row, const qvec *x, int64_t nb) {
+    const int bytes = TYPES[type].bytes;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), fifth = _mm256_set1_epi8(0x10);
+    __m256 acc = _mm256_setzero_ps(), mins = acc;
+    for (int64_t i = 0; i < nb; i++, row += bytes) {
+        __m128i sm = k_scales16(row + 4);
+        __m256 dx = _mm256_loadu_ps(x->d + 8 * i);
+        __m256 scale = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(f16_to_f32(row)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm))), dx);
+        __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
+        mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(f16_to_f32(row + 2)), mn), _mm256_loadu_ps(x->s + 8 * i), mins);
+        const uint8_t *qs = row + (type == Q4_K ? 16 : 48);
+        __m256i h = type == Q5_K ? load32(row + 16) : _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {  // sub-block 2c in the low nibbles of 32 bytes, 2c + 1 in the high
+            __m256i q = load32(qs + 32 * c);
+            __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+            if (type == Q5_K) {  // bits 2c and 2c + 1 of each qh byte, moved to bit 4
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(h, 4), fifth));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(h, 3), fifth));
+                h = _mm256_srli_epi16(h, 2);
+            }
+            __m256 p0 = dot32(lo, x, QK_K * i + 64 * c), p1 = dot32(hi, x, QK_K * i + 64 * c + 32);
+            acc = _mm256_fmadd_ps(p0, _mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(2 * c)), acc);
+            acc = _mm256_fmadd_ps(p1, _mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(2 * c + 1)), acc);
+        }
+    }
+    return hsum8(_mm256_sub_ps(acc, mins));
+}
+static float dot_q4_k(const uint8_t *r, const qvec *x, int64_t nb) { return dot_k_blocks(Q4_K, r, x, nb); }
+static float dot_q5_k(const uint8_t *r, const qvec *x, int64_t nb) { return dot_k_blocks(Q5_K, r, x, nb); }
+
+// Q6_K: 16 sub-blocks of 16 under signed 8-bit scales, weights d s_g (q - 32) with q 6 bits (4 in ql, 2 in qh):
+// sum_g d s_g dx (q . v)_g less 32 d sum_g s_g dx sum(x)_g, the last through the sums of x per 16.
+static float dot_q6_k(const uint8_t *row, const qvec *x, int64_t nb) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
+    const __m256i pairs = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);  // x's scale per 32 for 8 sub-blocks of 16
+    __m256 acc = _mm256_setzero_ps(), offs = acc;
     for (int64_t i = 0; i < nb; i++, row += 210) {
-        float d = f16_to_f32(row + 208);
-        const int8_t *sc = (const int8_t *)(row + 192);
-        for (int half = 0; half < 2; half++, x += 128) {
+        const __m256 d = _mm256_set1_ps(f16_to_f32(row + 208));
+        for (int half = 0; half < 2; half++) {  // 128 weights: ql[64], qh[32], scales[8]
             const uint8_t *ql = row + 64 * half, *qh = row + 128 + 32 * half;
-            const int8_t *s = sc + 8 * half;
-            for (int l = 0; l < 32; l += 16) {  // weights l.. of the four runs of 32, each 16 under one scale
-                __m128i a = _mm_loadu_si128((const __m128i *)(ql + l));
-                __m128i b = _mm_loadu_si128((const __m128i *)(ql + 32 + l));
-                __m128i h = _mm_loadu_si128((const __m128i *)(qh + l));
-                __m128i q[4] = {
-                    _mm_or_si128(_mm_and_si128(a, low4), _mm_and_si128(_mm_slli_epi16(h, 4), bits45)),
-                    _mm_or_si128(_mm_and_si128(b, low4), _mm_and_si128(_mm_slli_epi16(h, 2), bits45)),
-                    _mm_or_si128(_mm_and_si128(_mm_srli_epi16(a, 4), low4), _mm_and_si128(h, bits45)),
-                    _mm_or_si128(_mm_and_si128(_mm_srli_epi16(b, 4), low4),
-                                 _mm_and_si128(_mm_srli_epi16(h, 2), bits45)),
-                };
-                for (int r = 0; r < 4; r++) {
-                    vf p = dot16(_mm_sub_epi8(q[r], bias), x + 32 * r + l, vzero());
-                    acc = vfma(vset(d * (float)s[2 * r + l / 16]), p, acc);
-                }
+            const int64_t k = 2 * i + half;  // in 128s
+            __m128i s8 = _mm_loadl_epi64((const __m128i *)(row + 192 + 8 * half));
+            __m256 dx = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(x->d + 4 * k)), pairs);
+            __m256 scale = _mm256_mul_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8))), dx);
+            __m256 sum16 = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(x->sum16 + 8 * k)));
+            offs = _mm256_fmadd_ps(scale, sum16, offs);
+            __m256i a = load32(ql), b = load32(ql + 32), h = load32(qh);
+            __m256i q[4] = {
+                _mm256_or_si256(_mm256_and_si256(a, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), bits45)),
+                _mm256_or_si256(_mm256_and_si256(b, low4), _mm256_and_si256(_mm256_slli_epi16(h, 2), bits45)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low4), _mm256_and_si256(h, bits45)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), low4),
+                                _mm256_and_si256(_mm256_srli_epi16(h, 2), bits45)),
+            };
+            for (int r = 0; r < 4; r++) {  // weights 32r.. of the 128: lanes 0..3 sub-block 2r, 4..7 2r + 1
+                __m256 p = dot32(q[r], x, 128 * k + 32 * r);
+                __m256i pick = _mm256_setr_epi32(2 * r, 2 * r, 2 * r, 2 * r, 2 * r + 1, 2 * r + 1, 2 * r + 1, 2 * r + 1);
+                acc = _mm256_fmadd_ps(p, _mm256_permutevar8x32_ps(scale, pick), acc);
             }
         }
     }
-    return vsum(acc);
+    return hsum8(acc) - 32.0f * hsum8(offs);
 }
 #endif

@@ -1,5 +1,6 @@
 """The native matrix-vector kernels on ggml blocks (kernels/cpu_quant.py), every type on every instruction set this
-CPU has, against the float64 product of kernels.quants' dequantization; and torch when they cannot be built."""
+CPU has, against the float64 product of kernels.quants' dequantization with x quantized as they quantize it; and
+torch when they cannot be built."""
 
 import numpy as np
 import pytest
@@ -10,10 +11,22 @@ from kernels import cbuild, cpu_quant, quant_linear
 from kernels.quant_linear import QuantizedWeight
 from kernels.quants import dequantize
 
-# x stays float32 and every weight is widened exactly; what differs from the reference is the order of the float32
-# sums and where the scales are applied (per sub-block, Q4_K's minimums through sums of x): a few float32 ulps of
-# |x| @ |W|.T (measured: < 2e-7 at 2560 inputs), stated with margin, as for the tile path.
+# x is quantized per 32 to 16-bit integers (quantize_x in kernels/csrc/quant_dots.h, repeated in `quantized` below)
+# and the products are exact integers; what differs from the float64 product with that x is the order of the float32
+# sums and where the scales multiply: a few float32 ulps of |x| @ |W|.T (measured: < 1e-7 at 2560 inputs), stated
+# with margin, as for the tile path.
 RTOL = 1e-5
+
+
+def quantized(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [n, cols] float32 as the kernels read it (float64 d * (256 q + r)), and d [n, cols / 32, 1]."""
+    blocks = x.reshape(*x.shape[:-1], -1, 32)
+    step = blocks.abs().amax(-1, keepdim=True) / 127  # float32 steps as the C code takes them
+    t = blocks * torch.where(step > 0, 1 / step, 0)
+    q = t.round()  # ties to even, as the C code
+    r = ((t - q) * 256).round().clamp(-127, 127)
+    d = step / 256
+    return ((256 * q.double() + r.double()) * d.double()).reshape(x.shape), d
 
 
 def isa_params():
@@ -29,11 +42,19 @@ def isa(request):
     return request.param
 
 
-def check_close(ours, x, w, bias=None):
-    ref = x.double() @ w.double().t() + (0 if bias is None else bias.double())
-    scale = x.double().abs() @ w.double().abs().t() + (0 if bias is None else bias.double().abs())
+def check_close(ours, x, w, bias=None, *, integer_x=True):
+    """ours = x W.T (+ bias) for x quantized as the kernels quantize it (integer_x), and within that rounding of x."""
+    bias = torch.zeros(w.shape[0]) if bias is None else bias
+    xq, d = quantized(x) if integer_x else (x.double(), torch.zeros(*x.shape[:-1], x.shape[-1] // 32, 1))
+    ref = xq @ w.double().t() + bias.double()
+    scale = xq.abs() @ w.double().abs().t() + bias.double().abs()
     assert scale.max() > 0.1
     assert ((ours.double() - ref).abs() <= RTOL * scale).all(), ((ours.double() - ref).abs() / scale).max().item()
+    # each x moved by at most its step d (d / 2 but where r is clamped): the error against the float product is
+    # below sum |w| d
+    bound = d.expand(*d.shape[:-1], 32).reshape(x.shape).double() @ w.double().abs().t()
+    exact = x.double() @ w.double().t() + bias.double()
+    assert ((ours.double() - exact).abs() <= bound + RTOL * scale).all()
 
 
 @pytest.mark.parametrize("type_name", BLOCK_TYPES)
@@ -45,6 +66,18 @@ def test_matches_the_dequantized_product(isa, type_name, rows, cols, num_tokens)
     ours = cpu_quant.matvec(raw, type_name, x, isa=isa)
     assert ours.shape == (num_tokens, rows) and ours.dtype == torch.float32
     check_close(ours, x, dequantize(raw, type_name, (rows, cols)))
+
+
+@pytest.mark.parametrize("type_name", ["q8_0", "q4_1", "q5_0", "q6_k"])
+def test_zeros_ties_and_a_clamped_rest(isa, type_name):
+    # 32 zeros (step 0); then a step of 1 with halves (ties to even in q, a rest of 128/256 clamped to 127)
+    cols = 256
+    x = torch.zeros(1, cols)
+    x[0, 32:64] = torch.arange(32) - 15.5
+    x[0, 63] = 127.0
+    x[0, 64:] = torch.randn(cols - 64)
+    raw = torch.from_numpy(random_blocks(type_name, (8, cols), seed=9))
+    check_close(cpu_quant.matvec(raw, type_name, x, isa=isa), x, dequantize(raw, type_name, (8, cols)))
 
 
 @pytest.mark.parametrize("type_name", ["q8_0", "q4_k", "q5_0", "q6_k"])
@@ -89,7 +122,7 @@ def test_without_a_compiler_products_fall_back_to_torch(monkeypatch, tmp_path):
         raw = random_blocks("q4_k", (8, 512), seed=1)
         x = torch.randn(1, 512)
         check_close(QuantizedWeight(raw, "q4_k", (8, 512), torch.float32).linear(x), x,
-                    dequantize(raw, "q4_k", (8, 512)))
+                    dequantize(raw, "q4_k", (8, 512)), integer_x=False)  # the tile path: float32 x
         assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.so"))
     finally:
         monkeypatch.undo()

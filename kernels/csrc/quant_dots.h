@@ -18,6 +18,11 @@
 static inline void quantize_x(const float *x, int64_t begin, int64_t end, const qvec *x_q) {
     for (int64_t k = begin / 32; k < end / 32; k++) {
         const float *v = x + 32 * k;
+#ifdef HAS_SIMD_DOTS
+        float step;
+        int32_t sum[2];
+        quantize_block_x(v, x_q->q + 32 * k, x_q->r + 32 * k, sum, &step);
+#else
         float amax = 0.0f;
         for (int j = 0; j < 32; j++) amax = fabsf(v[j]) > amax ? fabsf(v[j]) : amax;
         const float step = amax / 127.0f, inv = step != 0.0f ? 1.0f / step : 0.0f;
@@ -30,6 +35,7 @@ static inline void quantize_x(const float *x, int64_t begin, int64_t end, const 
             r[j] = (int8_t)(tr > 127.0f ? 127 : tr < -127.0f ? -127 : (int)tr);
             sum[j / 16] += 256 * q[j] + r[j];
         }
+#endif
         x_q->sum16[2 * k] = sum[0];
         x_q->sum16[2 * k + 1] = sum[1];
         x_q->d[k] = step / 256.0f;

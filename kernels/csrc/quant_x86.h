@@ -90,6 +90,38 @@ static inline __m256i fifth_bits32(uint32_t bits) {
 #endif
 }
 
+// quant_dots.h's quantize_x of one block of 32, the same float32 steps 8 lanes at a time
+static inline void quantize_block_x(const float *x, int8_t *q, int8_t *r, int32_t sum[2], float *step) {
+    const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int j = 0; j < 4; j++) m = _mm256_max_ps(m, _mm256_and_ps(v[j] = _mm256_loadu_ps(x + 8 * j), abs));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    *step = amax / 127.0f;
+    const __m256 inv = _mm256_set1_ps(*step != 0.0f ? 1.0f / *step : 0.0f);
+    const __m256 lim = _mm256_set1_ps(127.0f), nlim = _mm256_set1_ps(-127.0f);
+    __m256i iq[4], ir[4];
+    __m256 s[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int j = 0; j < 4; j++) {
+        const int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        __m256 t = _mm256_mul_ps(v[j], inv), tq = _mm256_round_ps(t, mode);
+        __m256 tr = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(t, tq), _mm256_set1_ps(256.0f)), mode);
+        tr = _mm256_max_ps(_mm256_min_ps(tr, lim), nlim);
+        s[j / 2] = _mm256_add_ps(s[j / 2], _mm256_add_ps(_mm256_mul_ps(tq, _mm256_set1_ps(256.0f)), tr));  // exact
+        iq[j] = _mm256_cvttps_epi32(tq);
+        ir[j] = _mm256_cvttps_epi32(tr);
+    }
+    // packs work per 128-bit lane: bytes come out in the order of the 4-byte groups 0 4 1 5 2 6 3 7
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256i pq = _mm256_packs_epi16(_mm256_packs_epi32(iq[0], iq[1]), _mm256_packs_epi32(iq[2], iq[3]));
+    __m256i pr = _mm256_packs_epi16(_mm256_packs_epi32(ir[0], ir[1]), _mm256_packs_epi32(ir[2], ir[3]));
+    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(pq, order));
+    _mm256_storeu_si256((__m256i *)r, _mm256_permutevar8x32_epi32(pr, order));
+    sum[0] = (int32_t)hsum8(s[0]);
+    sum[1] = (int32_t)hsum8(s[1]);
+}
+
 // ---- the row dots -----------------------------------------------------------------------------------------
 
 static float dot_q8_0(const uint8_t *row, const qvec *x, int64_t nb) {
@@ -104,6 +136,23 @@ static float dot_q8_0(const uint8_t *row, const qvec *x, int64_t nb) {
     return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
+#if defined(__AVX512VNNI__)
+// 16 lanes: dot32 for 64 weights, lanes 0..7 the first 32
+static inline __m512 dot64(__m512i u, const qvec *x, int64_t j) {
+    __m512i hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(x->q + j));
+    __m512i lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(x->r + j));
+    return _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo));
+}
+
+// two f16 at a and b as floats (lanes 0, 1)
+static inline __m128 f16_pair(const uint8_t *a, const uint8_t *b) {
+    uint16_t ha, hb;
+    memcpy(&ha, a, 2);
+    memcpy(&hb, b, 2);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)ha | (uint32_t)hb << 16)));
+}
+#endif
+
 // Q4_0, Q4_1, Q5_0, Q5_1: 32 unsigned weights q a block (nibbles, optional fifth bits). Without a minimum the
 // weight is d (q - offset): sum d dx (q . v) less offset d sum(x); with one it is d q + m: plus m sum(x).
 static inline float dot_32_blocks(int type, const uint8_t *row, const qvec *x, int64_t nb) {
@@ -111,7 +160,37 @@ static inline float dot_32_blocks(int type, const uint8_t *row, const qvec *x, i
     const int bytes = TYPES[type].bytes, qs_at = 2 + 2 * has_min + 4 * has_high;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
     float sums = 0.0f;  // sum over blocks of (d or m) * sum(x)
-    for (int64_t i = 0; i < nb; i++, row += bytes) {
+    int64_t i = 0;
+#if defined(__AVX512VNNI__)
+    {  // two blocks a step in 512 bits
+        const __m512i low4 = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
+        const __m512i mix = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);  // lo0 hi0 lo1 hi1
+        const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        __m512 acc = _mm512_setzero_ps();
+        __m128 sum2 = _mm_setzero_ps();
+        for (; i + 2 <= nb; i += 2, row += 2 * bytes) {
+            const uint8_t *next = row + bytes;
+            __m256i qs = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(next + qs_at)),
+                                          _mm_loadu_si128((const __m128i *)(row + qs_at)));
+            __m512i lo = _mm512_castsi256_si512(qs), hi = _mm512_castsi256_si512(_mm256_srli_epi16(qs, 4));
+            __m512i u = _mm512_and_si512(_mm512_permutex2var_epi64(lo, mix, hi), low4);
+            if (has_high) {
+                uint32_t h0, h1;
+                memcpy(&h0, row + 2 + 2 * has_min, 4);
+                memcpy(&h1, next + 2 + 2 * has_min, 4);
+                u = _mm512_mask_add_epi8(u, (__mmask64)((uint64_t)h1 << 32 | h0), u, fifth);
+            }
+            __m128 d = f16_pair(row, next), xd = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(x->d + i)));
+            __m128 xs = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(x->s + i)));
+            __m512 scale = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_mul_ps(d, xd)));
+            acc = _mm512_fmadd_ps(dot64(u, x, 32 * i), scale, acc);
+            sum2 = _mm_fmadd_ps(has_min ? f16_pair(row + 2, next + 2) : d, xs, sum2);
+        }
+        acc0 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+        sums = _mm_cvtss_f32(_mm_add_ss(sum2, _mm_movehdup_ps(sum2)));
+    }
+#endif
+    for (; i < nb; i++, row += bytes) {
         __m256i q = nibbles32(row + qs_at);
         if (has_high) {
             uint32_t qh;
@@ -162,6 +241,24 @@ static inline float dot_k_blocks(int type, const uint8_t *row, const qvec *x, in
         mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(f16_to_f32(row + 2)), mn), _mm256_loadu_ps(x->s + 8 * i), mins);
         const uint8_t *qs = row + (type == Q4_K ? 16 : 48);
         __m256i h = type == Q5_K ? load32(row + 16) : _mm256_setzero_si256();
+#if defined(__AVX512VNNI__)
+        __m512 scale16 = _mm512_castps256_ps512(scale), acc16 = _mm512_setzero_ps();
+        for (int c = 0; c < 4; c++) {  // sub-blocks 2c and 2c + 1 as one vector of 64 weights
+            __m256i q = load32(qs + 32 * c);
+            __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
+            u = _mm512_and_si512(u, _mm512_set1_epi8(0x0F));
+            if (type == Q5_K) {
+                __m512i hh = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_slli_epi16(h, 4)), _mm256_slli_epi16(h, 3), 1);
+                u = _mm512_or_si512(u, _mm512_and_si512(hh, _mm512_set1_epi8(0x10)));
+                h = _mm256_srli_epi16(h, 2);
+            }
+            const __m512i pick = _mm512_inserti64x4(_mm512_set1_epi32(2 * c), _mm256_set1_epi32(2 * c + 1), 1);
+            acc16 = _mm512_fmadd_ps(dot64(u, x, QK_K * i + 64 * c), _mm512_permutexvar_ps(pick, scale16), acc16);
+        }
+        acc = _mm256_add_ps(acc, _mm256_add_ps(_mm512_castps512_ps256(acc16),
+                                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc16), 1))));
+        (void)low4, (void)fifth;
+#else
         for (int c = 0; c < 4; c++) {  // sub-block 2c in the low nibbles of 32 bytes, 2c + 1 in the high
             __m256i q = load32(qs + 32 * c);
             __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
@@ -174,6 +271,7 @@ static inline float dot_k_blocks(int type, const uint8_t *row, const qvec *x, in
             acc = _mm256_fmadd_ps(p0, _mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(2 * c)), acc);
             acc = _mm256_fmadd_ps(p1, _mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(2 * c + 1)), acc);
         }
+#endif
     }
     return hsum8(_mm256_sub_ps(acc, mins));
 }
@@ -196,6 +294,25 @@ static float dot_q6_k(const uint8_t *row, const qvec *x, int64_t nb) {
             __m256 scale = _mm256_mul_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8))), dx);
             __m256 sum16 = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(x->sum16 + 8 * k)));
             offs = _mm256_fmadd_ps(scale, sum16, offs);
+#if defined(__AVX512VNNI__)
+            {  // weights 0..63 and 64..127 of the 128 as two vectors: ql's low nibbles, then its high ones
+                const __m512i low4x = _mm512_set1_epi8(0x0F), bits45x = _mm512_set1_epi8(0x30);
+                __m512i a = _mm512_loadu_si512(ql), h = _mm512_broadcast_i64x4(load32(qh));
+                __m512i u01 = _mm512_or_si512(_mm512_and_si512(a, low4x),
+                                              _mm512_and_si512(_mm512_sllv_epi64(h, _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2)), bits45x));
+                __m512i u23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), low4x),
+                                              _mm512_and_si512(_mm512_srlv_epi64(h, _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2)), bits45x));
+                __m512 scale16 = _mm512_castps256_ps512(scale);
+                const __m512i pick01 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+                const __m512i pick23 = _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7);
+                __m512 p = _mm512_mul_ps(dot64(u01, x, 128 * k), _mm512_permutexvar_ps(pick01, scale16));
+                p = _mm512_fmadd_ps(dot64(u23, x, 128 * k + 64), _mm512_permutexvar_ps(pick23, scale16), p);
+                acc = _mm256_add_ps(acc, _mm256_add_ps(_mm512_castps512_ps256(p),
+                                                       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1))));
+                (void)low4, (void)bits45;
+                continue;
+            }
+#endif
             __m256i a = load32(ql), b = load32(ql + 32), h = load32(qh);
             __m256i q[4] = {
                 _mm256_or_si256(_mm256_and_si256(a, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), bits45)),

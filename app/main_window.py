@@ -106,6 +106,7 @@ class MainWindow(QMainWindow):
         worker.load_cancelled.connect(lambda: panel.show_unloaded("Loading cancelled; nothing is held."))
         worker.unloaded.connect(self._unloaded)
         worker.engine_started.connect(self.stats.follow)  # the graphs follow the engine where it runs
+        worker.engine_crashed.connect(self._engine_crashed)
 
         build_menus(self)
         self.resize(1280, 800)
@@ -237,6 +238,24 @@ class MainWindow(QMainWindow):
     def _load_failed(self, message: str) -> None:
         self.settings_panel.show_unloaded(message, error=True)
         self.show_error("Loading failed", message)
+
+    def _engine_crashed(self, message: str) -> None:
+        """The engine process died (the chat keeps the partial reply): say so, and offer to start it again on the
+        same model and plan."""
+        if self.loaded_dir is None or self._closed:
+            return
+        model_dir, plan = self.loaded_dir, self.loaded_plan
+        self.show_error("The engine stopped", message)
+        restart = self.error_box.addButton("Restart engine", QMessageBox.ButtonRole.AcceptRole)
+        restart.clicked.connect(lambda: self._restart(model_dir, plan))
+
+    def _restart(self, model_dir: str, plan) -> None:
+        if self.loaded_dir is not None:
+            return  # loaded again meanwhile
+        self._loading_plan = plan
+        self._predict(plan, baseline=True)
+        self.settings_panel.show_loading(0.0, "Restarting the engine")
+        self.client.load(model_dir, plan, threads=self.settings_panel.settings.cpu_threads)
 
     def _unloaded(self) -> None:
         self.stats.follow(None)

@@ -4,11 +4,11 @@ Only this module calls the engine's load/chat; every result comes back to the GU
 so no widget is ever touched from the worker thread. Cancelling uses threading.Event, which the GUI
 thread may set at any time.
 
-With STOWAGE_ENGINE_PROCESS=1 the engine runs in a child process (engine/engine_process.py, `stowage serve`
-over loopback HTTP): a crash of the engine (the out-of-memory killer, SIGBUS from a weights file changed
-under the model, a native fault) is then a failed reply, and the window, its chats and the partial reply
-stay; the next Load starts a fresh child. In-process is still the default while the memory graphs measure
-this process (docs/server.md, "How the app uses it").
+The engine runs in a child process (engine/engine_process.py: `stowage serve` on a loopback port with a private
+key): a crash of the engine (the out-of-memory killer, SIGBUS from a weights file changed under the model, a
+native fault) is then a failed reply, and the window, its chats and the partial reply stay; the next Load starts
+a fresh child, and Unload returns all of its memory at once. STOWAGE_ENGINE_PROCESS=0 runs the engine in this
+process instead (a developer's switch: one process to debug; docs/server.md, "How the app uses it").
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from kernels import cpu_decode
 from . import context_policy
 
 ENGINE_NICE = int(os.environ.get("STOWAGE_ENGINE_NICE", 10))  # how much lower than the GUI (0..19)
-ENGINE_PROCESS = os.environ.get("STOWAGE_ENGINE_PROCESS", "") == "1"  # the engine in a child process
+ENGINE_PROCESS = os.environ.get("STOWAGE_ENGINE_PROCESS", "1") != "0"  # the engine in a child process
 
 
 @dataclass

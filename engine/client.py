@@ -200,6 +200,7 @@ class RemoteStream:
             piece = (choice.get("delta") or {}).get("content") if self.chat else choice.get("text")
             text += piece or ""
             r.finish_reason = choice.get("finish_reason") or r.finish_reason
+        r.finish_reason = stowage.get("finish_reason") or r.finish_reason  # OpenAI's "length" may be "context_full"
         return text
 
 

@@ -54,11 +54,20 @@ def describe_exit(returncode: int, last_error: str | None = None) -> str:
     return f"the engine process exited with status {returncode}" + (f": {last_error}" if last_error else "")
 
 
+def engine_command() -> list[str]:
+    """How to run the engine's CLI here: this interpreter with `-m engine.cli`, or, in a PyInstaller bundle (no
+    interpreter to pass `-m` to), the bundle's own executable, which runs the engine's commands when given
+    arguments (packaging/launch.py, stowage_entry.main)."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable]
+    return [sys.executable, "-m", "engine.cli"]
+
+
 def serve_command(model_dir: str | Path, *, context_tokens: int, dtype: str | None = None,
                   kv_dtype: str | None = None, gpu_layers: int | None = None) -> list[str]:
     """The child's command line: one sequence of context_tokens on a free loopback port (no key: that goes
     in the environment, where `ps` does not show it)."""
-    command = [sys.executable, "-m", "engine.cli", "serve", str(model_dir), "--port", "0",
+    command = [*engine_command(), "serve", str(model_dir), "--port", "0",
                "--context", str(context_tokens), "--parallel", "1", "--exit-with-parent"]
     for flag, value in (("--dtype", dtype), ("--kv-dtype", kv_dtype), ("--gpu-layers", gpu_layers)):
         if value is not None:

@@ -13,8 +13,7 @@ class PrefixPool:
 
     A shared system prompt or a chat's growing history is then prefilled only past what is cached (the
     per-conversation prefix reuse of engine/generation.py, across requests). A conversation serves one
-    request at a time; one that shares less than a block with the prompt (and less than half of what it holds)
-    is left alone. When running sequences need blocks, the least recently used idle ones are evicted.
+    request at a time; one that shares less than half of what it holds with the prompt is left alone. When running sequences need blocks, the least recently used idle ones are evicted.
     """
 
     def __init__(self, engine):
@@ -35,10 +34,10 @@ class PrefixPool:
             n = cache.num_reusable(conv.seq, min(common_prefix(conv.seq.token_ids, prompt_ids), len(prompt_ids) - 1))
             if n > reuse:
                 best, reuse = conv, n
-        # Taking a conversation drops what it holds past the shared prefix: not for less than a block (a
-        # start token, a role marker in common), which would cost another request its cache for nothing, unless
-        # that is most of what it holds (a short first turn, continued).
-        if best is None or (reuse < cache.spec.block_size and 2 * reuse < best.num_tokens):
+        # Taking a conversation drops what it holds past the shared prefix: only when the prefix is at least half
+        # of it (a chat continued; a long shared system prompt). A start token or a short system prompt in common
+        # is cheaper to prefill again than another chat's history (the app's chats share their system prompt).
+        if best is None or 2 * reuse < best.num_tokens:
             return self.engine.new_conversation(), 0
         self._idle.remove(best)
         return best, cache.truncate(best.seq, reuse)

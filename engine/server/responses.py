@@ -22,7 +22,8 @@ def usage(result: GenerationResult) -> dict:
 def engine_stats(result: GenerationResult) -> dict:
     """What the engine measured of a reply, under the extension field "stowage" of the last chunk (as llama.cpp's
     server adds "timings"): OpenAI clients ignore it; Stowage's own client reads the token ids and rates from it."""
-    return {"token_ids": result.token_ids, "prefilled_tokens": result.prefilled_tokens,
+    return {"token_ids": result.token_ids, "finish_reason": result.finish_reason,  # the engine's: "context_full" too
+            "prefilled_tokens": result.prefilled_tokens,
             "prefill_seconds": result.prefill_seconds, "decode_seconds": result.decode_seconds,
             "first_token_seconds": result.first_token_seconds}
 

@@ -1,11 +1,12 @@
-"""The app with its engine in a child process (STOWAGE_ENGINE_PROCESS=1): the engine SIGKILLed in the middle of
-a reply is a failed reply; the window, the chat and the partial reply stay, and the next Load starts a fresh child."""
+"""The app with its engine in a child process (the default): the engine SIGKILLed in the middle of a reply is a
+failed reply; the window, the chat and the partial reply stay, and "Restart engine" starts a fresh child."""
 
 import os
 import signal
 
 import pytest
 from factory import cpu_plan
+from processes import alive
 from PySide6.QtCore import Qt
 
 import app.worker
@@ -41,7 +42,7 @@ def test_worker_signals_over_a_child(engine_client, qtbot, tiny_model_dir):
     assert progress[0] == (7, 512, reply.prompt_tokens)
     with qtbot.waitSignal(worker.unloaded, timeout=60_000):
         engine_client.unload()
-    assert worker.process is None and (pid is None or not _alive(pid))
+    assert worker.process is None and (pid is None or not alive(pid))
 
 
 def test_a_killed_engine_is_a_failed_reply_and_a_new_load_starts_a_fresh_one(app_driver, qtbot, tiny_model_dir,
@@ -68,20 +69,17 @@ def test_a_killed_engine_is_a_failed_reply_and_a_new_load_starts_a_fresh_one(app
     [(_, partial)] = [(m.role, m.content) for m in window.store.messages(chat.conversation_id)
                       if m.role == "assistant"]
     assert partial  # the partial reply is kept in the chat
-    assert not _alive(first_pid)
+    assert not alive(first_pid)
 
-    app_driver.load(window, context_tokens=2048)  # a fresh child
-    assert worker.process.pid != first_pid
+    box = window.error_box  # the window offers to start the engine again, on the same model and context
+    assert box.isVisible() and "killed by SIGKILL" in box.informativeText()
+    [restart] = [b for b in box.buttons() if b.text() == "Restart engine"]
+    with qtbot.waitSignal(worker.loaded, timeout=app_driver.timeout_ms):
+        restart.click()
+    assert worker.process.pid != first_pid and worker.context_tokens == 2048  # a fresh child
+    qtbot.waitUntil(lambda: window.loaded_dir is not None, timeout=app_driver.timeout_ms)
     window.settings_panel.max_tokens.setValue(4)
     reply = app_driver.reply(window, lambda: app_driver.send(window, "Again"))
     assert reply.finish_reason == "length" and reply.completion_tokens == 4
     qtbot.mouseClick(window.settings_panel.unload_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: window.loaded_dir is None, timeout=app_driver.timeout_ms)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False

@@ -1,11 +1,13 @@
 """The whole window on a tiny real model: load, stream, stop, persist, survive a broken folder."""
 
+import os
 import threading
 import time
 import weakref
 from pathlib import Path
 
 import pytest
+from processes import alive
 from PySide6.QtCore import QMetaObject, Qt, QTimer
 
 from app.store import ConversationStore
@@ -167,17 +169,35 @@ def test_event_loop_runs_while_the_engine_loads_and_generates(window, app_driver
     assert reply.completion_tokens > 1  # the reply went on after the hold
 
 
-def test_unload_frees_the_model(window, app_driver, qtbot):
+@pytest.fixture(params=["child", "in-process"])
+def engine_mode(request, monkeypatch):
+    """The app's engine in its child process (the default), and in the worker's thread (STOWAGE_ENGINE_PROCESS=0)."""
+    import app.worker
+
+    monkeypatch.setattr(app.worker, "ENGINE_PROCESS", request.param == "child")
+    return request.param
+
+
+def test_unload_frees_the_model(engine_mode, app_driver, tiny_model_dir, qtbot):
+    window = app_driver.open(tiny_model_dir)
     app_driver.load(window)
     assert not window.settings_panel.template_label.isHidden()
-    engine = window.client.worker.engine
-    # Weak references to what the model holds: after Unload nothing in the app may keep them alive.
-    held = [weakref.ref(engine), weakref.ref(engine.cache.k_cache[0]), weakref.ref(engine.model)]
-    del engine
+    worker = window.client.worker
+    if engine_mode == "child":
+        pid = worker.process.pid
+        assert pid != os.getpid() and alive(pid)
+    else:
+        engine = worker.engine
+        # Weak references to what the model holds: after Unload nothing in the app may keep them alive.
+        held = [weakref.ref(engine), weakref.ref(engine.cache.k_cache[0]), weakref.ref(engine.model)]
+        del engine
     qtbot.mouseClick(window.settings_panel.unload_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: window.loaded_dir is None, timeout=app_driver.timeout_ms)
-    assert window.client.worker.engine is None
-    assert [ref() for ref in held] == [None, None, None]
+    assert worker.engine is None and worker.process is None
+    if engine_mode == "child":
+        assert not alive(pid)  # the child has exited: all of its memory is back with the system
+    else:
+        assert [ref() for ref in held] == [None, None, None]
     assert window.windowTitle() == "Stowage"
     assert not window.settings_panel.unload_button.isEnabled()
     assert window.settings_panel.template_label.isHidden()
@@ -186,13 +206,22 @@ def test_unload_frees_the_model(window, app_driver, qtbot):
     assert window.chat.input.toPlainText() == "anyone there?"  # kept for after the next load
 
 
-def test_loading_again_frees_the_first_model(window, app_driver, qtbot):
+def test_loading_again_frees_the_first_model(engine_mode, app_driver, tiny_model_dir, qtbot):
+    window = app_driver.open(tiny_model_dir)
     app_driver.load(window, context_tokens=1024)
-    first = weakref.ref(window.client.worker.engine)
+    worker = window.client.worker
+    if engine_mode == "child":
+        first_pid = worker.process.pid
+    else:
+        first = weakref.ref(worker.engine)
     window.loaded_dir = None  # what the test waits on below
     app_driver.load(window, context_tokens=2048)
-    assert first() is None
-    assert window.client.worker.engine.plan.context_tokens == 2048
+    if engine_mode == "child":
+        assert not alive(first_pid) and worker.process.pid != first_pid
+        assert worker.process.server.models()[0]["max_model_len"] == 2048
+    else:
+        assert first() is None
+        assert worker.engine.plan.context_tokens == 2048
     assert f"/ {2048:,} tokens" in window.chat.counter.text()
 
 

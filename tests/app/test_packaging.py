@@ -68,14 +68,27 @@ def test_gui_script_entry_point_is_callable():
     assert callable(resolve(target))
 
 
-def test_spec_entry_matches_the_gui_script_and_the_launcher():
+def test_spec_entry_matches_the_stowage_script_and_the_launcher():
+    # the bundle's executable is `stowage`: the app with no arguments, the engine's commands with some (how the
+    # app starts its engine process there)
     entry = spec_constants()["ENTRY"]
-    assert entry == pyproject()["project"]["gui-scripts"]["stowage-gui"]
+    assert entry == pyproject()["project"]["scripts"]["stowage"]
     assert callable(resolve(entry))
     module, function = entry.split(":")
     launcher = ast.parse((PACKAGING / "launch.py").read_text())
     imports = [(n.module, a.name) for n in ast.walk(launcher) if isinstance(n, ast.ImportFrom) for a in n.names]
     assert (module, function) in imports
+    for name in spec_constants()["HIDDEN_IMPORTS"]:
+        importlib.import_module(name)
+
+
+def test_a_bundle_starts_its_engine_with_its_own_executable(monkeypatch):
+    from engine import engine_process
+
+    assert engine_process.engine_command()[1:] == ["-m", "engine.cli"]
+    monkeypatch.setattr(engine_process.sys, "frozen", True, raising=False)
+    command = engine_process.serve_command("/models/m", context_tokens=1024)
+    assert command[:3] == [engine_process.sys.executable, "serve", "/models/m"]
 
 
 def test_spec_is_windowed_and_bundles_existing_assets():

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from factory import ROOT, cpu_plan, make_model
+from processes import alive
 
 from engine.engine import Engine
 from engine.engine_process import EngineProcess, describe_exit
@@ -106,17 +107,9 @@ def test_the_child_ends_with_its_parent(model_dir):
     parent.kill()  # no chance to close its engine
     parent.wait()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _exists(child):
+    while time.monotonic() < deadline and alive(child):
         time.sleep(0.1)
-    assert not _exists(child)
-
-
-def _exists(pid: int) -> bool:
-    try:  # a zombie (dead, not yet reaped by init) counts as gone
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    assert not alive(child)
 
 
 def test_deaths_in_words():

@@ -228,3 +228,39 @@ class KVCache:
         width = max(len(g.table(seq)) for g in self.groups for seq in seqs)
         return torch.tensor([[g.table(s) + [-1] * (width - len(g.table(s))) for s in seqs] for g in self.groups],
                             dtype=torch.int32)
+
+    # -- a sequence's blocks out of the cache and back (engine/kv_store.py) ------------------------
+    def held_range(self, seq: Sequence, group: int) -> tuple[int, int]:
+        """The logical blocks [first, end) one group holds of seq's tokens (a window group's recycled ones before)."""
+        table = self.groups[group].table(seq)
+        end = ceil_div(seq.num_tokens, self.spec.block_size)
+        return min(first_held(table), end), end
+
+    def export_layer(self, seq: Sequence, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the blocks a layer holds of seq's tokens (held_range), on the CPU: [n, block_size, heads, dim]."""
+        first, end = self.held_range(seq, self.layer_group[layer])
+        ids = torch.tensor(self.groups[self.layer_group[layer]].table(seq)[first:end], dtype=torch.int64)
+        ids = ids.to(self.k_cache[layer].device)
+        return self.k_cache[layer][ids].cpu(), self.v_cache[layer][ids].cpu()
+
+    def adopt(self, seq: Sequence, token_ids: list[int], firsts: list[int]) -> None:
+        """Give an empty seq blocks for token_ids, group g holding logical blocks from firsts[g] on (-1 before);
+        their K/V are then filled in by import_layer. Raises OutOfBlocksError (nothing held) when they do not fit."""
+        assert not seq.num_tokens, "adopt fills an empty sequence"
+        end = ceil_div(len(token_ids), self.spec.block_size)
+        firsts = [min(f, end) for f in firsts]
+        for g, first in zip(self.groups, firsts):
+            if end - first > g.allocator.num_free:
+                g.allocator.allocate(end - first)  # raises, naming the shortage, before any group took blocks
+        for g, first in zip(self.groups, firsts):
+            g.table(seq)[:] = [-1] * first + g.allocator.allocate(end - first)
+        seq.token_ids[:] = token_ids
+
+    def import_layer(self, seq: Sequence, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write K and V ([n, block_size, heads, dim], any device) into the blocks a layer holds of seq (adopt)."""
+        first, end = self.held_range(seq, self.layer_group[layer])
+        ids = torch.tensor(self.groups[self.layer_group[layer]].table(seq)[first:end], dtype=torch.int64)
+        device = self.k_cache[layer].device
+        ids = ids.to(device)
+        self.k_cache[layer][ids] = k.to(device, non_blocking=False)
+        self.v_cache[layer][ids] = v.to(device, non_blocking=False)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..gpus import NvmlGpus
 from ..units import GiB, MiB, format_bytes
@@ -11,6 +13,8 @@ MIN_GPU_SAFETY_BYTES = 512 * MiB
 GPU_SAFETY_FRACTION = 0.02
 MIN_RAM_RESERVE_BYTES = 1 * GiB
 RAM_RESERVE_FRACTION = 0.05
+MAX_KV_DISK_BYTES = 4 * GiB
+KV_DISK_FRACTION = 0.10
 
 
 def default_gpu_safety(total_bytes: int) -> int:
@@ -21,6 +25,23 @@ def default_gpu_safety(total_bytes: int) -> int:
 def default_ram_reserve(total_bytes: int) -> int:
     """max(1 GiB, 5% of RAM): the desktop, the app's own Python objects, and what other programs grow into."""
     return max(MIN_RAM_RESERVE_BYTES, int(total_bytes * RAM_RESERVE_FRACTION))
+
+
+def default_kv_disk_budget(free_bytes: int) -> int:
+    """min(4 GiB, 10% of the free disk): conversations' K/V spilled there (engine/kv_store.py) without filling it."""
+    return min(MAX_KV_DISK_BYTES, int(free_bytes * KV_DISK_FRACTION))
+
+
+@dataclass(frozen=True)
+class DiskBudget:
+    """The folder evicted conversations' K/V are written to, and the space free on its disk."""
+
+    folder: str
+    free_bytes: int
+
+    def __post_init__(self):
+        if self.free_bytes < 0:
+            raise ValueError(f"{self.folder}: free disk space cannot be negative")
 
 
 @dataclass(frozen=True)
@@ -70,6 +91,7 @@ class Budgets:
     gpus: tuple[DeviceBudget, ...]
     ram: DeviceBudget
     note: str = ""
+    disk: DiskBudget | None = None  # None: no KV spill to disk
 
     @property
     def devices(self) -> tuple[DeviceBudget, ...]:
@@ -93,19 +115,35 @@ def ram_budget(available_bytes: int, *, total_bytes: int | None = None, reserve_
 
 
 def given_budgets(gpu_free_bytes: list[int], ram_available_bytes: int, *, gpu_safety_bytes: int | None = None,
-                  ram_reserve_bytes: int | None = None, ram_limit_bytes: int | None = None) -> Budgets:
+                  ram_reserve_bytes: int | None = None, ram_limit_bytes: int | None = None,
+                  disk: DiskBudget | None = None) -> Budgets:
     """Budgets stated by a user or a test: plan as if these GPUs and this RAM were free (they need not exist)."""
     gpus = tuple(gpu_budget(i, free, safety_bytes=gpu_safety_bytes) for i, free in enumerate(gpu_free_bytes))
     ram = ram_budget(ram_available_bytes, reserve_bytes=ram_reserve_bytes, limit_bytes=ram_limit_bytes)
     note = f"given budgets: {len(gpus)} GPU(s)" if gpus else "given budgets: CPU only"
-    return Budgets(gpus, ram, note)
+    return Budgets(gpus, ram, note, disk)
 
 
 def detect_budgets(gpu_safety_bytes: int | None = None, ram_limit_bytes: int | None = None,
                    ram_reserve_bytes: int | None = None) -> Budgets:
     """This machine's budgets now: each NVIDIA GPU's free memory (NVML) and available RAM (psutil)."""
     gpus, note = detect_gpus(gpu_safety_bytes)
-    return Budgets(gpus, detect_ram(ram_reserve_bytes, ram_limit_bytes), note)
+    return Budgets(gpus, detect_ram(ram_reserve_bytes, ram_limit_bytes), note, detect_disk())
+
+
+def detect_disk(folder: str | Path | None = None) -> DiskBudget:
+    """The KV spill folder (default: engine/kv_store.py's) and the space free on its disk now (0 if unreadable)."""
+    from ..kv_store import default_kv_dir
+
+    folder = Path(folder) if folder is not None else default_kv_dir()
+    probe = folder
+    while not probe.exists() and probe != probe.parent:  # not made yet: the disk it will be on
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        free = 0
+    return DiskBudget(str(folder), free)
 
 
 def detect_ram(reserve_bytes: int | None = None, limit_bytes: int | None = None) -> DeviceBudget:

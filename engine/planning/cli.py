@@ -13,7 +13,7 @@ from ..defaults import BLOCK_SIZE, PREFILL_CHUNK
 from ..dtypes import COMPUTE, KV, KV_ALIASES
 from ..errors import StowageError
 from ..units import parse_size
-from .budgets import Budgets, detect_gpus, detect_ram, gpu_budget, ram_budget
+from .budgets import Budgets, detect_disk, detect_gpus, detect_ram, gpu_budget, ram_budget
 from .inspect import inspect
 from .plan import PlanRequest, max_context, plan
 from .report import format_table, to_dict
@@ -64,6 +64,9 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--parallel", metavar="N", type=int, default=1,
                    help="sequences whose KV cache is held at once, each of the whole context (stowage serve "
                         "--parallel; default 1)")
+    p.add_argument("--kv-disk-budget", metavar="SIZE", type=_size, default=None,
+                   help="disk space for evicted conversations' KV cache, read back when they resume (stowage "
+                        "serve --kv-disk-budget; default min(4GiB, 10%% of the free disk); 0: none)")
     p.add_argument("--json", action="store_true", help="print one JSON object, whether or not it fits")
     p.set_defaults(func=run_plan)
     return p
@@ -80,7 +83,7 @@ def budgets_from_args(args: argparse.Namespace) -> Budgets:
         ram, ram_note = ram_budget(args.ram_budget, limit_bytes=args.ram_limit), "given RAM budget"
     else:
         ram, ram_note = detect_ram(limit_bytes=args.ram_limit), "available RAM"
-    return Budgets(gpus, ram, f"{gpu_note}; {ram_note}")
+    return Budgets(gpus, ram, f"{gpu_note}; {ram_note}", detect_disk())
 
 
 def run_plan(args: argparse.Namespace, out=None) -> int:
@@ -90,7 +93,8 @@ def run_plan(args: argparse.Namespace, out=None) -> int:
         info = inspect(args.model_dir)
         request = PlanRequest(args.context or 1, kv_dtype=KV_ALIASES.get(args.kv_dtype, args.kv_dtype),
                               dtype=args.dtype, gpu_layers=args.gpu_layers, block_size=args.block_size,
-                              prefill_chunk=args.prefill_chunk, num_seqs=args.parallel)
+                              prefill_chunk=args.prefill_chunk, num_seqs=args.parallel,
+                              kv_disk_budget=args.kv_disk_budget)
     except (StowageError, ValueError) as e:
         if args.json:
             print(json.dumps({"fits": False, "error": str(e)}), file=out)

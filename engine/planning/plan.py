@@ -15,7 +15,7 @@ from ..defaults import BLOCK_SIZE, PREFILL_CHUNK
 from ..dtypes import COMPUTE, KV, compute_dtype, kv_dtype
 from ..errors import InsufficientMemoryError
 from ..units import format_bytes
-from .budgets import Budgets, DeviceBudget
+from .budgets import Budgets, DeviceBudget, DiskBudget, default_kv_disk_budget
 from .inspect import ModelInfo
 from .workspace import Workspace, device_workspace
 
@@ -31,11 +31,15 @@ class PlanRequest:
     block_size: int = BLOCK_SIZE
     prefill_chunk: int = PREFILL_CHUNK
     num_seqs: int = 1  # sequences whose KV cache is held at once (each of context_tokens)
+    kv_disk_budget: int | None = None  # bytes of evicted conversations' K/V on disk; None: the default; 0: none
 
     def __post_init__(self):
         for name in ("context_tokens", "block_size", "prefill_chunk", "num_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"PlanRequest.{name} must be at least 1, got {getattr(self, name)}")
+        if self.kv_disk_budget is not None and self.kv_disk_budget < 0:
+            raise ValueError(f"PlanRequest.kv_disk_budget must be None (default) or at least 0, "
+                             f"got {self.kv_disk_budget}")
         if self.gpu_layers is not None and self.gpu_layers < 0:
             raise ValueError(f"PlanRequest.gpu_layers must be None (auto) or at least 0, got {self.gpu_layers}")
         if self.kv_dtype is not None:
@@ -105,6 +109,9 @@ class Plan:
     head_device: str
     note: str = ""
     model_name: str = field(default="", compare=False)
+    kv_disk_bytes: int = 0  # the budget of evicted conversations' K/V on disk (engine/kv_store.py); 0: none
+    kv_disk_free_bytes: int = 0  # free space on the disk of kv_dir when planned
+    kv_dir: str = ""  # where they are written
 
     def device(self, name: str) -> DevicePlan:
         return next(d for d in self.devices if d.device == name)
@@ -273,6 +280,7 @@ def plan(info: ModelInfo, request: PlanRequest, budgets: Budgets) -> Plan:
         prefill_chunk=min(request.prefill_chunk, tokens),
         devices=devices, layer_devices=tuple(layer_devices), embed_device=EMBED_DEVICE,
         head_device=layer_devices[-1], note=budgets.note, model_name=info.model_dir.name,
+        **_kv_disk(request, budgets.disk),
     )
     if fits:
         return result
@@ -280,6 +288,15 @@ def plan(info: ModelInfo, request: PlanRequest, budgets: Budgets) -> Plan:
     max_gpu_layers = sum(len(d.layers) for d in auto if d.device != "cpu")
     reference = _place(costs, budgets, largest, request.gpu_layers) if largest else devices
     return replace(result, error=error_text(result, budgets, reference, max_gpu_layers))
+
+
+def _kv_disk(request: PlanRequest, disk: DiskBudget | None) -> dict:
+    """The spill budget: as asked (default min(4 GiB, 10% free)), never more than the disk has free."""
+    if disk is None:
+        return {}
+    wanted = default_kv_disk_budget(disk.free_bytes) if request.kv_disk_budget is None else request.kv_disk_budget
+    return {"kv_disk_bytes": min(wanted, disk.free_bytes), "kv_disk_free_bytes": disk.free_bytes,
+            "kv_dir": disk.folder}
 
 
 def check(info: ModelInfo, request: PlanRequest, budgets: Budgets) -> Plan:

@@ -46,6 +46,10 @@ def format_table(plan: Plan) -> str:
                       for r in rows]
     if plan.note:
         lines.append(plan.note)
+    if plan.kv_dir:
+        lines.append(f"KV spill to disk: {format_bytes(plan.kv_disk_bytes)} for evicted conversations in "
+                     f"{plan.kv_dir} ({format_bytes(plan.kv_disk_free_bytes)} free there)"
+                     + ("; off" if not plan.kv_disk_bytes else ""))
     if plan.fits:
         lines.append(f"fits: {summary(plan)}; the largest context that fits is {plan.max_context_tokens:,} tokens")
     else:
@@ -69,6 +73,9 @@ def to_dict(plan: Plan) -> dict:
         "layer_devices": list(plan.layer_devices),
         "embed_device": plan.embed_device,
         "head_device": plan.head_device,
+        "kv_disk_bytes": plan.kv_disk_bytes,
+        "kv_disk_free_bytes": plan.kv_disk_free_bytes,
+        "kv_dir": plan.kv_dir,
         "devices": [
             {
                 "device": d.device,

@@ -6,6 +6,7 @@ import time
 
 from ..generation import Conversation, common_prefix
 from ..kv_cache import Sequence
+from ..kv_store import KVStore
 
 
 class PrefixPool:
@@ -13,11 +14,15 @@ class PrefixPool:
 
     A shared system prompt or a chat's growing history is then prefilled only past what is cached (the
     per-conversation prefix reuse of engine/generation.py, across requests). A conversation serves one
-    request at a time; one that shares less than half of what it holds with the prompt is left alone. When running sequences need blocks, the least recently used idle ones are evicted.
+    request at a time; one that shares less than half of what it holds with the prompt is left alone. When running
+    sequences need blocks, the least recently used idle ones are evicted: written to the plan's disk store first
+    (engine/kv_store.py) when it has one, from where a later request reads back what it shares instead of
+    prefilling it. The server's end (clear) writes the idle ones too, so a restart resumes them.
     """
 
     def __init__(self, engine):
-        self.engine = engine  # engine/engine.py Engine: new_conversation, release, cache
+        self.engine = engine  # engine/engine.py Engine: new_conversation, release, cache, plan
+        self.store = KVStore.of(engine)  # None: the plan spills nothing to disk
         self._idle: list[Conversation] = []
 
     @property
@@ -37,7 +42,17 @@ class PrefixPool:
         # Taking a conversation drops what it holds past the shared prefix: only when the prefix is at least half
         # of it (a chat continued; a long shared system prompt). A start token or a short system prompt in common
         # is cheaper to prefill again than another chat's history (the app's chats share their system prompt).
-        if best is None or 2 * reuse < best.num_tokens:
+        if best is not None and 2 * reuse < best.num_tokens:
+            best, reuse = None, 0
+        # A file on disk loses nothing by being read in part; a block in common is worth reading rather than computing.
+        entry, on_disk = self.store.best(prompt_ids) if self.store else (None, 0)
+        if on_disk > reuse and on_disk >= cache.spec.block_size:
+            conv = self.engine.new_conversation()
+            self.make_room([(conv.seq, on_disk)])
+            if self.store.load(entry, on_disk, conv.seq):
+                return conv, on_disk
+            self.engine.release(conv)
+        if best is None or best not in self._idle:  # none, or evicted to make room for a file that failed
             return self.engine.new_conversation(), 0
         self._idle.remove(best)
         return best, cache.truncate(best.seq, reuse)
@@ -59,8 +74,13 @@ class PrefixPool:
             return
         self._idle.sort(key=lambda c: c.last_used)
         while self._idle and not cache.can_fit(growth):
-            self.engine.release(self._idle.pop(0))
+            self._evict(self._idle.pop(0))
 
     def clear(self) -> None:
         while self._idle:
-            self.engine.release(self._idle.pop())
+            self._evict(self._idle.pop())
+
+    def _evict(self, conv: Conversation) -> None:
+        if self.store is not None:
+            self.store.save(conv.seq)
+        self.engine.release(conv)

@@ -1,0 +1,212 @@
+"""Evicted conversations' K/V written to disk and read back (engine/kv_store.py) on real tiny models and files."""
+
+import os
+import threading
+import time
+
+import pytest
+import torch
+from factory import make_model
+
+from engine.engine import Engine
+from engine.generation import GenerationResult
+from engine.kv_cache import Sequence
+from engine.kv_store import KVStore
+from engine.planning import plan_for
+from engine.planning.budgets import DiskBudget, given_budgets
+from engine.sampler import SamplingParams
+from engine.server.scheduler import Scheduler
+from engine.units import GiB, MiB
+
+TIMEOUT = 60
+PROMPT_A = [3 + (7 * i) % 500 for i in range(150)]
+PROMPT_B = [5 + (11 * i) % 500 for i in range(150)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("kv_store"), "llama", initializer_range=0.2)
+
+
+@pytest.fixture(scope="module")
+def gemma_dir(tmp_path_factory):
+    # Gemma 2 with windows of 8 (tests/engine/test_gemma.py): the window layers recycle all but their last blocks
+    return make_model(tmp_path_factory.mktemp("kv_store_gemma"), "gemma2", head_dim=16, query_pre_attn_scalar=24,
+                      sliding_window=8, initializer_range=0.2)
+
+
+def load(model_dir, kv_dir, *, context=256, parallel=1, budget=1 * GiB, **request):
+    budgets = given_budgets([], 64 * GiB, disk=DiskBudget(str(kv_dir), 100 * GiB))
+    plan = plan_for(model_dir, context, budgets, num_seqs=parallel, kv_disk_budget=budget, prefill_chunk=16,
+                    **request)
+    engine = Engine.load(model_dir, plan)
+    engine.eos_ids.clear()  # replies run to max_tokens
+    return engine
+
+
+def run(scheduler, prompt_ids, n) -> GenerationResult:
+    done, out = threading.Event(), []
+
+    def emit(event):
+        if isinstance(event, (GenerationResult, Exception)):
+            out.append(event)
+            done.set()
+
+    scheduler.submit(prompt_ids, SamplingParams(temperature=0, max_tokens=n), emit, threading.Event())
+    assert done.wait(TIMEOUT)
+    assert isinstance(out[0], GenerationResult), out[0]
+    return out[0]
+
+
+def files(kv_dir):
+    return sorted(kv_dir.glob("*/*.kv"))
+
+
+def switch_back(engine):
+    """Chat A, then chat B (whose blocks need A's: A is written to disk), then A's next turn; the three results."""
+    scheduler = Scheduler(engine, max_running=1, max_waiting=4).start()
+    try:
+        a = run(scheduler, PROMPT_A, 20)
+        b = run(scheduler, PROMPT_B, 20)
+        again = run(scheduler, PROMPT_A + a.token_ids + [7, 8, 9], 20)
+    finally:
+        scheduler.close()
+    return a, b, again
+
+
+def never_evicted(model_dir, kv_dir, **request):
+    """A's next turn on an engine with room for both chats and no disk: the reference."""
+    engine = load(model_dir, kv_dir, context=512, budget=0, **request)
+    scheduler = Scheduler(engine, max_running=1, max_waiting=4).start()
+    try:
+        a = run(scheduler, PROMPT_A, 20)
+        run(scheduler, PROMPT_B, 20)
+        return run(scheduler, PROMPT_A + a.token_ids + [7, 8, 9], 20)
+    finally:
+        scheduler.close()
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
+def test_a_chat_read_back_from_disk_continues_exactly(model_dir, tmp_path, kv_dtype):
+    engine = load(model_dir, tmp_path, kv_dtype=kv_dtype)  # 256 tokens: one chat's blocks at a time
+    a, b, again = switch_back(engine)
+    assert again.reused_tokens == len(PROMPT_A) + len(a.token_ids) - 1  # all A held but its last reply token
+    assert again.prefilled_tokens == 4  # that token and the 3 new ones: nothing of A recomputed
+    reference = never_evicted(model_dir, tmp_path / "unused", kv_dtype=kv_dtype)
+    assert reference.reused_tokens == again.reused_tokens
+    assert again.token_ids == reference.token_ids
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
+def test_logits_after_a_read_back_are_those_of_the_cache_never_evicted(model_dir, tmp_path, kv_dtype):
+    engine = load(model_dir, tmp_path, kv_dtype=kv_dtype)
+    store, cache, model = KVStore.of(engine), engine.cache, engine.model
+    seq = Sequence()
+    model.forward(PROMPT_A[:100], seq, cache)
+    store.save(seq)
+    kept = model.forward(PROMPT_A[100:], seq, cache, all_logits=True)
+    cache.release(seq)
+    entry, n = store.best(PROMPT_A)
+    assert n == 100
+    back = Sequence()
+    assert store.load(entry, n, back)
+    assert back.token_ids == PROMPT_A[:100]
+    assert torch.equal(model.forward(PROMPT_A[100:], back, cache, all_logits=True), kept)
+    # a prompt that shares only part of it reads only that part's blocks
+    cache.release(back)
+    entry, n = store.best(PROMPT_A[:40] + [9, 9])
+    part = Sequence()
+    assert n == 40 and store.load(entry, n, part) and part.num_tokens == 40
+
+
+def test_the_server_end_writes_idle_chats_and_a_new_server_resumes_them(model_dir, tmp_path):
+    engine = load(model_dir, tmp_path)
+    scheduler = Scheduler(engine, max_running=1, max_waiting=4).start()
+    a = run(scheduler, PROMPT_A, 20)
+    scheduler.close()  # the idle chat is written on the way out
+    assert len(files(tmp_path)) == 1
+    restarted = Scheduler(load(model_dir, tmp_path), max_running=1, max_waiting=4).start()
+    try:
+        again = run(restarted, PROMPT_A + a.token_ids + [7], 5)
+    finally:
+        restarted.close()
+    assert again.reused_tokens == len(PROMPT_A) + len(a.token_ids) - 1
+
+
+def test_the_budget_deletes_the_least_recently_used_files(model_dir, tmp_path):
+    engine = load(model_dir, tmp_path)
+    one = KVStore.of(engine)
+    seq = Sequence()
+    engine.model.forward(PROMPT_A[:100], seq, engine.cache)
+    one.save(seq)
+    size = one.num_bytes
+    assert size > 100 * 3 * 2 * 2 * 16 * 4  # 100 tokens x 3 layers x K,V x 2 heads x 16 dims x fp32 (7 blocks)
+    engine.cache.release(seq)
+    (oldest,) = files(tmp_path)
+    small = KVStore(tmp_path, one.key, int(2.5 * size), engine.cache)
+    for start in (0, 200, 300):  # three conversations of the same length: room for two
+        time.sleep(0.05)  # file times order them (coarse clocks tick every few ms)
+        seq = Sequence()
+        engine.model.forward([start + i % 7 for i in range(100)], seq, engine.cache)
+        small.save(seq)
+        engine.cache.release(seq)
+        if start == 0:
+            second = (set(files(tmp_path)) - {oldest}).pop()
+    assert len(files(tmp_path)) == 2 and small.num_bytes <= 2.5 * size
+    assert oldest not in files(tmp_path) and second not in files(tmp_path)  # A's, then the first of the three
+    assert KVStore(tmp_path, one.key, 0, engine.cache).best(PROMPT_A) == (None, 0)  # A's entry is gone
+
+
+def test_a_changed_model_file_or_cache_dtype_is_a_miss(model_dir, tmp_path):
+    engine = load(model_dir, tmp_path)
+    store = KVStore.of(engine)
+    seq = Sequence()
+    engine.model.forward(PROMPT_A[:100], seq, engine.cache)
+    store.save(seq)
+    assert KVStore.of(load(model_dir, tmp_path)).best(PROMPT_A)[1] == 100  # the same model: a hit
+    assert KVStore.of(load(model_dir, tmp_path, kv_dtype="bfloat16")).best(PROMPT_A) == (None, 0)
+    weights = model_dir / "model.safetensors"
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # rewritten (same size)
+    try:
+        assert KVStore.of(load(model_dir, tmp_path)).best(PROMPT_A) == (None, 0)
+    finally:
+        os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip a K/V byte", "flip a header byte"])
+def test_a_damaged_file_is_a_miss_and_is_deleted(model_dir, tmp_path, damage):
+    engine = load(model_dir, tmp_path)
+    store = KVStore.of(engine)
+    seq = Sequence()
+    engine.model.forward(PROMPT_A[:100], seq, engine.cache)
+    store.save(seq)
+    engine.cache.release(seq)
+    (path,) = files(tmp_path)
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) - 1000]
+    else:
+        data[len(data) // 2 if "K/V" in damage else 20] ^= 0x40
+    path.write_bytes(bytes(data))
+    fresh = load(model_dir, tmp_path)
+    scheduler = Scheduler(fresh, max_running=1, max_waiting=4).start()
+    try:
+        result = run(scheduler, PROMPT_A, 5)  # the header is read at start, the blocks when taken
+    finally:
+        scheduler.close()
+    assert result.reused_tokens == 0 and result.prefilled_tokens == len(PROMPT_A)
+    assert path not in files(tmp_path)
+
+
+def test_a_sliding_window_model_reads_back_what_its_window_layers_hold(gemma_dir, tmp_path):
+    engine = load(gemma_dir, tmp_path)
+    window = engine.cache.groups[-1]
+    assert window.window == 8 and window.max_blocks_per_seq < 256 // 16  # the window layers recycle
+    a, b, again = switch_back(engine)
+    assert again.reused_tokens == len(PROMPT_A) + len(a.token_ids) - 1
+    reference = never_evicted(gemma_dir, tmp_path / "unused")
+    assert again.token_ids == reference.token_ids
+    # the file holds the window layers' last blocks only: a prompt that leaves the chat early reads nothing
+    store = KVStore.of(engine)
+    assert store.best(PROMPT_A[:60] + [1, 2])[1] == 0

@@ -1,9 +1,10 @@
 """Matrix-vector products on ggml blocks for the CPU decode step, compiled from C at first use.
 
 `matvec(raw, type_name, x, bias)` computes x @ W.T for a few rows of float32 input straight from the
-blocks (the memory map; nothing is copied or dequantized to memory). One library per instruction set
-is built from kernels/csrc/quant_gemv.c: `avx512` (AVX-512 F/BW), `avx2` (AVX2 + FMA + F16C), and
-`scalar` (portable C), the best the CPU has unless `STOWAGE_QUANT_ISA` names one.
+blocks (the memory map; nothing is copied or dequantized to memory), each row of x quantized once to 16-bit
+integers per 32 and multiplied with the weights as integers (kernels/csrc/quant_dots.h; docs/kernels.md).
+One library per instruction set is built from kernels/csrc/quant_gemv.c: `avx512` (AVX-512 F/BW/VL + VNNI),
+`avx2` (AVX2 + FMA + F16C), and `scalar` (portable C), the best the CPU has unless `STOWAGE_QUANT_ISA` names one.
 `STOWAGE_FORCE_REFERENCE=1`, no C compiler, or a failed build: `is_available()` is False and
 kernels/quant_linear.py uses its torch tile path.
 """

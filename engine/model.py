@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import attention_ops, cpu_gemv
+from kernels import attention_ops, cpu_decode, cpu_gemv
 from kernels.quant_linear import QuantizedWeight
 
 from .config import ModelConfig
@@ -145,7 +145,8 @@ class Transformer:
         """Append token_ids[i] to seqs[i] in one pass over the weights; return fp32 logits: [num_seqs, vocab].
 
         The linear layers run on [num_seqs, hidden]; attention reads each sequence through its own block table."""
-        if len(seqs) == 1 and self.native(cache) is not None:  # one sequence: the native step of forward()
+        native = self.native(cache) if len(seqs) <= cpu_decode.MAX_LANES else None
+        if len(seqs) == 1 and native is not None:  # one sequence: the native step of forward()
             return self.forward(token_ids, seqs[0], cache)
         starts = [seq.num_tokens for seq in seqs]
         slots = torch.cat([cache.reserve(seq, 1) for seq in seqs], dim=1)  # [num_groups, num_seqs]
@@ -154,16 +155,19 @@ class Transformer:
         context_lens = torch.tensor([start + 1 for start in starts], dtype=torch.int32)
         steps: dict[torch.device, StepInputs] = {}
         h = self._embed(token_ids)
-        for i, layer in enumerate(self.layers):
+        stop = native.first if native is not None else len(self.layers)  # the CPU layers at the end: in C
+        for i, layer in enumerate(self.layers[:stop]):
             dev = layer.device
             if dev not in steps:
                 cos, sin = self.rotary.get(positions, dev, self.dtype)
                 steps[dev] = StepInputs(attention_ops(dev), cos, sin, slots.to(dev), None, context_lens.to(dev),
                                         block_tables.to(dev), self._local(positions, dev))
             h = self._layer(i, layer, h.to(dev), 0, steps[dev], cache)
+        if stop < len(self.layers):
+            h = native.run_layers_batch(h, starts, block_tables, cache.layer_group)
         for seq, token in zip(seqs, token_ids):
             seq.token_ids.append(token)
-        return self._logits(h)
+        return self._logits(h, batch=native is not None)
 
     def _embed(self, token_ids: list[int]) -> torch.Tensor:
         h = embedding(torch.tensor(token_ids, device=self.embed.device), self.embed["embed"])
@@ -174,9 +178,12 @@ class Transformer:
     def _local(self, positions: torch.Tensor, device: torch.device):
         return self.local_rotary.get(positions, device, self.dtype) if self.local_rotary else None
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+    def _logits(self, h: torch.Tensor, batch: bool = False) -> torch.Tensor:
+        """fp32 logits of h's rows; one row, or a decode step's batch (one row per sequence, as many lanes as the
+        plan charged: cpu_decode.scratch_bytes), go through the native head where it runs."""
         native = self._native_for[1] if self._native_for is not None else None
-        if h.shape[0] == 1 and native is not None and native.head is not None:  # the final norm and head in C
+        if (h.shape[0] == 1 or batch) and native is not None and native.head is not None:
+            # the final norm and head in C, each row of the head read once for all of h's rows
             return native.logits(h)
         h = self.norm(h.to(self.head_device), self.head["norm"], self.config.rms_norm_eps)
         return softcap(linear(h, self.head["lm_head"]).float(), self.config.final_softcap)

@@ -4,7 +4,8 @@
 GPU layers first) and the head to the C side, pointers to the mapped weights and the cache included; it
 is None where the native step cannot run them (no library, a weight type or activation it lacks). Each
 decode token then costs one call for those layers and one for the head instead of some 30 torch calls
-and 7 matrix products per layer. Prefill and batched decode stay on the torch path.
+and 7 matrix products per layer. A step of several sequences is the same call with one lane per sequence
+(`run_layers_batch`): each weight row is read once for all of them. Prefill stays on the torch path.
 """
 
 from __future__ import annotations
@@ -141,12 +142,30 @@ class NativeDecode:
             raise MemoryError("the native decode step could not allocate its scratch")
         return h
 
+    def run_layers_batch(self, h: torch.Tensor, positions: list[int], block_tables: torch.Tensor,
+                         layer_group: list[int]) -> torch.Tensor:
+        """Layers first.. for n sequences, one new token each (its slots reserved): h [n, hidden] -> their output.
+
+        Each weight row is read once for all n (decode_layer.c's lanes). block_tables: [num_groups, n, max_blocks]
+        int32; layer_group[l]: layer l's group. n is at most cpu_decode.MAX_LANES."""
+        n = h.shape[0]
+        h = h.to(self.dtype).contiguous().clone()
+        assert block_tables.dtype == torch.int32 and block_tables.stride(2) == 1
+        base, g_stride, s_stride = block_tables.data_ptr(), block_tables.stride(0) * 4, block_tables.stride(1) * 4
+        tables = (ctypes.c_void_p * (n * self.num_layers))(
+            *(base + layer_group[l] * g_stride + b * s_stride for b in range(n) for l in range(self.num_layers)))
+        pos = (ctypes.c_int64 * n)(*positions)
+        if self.lib.decode_layers_batch(ctypes.byref(self.model), self.first, self.num_layers, n, h.data_ptr(),
+                                        self.h_code, pos, tables) != 0:
+            raise MemoryError("the native decode step could not allocate its scratch")
+        return h
+
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """fp32 logits [1, vocab] from the last layer's output h [1, hidden]; requires self.head."""
+        """fp32 logits [n, vocab] from the last layer's output h [n, hidden]; requires self.head."""
         norm, matrix, softcap, vocab = self.head
         h = h.to(self.dtype).contiguous()
-        out = torch.empty(1, vocab, dtype=torch.float32)
-        if self.lib.decode_head(ctypes.byref(self.model), h.data_ptr(), self.h_code, ctypes.byref(norm),
-                                ctypes.byref(matrix), softcap, out.data_ptr()) != 0:
+        out = torch.empty(h.shape[0], vocab, dtype=torch.float32)
+        if self.lib.decode_head_batch(ctypes.byref(self.model), h.shape[0], h.data_ptr(), self.h_code,
+                                      ctypes.byref(norm), ctypes.byref(matrix), softcap, out.data_ptr()) != 0:
             raise MemoryError("the native decode step could not allocate its scratch")
         return out

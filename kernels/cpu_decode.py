@@ -22,6 +22,9 @@ W_F32, W_F16, W_BF16, CACHE_FP8 = 100, 101, 102, 3
 ACT_SILU, ACT_GELU_TANH = 0, 1
 
 
+MAX_LANES = 64  # decode_layer.c's: the most sequences one batched step takes
+
+
 class Matrix(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("type", ctypes.c_int32),
                 ("bias_type", ctypes.c_int32), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64)]
@@ -67,6 +70,22 @@ def selected_isa() -> str | None:
     return choose(tuple(ISAS), cpu_flags(), "STOWAGE_DECODE_ISA", os.environ)
 
 
+MAX_SPLITS = 64  # decode_layer.c's: key ranges one attention call splits a context into
+
+
+def scratch_bytes(*, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, intermediate: int,
+                  lanes: int = 1) -> int:
+    """What the native step keeps allocated once it has run (decode_layer.c ensure_lane, per lane: a sequence of
+    a batched step): the layer's vectors, x in its bf16 and integer forms, and attention's per-split sums."""
+    q, kv = num_heads * head_dim, num_kv_heads * head_dim
+    wide = max(hidden, q)
+    floats = (hidden + wide + (q + 2 * kv) + q + hidden + 3 * intermediate + head_dim
+              + num_heads * MAX_SPLITS * (head_dim + 2) + 2 * (wide // 32) + 2 * (intermediate // 32))
+    halves = wide + intermediate
+    per_lane = 4 * floats + 2 * (halves + 1) + 4 * (wide // 16 + intermediate // 16) + 2 * (wide + intermediate)
+    return min(max(lanes, 1), MAX_LANES) * per_lane
+
+
 @cache
 def library(isa: str) -> ctypes.CDLL | None:
     """The decode library for `isa` (prebuilt, else built now), or None when there is none to be had."""
@@ -80,6 +99,12 @@ def library(isa: str) -> ctypes.CDLL | None:
     lib.decode_head.argtypes = [ctypes.POINTER(Model), ptr, ctypes.c_int32, ctypes.POINTER(Vector),
                                 ctypes.POINTER(Matrix), ctypes.c_float, ptr]
     lib.decode_head.restype = ctypes.c_int
+    lib.decode_layers_batch.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_int, ctypes.c_int, ptr,
+                                        ctypes.c_int32, ptr, ptr]
+    lib.decode_layers_batch.restype = ctypes.c_int
+    lib.decode_head_batch.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ptr, ctypes.c_int32,
+                                      ctypes.POINTER(Vector), ctypes.POINTER(Matrix), ctypes.c_float, ptr]
+    lib.decode_head_batch.restype = ctypes.c_int
     lib.decode_set_threads.argtypes = [ctypes.c_int]
     lib.decode_set_threads.restype = ctypes.c_int
     lib.decode_num_threads.restype = ctypes.c_int

@@ -13,6 +13,8 @@ from types import ModuleType
 
 import torch
 
+from kernels import cpu_attention, cpu_decode
+
 from ..config import ModelConfig
 from ..gguf_model import Matrices
 from ..units import MiB
@@ -110,6 +112,11 @@ def device_workspace(config: ModelConfig, attention: ModuleType, *, device_type:
     # lm_head output for the last position of each sequence, then its fp32 copy for sampling
     logits = num_seqs * config.vocab_size * (dtype.itemsize + 4) if holds_head else 0
     overhead = CUDA_OVERHEAD_BYTES if device_type == "cuda" else CPU_OVERHEAD_BYTES
+    if device_type == "cpu" and runs_layers and attention.NAME == cpu_attention.NAME:
+        # the native decode step runs here (the same library as this attention): its scratch, a lane per sequence
+        overhead += cpu_decode.scratch_bytes(hidden=config.hidden_size, num_heads=config.num_heads,
+                                             num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
+                                             intermediate=config.intermediate_size, lanes=num_seqs)
     dequant = 0 if matrices is None else matrices.workspace_bytes(
         dtype, converts, runs_layers=runs_layers, holds_head=holds_head, holds_embed=holds_embed,
         num_tokens=min(chunk, context_tokens), num_seqs=num_seqs)

@@ -31,6 +31,7 @@ enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
 #define MAX_SPLITS 64
 #define MAX_GROUP 64  // query heads per KV head
 #define MAX_THREADS 64
+#define MAX_LANES 64  // sequences one batched step takes (decode_layers_batch)
 
 typedef struct {
     const void *data;  // [rows, cols]: rows of floats, or rows of blocks
@@ -393,9 +394,10 @@ typedef struct {
     int64_t cap;         // bytes
 } scratch;
 
-static scratch S;
+// One scratch per lane (sequence) of a step; lane 0 serves the single-token step and the head.
+static scratch LANES[MAX_LANES];
 
-static int ensure_scratch(const model *m) {
+static int ensure_lane(scratch *s, const model *m) {
     int64_t hidden = m->hidden, q = (int64_t)m->num_heads * m->head_dim,
             kv = (int64_t)m->num_kv_heads * m->head_dim, inter = m->intermediate;
     int64_t wide = hidden > q ? hidden : q;  // what x's copies hold
@@ -403,37 +405,43 @@ static int ensure_scratch(const model *m) {
                      (int64_t)m->num_heads * MAX_SPLITS * (m->head_dim + 2) + 2 * (wide / 32) + 2 * (inter / 32);
     int64_t halves = wide + inter;  // bf16 copies
     int64_t need = 4 * floats + 2 * (halves + 1) + 4 * (wide / 16 + inter / 16) + 2 * (wide + inter);
-    if (S.cap >= need) return 0;
-    free(S.h);
+    if (s->cap >= need) return 0;
+    free(s->h);
     float *base = malloc((size_t)need);
     if (!base) {
-        S = (scratch){0};
+        *s = (scratch){0};
         return -1;
     }
-    S.h = base;
-    S.x = S.h + hidden;
-    S.qkv = S.x + wide;
-    S.attn = S.qkv + q + 2 * kv;
-    S.o = S.attn + q;
-    S.gate = S.o + hidden;
-    S.up = S.gate + inter;
-    S.act = S.up + inter;
-    S.cos = S.act + inter;
-    S.sin = S.cos + m->head_dim / 2;
-    S.part = S.sin + m->head_dim / 2;
-    S.xq.d = S.part + (int64_t)m->num_heads * MAX_SPLITS * (m->head_dim + 2);
-    S.xq.s = S.xq.d + wide / 32;
-    S.aq.d = S.xq.s + wide / 32;
-    S.aq.s = S.aq.d + inter / 32;
-    S.xb = (uint16_t *)(S.aq.s + inter / 32);
-    S.ab = S.xb + wide;
-    S.xq.sum16 = (int32_t *)(S.ab + inter + ((wide + inter) & 1));  // 4-byte aligned
-    S.aq.sum16 = S.xq.sum16 + wide / 16;
-    S.xq.q = (int8_t *)(S.aq.sum16 + inter / 16);
-    S.xq.r = S.xq.q + wide;
-    S.aq.q = S.xq.r + wide;
-    S.aq.r = S.aq.q + inter;
-    S.cap = need;
+    s->h = base;
+    s->x = s->h + hidden;
+    s->qkv = s->x + wide;
+    s->attn = s->qkv + q + 2 * kv;
+    s->o = s->attn + q;
+    s->gate = s->o + hidden;
+    s->up = s->gate + inter;
+    s->act = s->up + inter;
+    s->cos = s->act + inter;
+    s->sin = s->cos + m->head_dim / 2;
+    s->part = s->sin + m->head_dim / 2;
+    s->xq.d = s->part + (int64_t)m->num_heads * MAX_SPLITS * (m->head_dim + 2);
+    s->xq.s = s->xq.d + wide / 32;
+    s->aq.d = s->xq.s + wide / 32;
+    s->aq.s = s->aq.d + inter / 32;
+    s->xb = (uint16_t *)(s->aq.s + inter / 32);
+    s->ab = s->xb + wide;
+    s->xq.sum16 = (int32_t *)(s->ab + inter + ((wide + inter) & 1));  // 4-byte aligned
+    s->aq.sum16 = s->xq.sum16 + wide / 16;
+    s->xq.q = (int8_t *)(s->aq.sum16 + inter / 16);
+    s->xq.r = s->xq.q + wide;
+    s->aq.q = s->xq.r + wide;
+    s->aq.r = s->aq.q + inter;
+    s->cap = need;
+    return 0;
+}
+
+static int ensure_scratch(const model *m, int lanes) {
+    for (int b = 0; b < lanes; b++)
+        if (ensure_lane(&LANES[b], m) != 0) return -1;
     return 0;
 }
 
@@ -449,19 +457,78 @@ static void rms_norm(const float *in, float *out, int64_t n, const vector *w, fl
     }
 }
 
+#define LANE_ROWS 16  // rows dotted with every lane's input before the next: they stay in the core's cache
+
 typedef struct {
     const matrix *m[3];
     int64_t offset[4];  // row offsets of the matrices in the concatenated output
-    const input *in;
-    float *y;
+    const input *in;    // [lanes]
+    float *const *y;    // [lanes]
+    int lanes;
 } matvec_task;
+
+#if defined(__AVX512BF16__)
+// bf16 rows against up to N lanes' x at once (N = 4 or 8): each 32 weights loaded once for N independent sums;
+// the row's stream is prefetched ahead, which the extra arithmetic per byte would otherwise leave waiting.
+#define DOTS_BF16_LANES(N)                                                                                      \
+    static void dots_bf16_lanes##N(const uint16_t *w, int64_t cols, int64_t nrows, const input *in,            \
+                                   float *const *y, int64_t y_off, int lanes) {                                \
+        const uint16_t *x[N];                                                                                    \
+        for (int b = 0; b < N; b++) x[b] = in[b < lanes ? b : 0].xb; /* lanes past `lanes`: never stored */     \
+        for (int64_t r = 0; r < nrows; r++) {                                                                    \
+            const uint16_t *row = w + r * cols;                                                                  \
+            __m512 a[N];                                                                                         \
+            for (int b = 0; b < N; b++) a[b] = _mm512_setzero_ps();                                              \
+            int64_t i = 0;                                                                                       \
+            for (; i + 32 <= cols; i += 32) {                                                                    \
+                _mm_prefetch((const char *)(row + i) + 1024, _MM_HINT_T0);                                       \
+                __m512bh wv = (__m512bh)_mm512_loadu_si512(row + i);                                             \
+                _Pragma("GCC unroll 8") for (int b = 0; b < N; b++)                                              \
+                    a[b] = _mm512_dpbf16_ps(a[b], wv, (__m512bh)_mm512_loadu_si512(x[b] + i));                  \
+            }                                                                                                    \
+            for (int b = 0; b < lanes; b++) {                                                                    \
+                float s = _mm512_reduce_add_ps(a[b]);                                                            \
+                for (int64_t k = i; k < cols; k++) s += bf16_to_f32(row[k]) * bf16_to_f32(x[b][k]);             \
+                y[b][y_off + r] = s;                                                                             \
+            }                                                                                                    \
+        }                                                                                                        \
+    }
+DOTS_BF16_LANES(4)
+DOTS_BF16_LANES(8)
+#endif
+
+// rows [lo, hi) of one matrix for every lane: each weight row is read from memory once for all of them
+static void lane_rows(const matrix *m, int64_t lo, int64_t hi, const input *in, float *const *y, int64_t y_off,
+                      int lanes) {
+#if defined(__AVX512BF16__)
+    if (m->type == W_BF16 && lanes > 1) {
+        const uint16_t *w = (const uint16_t *)m->data;
+        for (int64_t r = lo; r < hi; r += LANE_ROWS) {
+            int64_t e = r + LANE_ROWS < hi ? r + LANE_ROWS : hi;
+            for (int b = 0; b < lanes; b += 8) {
+                const int n = lanes - b < 8 ? lanes - b : 8;
+                (n > 4 ? dots_bf16_lanes8 : dots_bf16_lanes4)(w + r * m->cols, m->cols, e - r, in + b, y + b,
+                                                              y_off + (r - lo), n);
+            }
+        }
+        if (m->bias)
+            for (int b = 0; b < lanes; b++)
+                for (int64_t r = lo; r < hi; r++) y[b][y_off + r - lo] += load_scalar(m->bias, m->bias_type, r);
+        return;
+    }
+#endif
+    for (int64_t r = lo; r < hi; r += LANE_ROWS) {
+        int64_t e = r + LANE_ROWS < hi ? r + LANE_ROWS : hi;
+        for (int b = 0; b < lanes; b++) matvec_rows(m, r, e, &in[b], y[b] + y_off + (r - lo));
+    }
+}
 
 static void matvec_chunk(void *ctx, int64_t begin, int64_t end) {
     matvec_task *t = ctx;
     for (int i = 0; i < 3 && t->m[i]; i++) {
         int64_t lo = begin > t->offset[i] ? begin : t->offset[i];
         int64_t hi = end < t->offset[i + 1] ? end : t->offset[i + 1];
-        if (lo < hi) matvec_rows(t->m[i], lo - t->offset[i], hi - t->offset[i], t->in, t->y + lo);
+        if (lo < hi) lane_rows(t->m[i], lo - t->offset[i], hi - t->offset[i], t->in, t->y, lo, t->lanes);
     }
 }
 
@@ -471,9 +538,9 @@ static int64_t grain_for(int64_t rows) {  // about 8 chunks per thread, whole gr
     return g < 4 ? 4 : g;
 }
 
-// y = [A; B; C] x for up to three matrices of the same input
-static void matvecs(const matrix *a, const matrix *b, const matrix *c, const input *in, float *y) {
-    matvec_task t = {{a, b, c}, {0}, in, y};
+// y[lane] = [A; B; C] x[lane] for up to three matrices of the same inputs
+static void matvecs(const matrix *a, const matrix *b, const matrix *c, const input *in, float *const *y, int lanes) {
+    matvec_task t = {{a, b, c}, {0}, in, y, lanes};
     t.offset[1] = a->rows;
     t.offset[2] = t.offset[1] + (b ? b->rows : 0);
     t.offset[3] = t.offset[2] + (c ? c->rows : 0);
@@ -483,9 +550,11 @@ static void matvecs(const matrix *a, const matrix *b, const matrix *c, const inp
 
 typedef struct {
     const layer *l;
-    const input *in;
+    const input *in;   // [lanes]
     int act;
-    const input *out;  // act, the down product's input
+    const input *out;  // [lanes]: act, the down product's input
+    scratch *s;        // [lanes]
+    int lanes;
 } ffn_task;
 
 static inline float gelu_tanh(float x) {
@@ -495,14 +564,22 @@ static inline float gelu_tanh(float x) {
 // act[r] = f(gate[r] . x) * (up[r] . x), prepared as the down product's input (bf16 copy, integers)
 static void ffn_chunk(void *ctx, int64_t begin, int64_t end) {
     ffn_task *t = ctx;
-    matvec_rows(&t->l->gate, begin, end, t->in, S.gate + begin);
-    matvec_rows(&t->l->up, begin, end, t->in, S.up + begin);
-    for (int64_t r = begin; r < end; r++) {
-        float g = S.gate[r];
-        float a = t->act == ACT_GELU_TANH ? gelu_tanh(g) : g / (1.0f + expf(-g));
-        S.act[r] = a * S.up[r];
+    float *gate[MAX_LANES], *up[MAX_LANES];
+    for (int b = 0; b < t->lanes; b++) gate[b] = t->s[b].gate, up[b] = t->s[b].up;
+    for (int64_t r0 = begin; r0 < end; r0 += LANE_ROWS) {  // the gate's and the up's rows, while in the cache
+        int64_t r1 = r0 + LANE_ROWS < end ? r0 + LANE_ROWS : end;
+        lane_rows(&t->l->gate, r0, r1, t->in, gate, r0, t->lanes);
+        lane_rows(&t->l->up, r0, r1, t->in, up, r0, t->lanes);
     }
-    prepare_part(t->out, begin, end);  // chunks are whole groups of 32
+    for (int b = 0; b < t->lanes; b++) {
+        scratch *s = &t->s[b];
+        for (int64_t r = begin; r < end; r++) {
+            float g = s->gate[r];
+            float a = t->act == ACT_GELU_TANH ? gelu_tanh(g) : g / (1.0f + expf(-g));
+            s->act[r] = a * s->up[r];
+        }
+        prepare_part(&t->out[b], begin, end);  // chunks are whole groups of 32
+    }
 }
 
 static void rotate(float *x, const float *cos, const float *sin, int half) {
@@ -566,6 +643,7 @@ typedef struct {
     const int32_t *block_table;
     int64_t lo, hi;  // the keys attended: positions [lo, hi)
     int64_t splits, per_split;
+    scratch *s;  // the lane's: its queries, partial sums and output
 } attn_task;
 
 // exp(x) for x <= 0 of a score minus its maximum: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p a degree-6
@@ -716,7 +794,7 @@ static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
     float scores[MAX_GROUP * 64];  // [group][keys of a block]: blocks are read 64 tokens at most at a time
     for (int64_t split = begin; split < end; split++) {
         int64_t t0 = t->lo + split * t->per_split, t1 = t0 + t->per_split < t->hi ? t0 + t->per_split : t->hi;
-        float *parts = S.part + split * m->num_heads * (hd + 2);  // per head: max, sum, acc
+        float *parts = t->s->part + split * m->num_heads * (hd + 2);  // per head: max, sum, acc
         for (int h = 0; h < m->num_heads; h++) {
             parts[h * (hd + 2)] = -INFINITY;
             parts[h * (hd + 2) + 1] = 0.0f;
@@ -731,7 +809,7 @@ static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
                 const int64_t first = slot * kvh + kh;  // in rows of head_dim; the next token's is kvh rows on
                 float *part = parts + (int64_t)kh * group * (hd + 2);
                 for (int g = 0; g < group; g++) {
-                    const float *q = S.qkv + (int64_t)(kh * group + g) * hd;
+                    const float *q = t->s->qkv + (int64_t)(kh * group + g) * hd;
                     float *sc = scores + g * 64, *p = part + g * (hd + 2), top = p[0];
                     for (int j = 0; j < cnt; j++)  // independent dot products: no branch between them
                         sc[j] = key_dot(q, t->l->k_cache, type, vec, (first + (int64_t)j * kvh) * hd, hd,
@@ -757,9 +835,9 @@ static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
     }
 }
 
-static void attention(const model *m, const layer *l, const int32_t *block_table, int64_t position) {
+static void attention(const model *m, const layer *l, scratch *s, const int32_t *block_table, int64_t position) {
     const int hd = m->head_dim;
-    attn_task t = {m, l, block_table, 0, position + 1, 1, 0};
+    attn_task t = {m, l, block_table, 0, position + 1, 1, 0, s};
     if (l->window > 0 && position + 1 > l->window) t.lo = position + 1 - l->window;
     int64_t n = t.hi - t.lo;
     // enough splits for every thread, none under 32 keys
@@ -772,14 +850,14 @@ static void attention(const model *m, const layer *l, const int32_t *block_table
     t.splits = (n + t.per_split - 1) / t.per_split;
     parallel(attn_chunk, &t, t.splits, 1);
     for (int h = 0; h < m->num_heads; h++) {  // merge the splits of each head
-        float top = -INFINITY, total = 0.0f, *out = S.attn + (int64_t)h * hd;
-        for (int64_t s = 0; s < t.splits; s++) {
-            float mx = S.part[(s * m->num_heads + h) * (hd + 2)];
+        float top = -INFINITY, total = 0.0f, *out = s->attn + (int64_t)h * hd;
+        for (int64_t k = 0; k < t.splits; k++) {
+            float mx = s->part[(k * m->num_heads + h) * (hd + 2)];
             if (mx > top) top = mx;
         }
         memset(out, 0, (size_t)hd * 4);
-        for (int64_t s = 0; s < t.splits; s++) {
-            const float *p = S.part + (s * m->num_heads + h) * (hd + 2);
+        for (int64_t k = 0; k < t.splits; k++) {
+            const float *p = s->part + (k * m->num_heads + h) * (hd + 2);
             if (p[1] == 0.0f) continue;
             float c = expf(p[0] - top);
             total += p[1] * c;
@@ -789,7 +867,7 @@ static void attention(const model *m, const layer *l, const int32_t *block_table
     }
 }
 
-static void head_norm_rope(const model *m, float *x, int num_heads, const vector *norm, int rope) {
+static void head_norm_rope(const model *m, const scratch *s, float *x, int num_heads, const vector *norm, int rope) {
     const int hd = m->head_dim;
     float tmp[MAX_HEAD_DIM];
     for (int h = 0; h < num_heads; h++) {
@@ -799,89 +877,137 @@ static void head_norm_rope(const model *m, float *x, int num_heads, const vector
             memcpy(v, tmp, (size_t)hd * 4);
         }
         if (m->qk_norm) rms_norm(v, v, hd, norm, m->eps, m->norm_plus_one);
-        if (rope) rotate(v, S.cos, S.sin, hd / 2);
+        if (rope) rotate(v, s->cos, s->sin, hd / 2);
     }
 }
 
-static void layer_step(const model *m, const layer *l, const int32_t *block_table, int64_t position) {
+// One layer for `lanes` sequences, each one new token (lane b: LANES[b].h, its block table, its position). The
+// products read each weight row once for all lanes; norms, rotary, the cache writes and attention are per lane.
+static void layer_step(const model *m, const layer *l, int lanes, const int32_t *const *block_tables,
+                       const int64_t *positions) {
     const int64_t hidden = m->hidden, qd = (int64_t)m->num_heads * m->head_dim,
                   kvd = (int64_t)m->num_kv_heads * m->head_dim;
-    input in = {S.x, S.xb, S.xq};
+    input in[MAX_LANES], ain[MAX_LANES], din[MAX_LANES];
+    float *qkv[MAX_LANES], *o[MAX_LANES];
     const float *inv = l->local_rope && m->inv_freq_local ? m->inv_freq_local : m->inv_freq;
-    for (int i = 0; i < m->head_dim / 2; i++) {  // as Hugging Face: the angle in float32, then its cos and sin
-        float angle = (float)position * inv[i];
-        S.cos[i] = cosf(angle);
-        S.sin[i] = sinf(angle);
+    for (int b = 0; b < lanes; b++) {
+        scratch *s = &LANES[b];
+        in[b] = (input){s->x, s->xb, s->xq};
+        ain[b] = (input){s->attn, s->xb, s->xq};
+        din[b] = (input){s->act, s->ab, s->aq};
+        qkv[b] = s->qkv;
+        o[b] = s->o;
+        for (int i = 0; i < m->head_dim / 2; i++) {  // as Hugging Face: the angle in float32, then its cos and sin
+            float angle = (float)positions[b] * inv[i];
+            s->cos[i] = cosf(angle);
+            s->sin[i] = sinf(angle);
+        }
+        rms_norm(s->h, s->x, hidden, &l->input_norm, m->eps, m->norm_plus_one);
+        prepare(&in[b], hidden);
     }
-    rms_norm(S.h, S.x, hidden, &l->input_norm, m->eps, m->norm_plus_one);
-    prepare(&in, hidden);
-    matvecs(&l->q, &l->k, &l->v, &in, S.qkv);
-    float *q = S.qkv, *k = S.qkv + qd, *v = k + kvd;
-    head_norm_rope(m, q, m->num_heads, &l->q_norm, 1);
-    head_norm_rope(m, k, m->num_kv_heads, &l->k_norm, 1);
-    int64_t slot = (int64_t)block_table[position / m->block_size] * m->block_size + position % m->block_size;
-    store_row(l->k_cache, m->cache_type, slot * kvd, (int)kvd, l->k_scale, k);
-    store_row(l->v_cache, m->cache_type, slot * kvd, (int)kvd, l->v_scale, v);
-    attention(m, l, block_table, position);
-
-    input ain = {S.attn, S.xb, S.xq};
-    prepare(&ain, qd);
-    matvecs(&l->o, NULL, NULL, &ain, S.o);
-    if (m->sandwich) {  // Gemma: the attention output normalized before the residual, another norm before the MLP
-        rms_norm(S.o, S.o, hidden, &l->post_norm, m->eps, m->norm_plus_one);
-        for (int64_t i = 0; i < hidden; i++) S.h[i] += S.o[i];
-        rms_norm(S.h, S.x, hidden, &l->pre_ff_norm, m->eps, m->norm_plus_one);
-    } else {
-        for (int64_t i = 0; i < hidden; i++) S.h[i] += S.o[i];
-        rms_norm(S.h, S.x, hidden, &l->post_norm, m->eps, m->norm_plus_one);
+    matvecs(&l->q, &l->k, &l->v, in, qkv, lanes);
+    for (int b = 0; b < lanes; b++) {
+        scratch *s = &LANES[b];
+        float *q = s->qkv, *k = s->qkv + qd, *v = k + kvd;
+        head_norm_rope(m, s, q, m->num_heads, &l->q_norm, 1);
+        head_norm_rope(m, s, k, m->num_kv_heads, &l->k_norm, 1);
+        const int32_t *table = block_tables[b];
+        int64_t slot = (int64_t)table[positions[b] / m->block_size] * m->block_size + positions[b] % m->block_size;
+        store_row(l->k_cache, m->cache_type, slot * kvd, (int)kvd, l->k_scale, k);
+        store_row(l->v_cache, m->cache_type, slot * kvd, (int)kvd, l->v_scale, v);
+        attention(m, l, s, table, positions[b]);
+        prepare(&ain[b], qd);
     }
-    prepare(&in, hidden);
+    matvecs(&l->o, NULL, NULL, ain, o, lanes);
+    for (int b = 0; b < lanes; b++) {
+        scratch *s = &LANES[b];
+        if (m->sandwich) {  // Gemma: the attention output normalized before the residual, another norm before the MLP
+            rms_norm(s->o, s->o, hidden, &l->post_norm, m->eps, m->norm_plus_one);
+            for (int64_t i = 0; i < hidden; i++) s->h[i] += s->o[i];
+            rms_norm(s->h, s->x, hidden, &l->pre_ff_norm, m->eps, m->norm_plus_one);
+        } else {
+            for (int64_t i = 0; i < hidden; i++) s->h[i] += s->o[i];
+            rms_norm(s->h, s->x, hidden, &l->post_norm, m->eps, m->norm_plus_one);
+        }
+        prepare(&in[b], hidden);
+    }
     // every gate/up chunk reads x's copies and writes its rows of act's copies: two sets of buffers
-    input din = {S.act, S.ab, S.aq};
-    ffn_task f = {l, &in, m->act, &din};
+    ffn_task f = {l, in, m->act, din, LANES, lanes};
     int64_t grain = (grain_for(m->intermediate) + 31) & ~(int64_t)31;
     parallel(ffn_chunk, &f, m->intermediate, grain);
-    matvecs(&l->down, NULL, NULL, &din, S.o);
-    if (m->sandwich) rms_norm(S.o, S.o, hidden, &l->post_ff_norm, m->eps, m->norm_plus_one);
-    for (int64_t i = 0; i < hidden; i++) S.h[i] += S.o[i];
+    matvecs(&l->down, NULL, NULL, din, o, lanes);
+    for (int b = 0; b < lanes; b++) {
+        scratch *s = &LANES[b];
+        if (m->sandwich) rms_norm(s->o, s->o, hidden, &l->post_ff_norm, m->eps, m->norm_plus_one);
+        for (int64_t i = 0; i < hidden; i++) s->h[i] += s->o[i];
+    }
 }
 
 // ---- entry points -----------------------------------------------------------------------------------------
 
-static void load_h(const void *h, int32_t type, int64_t n) {
-    for (int64_t i = 0; i < n; i++) S.h[i] = load_scalar(h, type, i);
+static void load_h(scratch *s, const void *h, int32_t type, int64_t n) {
+    for (int64_t i = 0; i < n; i++) s->h[i] = load_scalar(h, type, i);
 }
 
-// Layers [first, last) of `m` for one new token at `position` (its block already reserved in every table):
-// h [hidden] in h_type is read, and replaced by the output. block_tables[l]: layer l's block table.
-// Returns 0, or -1 when the scratch cannot be allocated.
-int decode_layers(const model *m, int first, int last, void *h, int32_t h_type, int64_t position,
-                  const int32_t *const *block_tables) {
-    if (ensure_scratch(m) != 0) return -1;
-    load_h(h, h_type, m->hidden);
-    for (int i = first; i < last; i++) layer_step(m, &m->layers[i], block_tables[i], position);
-    for (int64_t i = 0; i < m->hidden; i++) {
-        switch (h_type) {
-        case W_F16: ((uint16_t *)h)[i] = f32_f16(S.h[i]); break;
-        case W_BF16: ((uint16_t *)h)[i] = f32_to_bf16(S.h[i]); break;
-        default: ((float *)h)[i] = S.h[i];
+static void store_h(const scratch *s, void *h, int32_t type, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        switch (type) {
+        case W_F16: ((uint16_t *)h)[i] = f32_f16(s->h[i]); break;
+        case W_BF16: ((uint16_t *)h)[i] = f32_to_bf16(s->h[i]); break;
+        default: ((float *)h)[i] = s->h[i];
         }
     }
+}
+
+// Layers [first, last) of `m` for `lanes` sequences, one new token each: sequence b at positions[b] (its block
+// already reserved in every table), h [lanes, hidden] in h_type read and replaced by the output;
+// block_tables[b * num_layers + l]: sequence b's block table for layer l. Returns 0; -1 when the scratch cannot
+// be allocated or lanes is out of range.
+int decode_layers_batch(const model *m, int first, int last, int lanes, void *h, int32_t h_type,
+                        const int64_t *positions, const int32_t *const *block_tables) {
+    if (lanes < 1 || lanes > MAX_LANES || ensure_scratch(m, lanes) != 0) return -1;
+    const int64_t row_bytes = (int64_t)m->hidden * (h_type == W_F32 ? 4 : 2);
+    const int32_t *tables[MAX_LANES];
+    for (int b = 0; b < lanes; b++) load_h(&LANES[b], (const char *)h + b * row_bytes, h_type, m->hidden);
+    for (int i = first; i < last; i++) {
+        for (int b = 0; b < lanes; b++) tables[b] = block_tables[(int64_t)b * m->num_layers + i];
+        layer_step(m, &m->layers[i], lanes, tables, positions);
+    }
+    for (int b = 0; b < lanes; b++) store_h(&LANES[b], (char *)h + b * row_bytes, h_type, m->hidden);
     return 0;
 }
 
-// logits [vocab] float32 = head . norm(h); softcap 0: none.
+// decode_layers_batch for one sequence: block_tables[l] is its table for layer l.
+int decode_layers(const model *m, int first, int last, void *h, int32_t h_type, int64_t position,
+                  const int32_t *const *block_tables) {
+    return decode_layers_batch(m, first, last, 1, h, h_type, &position, block_tables);
+}
+
+// logits [lanes, vocab] float32 = head . norm(h[b]) for h [lanes, hidden]; softcap 0: none. Each head row is read
+// once for all lanes.
+int decode_head_batch(const model *m, int lanes, const void *h, int32_t h_type, const vector *norm,
+                      const matrix *head, float softcap, float *logits) {
+    if (lanes < 1 || lanes > MAX_LANES || ensure_scratch(m, lanes) != 0) return -1;
+    const int64_t row_bytes = (int64_t)m->hidden * (h_type == W_F32 ? 4 : 2);
+    input in[MAX_LANES];
+    float *out[MAX_LANES];
+    for (int b = 0; b < lanes; b++) {
+        scratch *s = &LANES[b];
+        load_h(s, (const char *)h + b * row_bytes, h_type, m->hidden);
+        rms_norm(s->h, s->x, m->hidden, norm, m->eps, m->norm_plus_one);
+        in[b] = (input){s->x, s->xb, s->xq};
+        prepare(&in[b], m->hidden);
+        out[b] = logits + b * head->rows;
+    }
+    matvecs(head, NULL, NULL, in, out, lanes);
+    if (softcap > 0.0f)
+        for (int64_t i = 0; i < lanes * head->rows; i++) logits[i] = tanhf(logits[i] / softcap) * softcap;
+    return 0;
+}
+
 int decode_head(const model *m, const void *h, int32_t h_type, const vector *norm, const matrix *head,
                 float softcap, float *logits) {
-    if (ensure_scratch(m) != 0) return -1;
-    load_h(h, h_type, m->hidden);
-    rms_norm(S.h, S.x, m->hidden, norm, m->eps, m->norm_plus_one);
-    input in = {S.x, S.xb, S.xq};
-    prepare(&in, m->hidden);
-    matvecs(head, NULL, NULL, &in, logits);
-    if (softcap > 0.0f)
-        for (int64_t i = 0; i < head->rows; i++) logits[i] = tanhf(logits[i] / softcap) * softcap;
-    return 0;
+    return decode_head_batch(m, 1, h, h_type, norm, head, softcap, logits);
 }
 
 // The instruction set this library was built for.

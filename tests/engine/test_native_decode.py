@@ -122,3 +122,35 @@ def test_every_instruction_set(tmp_path, monkeypatch, isa):
     finally:
         monkeypatch.undo()
         cpu_decode.selected_isa.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_seqs", [3, 9])  # one group of lanes, and more than one (8 per pass)
+def test_batched_step_matches_torch_path(tmp_path, dtype, num_seqs):
+    # Sequences of different lengths (positions, partly filled blocks) in one step: each lane's logits equal the
+    # torch batched step's, and lane b's equal what sequence b gets decoded alone.
+    model_dir = make_model(tmp_path / "m", "llama", dtype=dtype, sliding_window=None)
+    plan = cpu_plan(model_dir, 256, num_seqs=num_seqs)
+    native, torch_path = Engine.load(model_dir, plan), Engine.load(model_dir, plan)
+    torch_path.model._native_for = (torch_path.cache, None)
+    assert native.model.native(native.cache) is not None and num_seqs <= cpu_decode.MAX_LANES
+    prompts = [[(i * 37 + 5 * b) % 500 + 3 for i in range(5 + 13 * b)] for b in range(num_seqs)]
+    seqs = {}
+    for name, engine in (("native", native), ("torch", torch_path)):
+        seqs[name] = [engine.new_conversation().seq for _ in prompts]
+        for seq, prompt in zip(seqs[name], prompts):
+            engine.model.forward(prompt, seq, engine.cache)
+    tolerance = TOLERANCE[dtype]
+    for step in range(6):
+        tokens = [(11 * step + 3 * b) % 500 + 3 for b in range(num_seqs)]
+        a = native.model.decode_step(tokens, seqs["native"], native.cache)
+        b = torch_path.model.decode_step(tokens, seqs["torch"], torch_path.cache)
+        assert a.shape == b.shape == (num_seqs, b.shape[-1])
+        err = ((a - b).abs().amax(dim=-1) / b.abs().amax(dim=-1).clamp_min(1e-6)).max().item()
+        assert err < tolerance, f"step {step}: relative logit error {err:.3g}"
+    # lane 0 against the same sequence decoded alone, one more token
+    alone = native.new_conversation().seq
+    native.model.forward(prompts[0] + seqs["native"][0].token_ids[len(prompts[0]):], alone, native.cache)
+    together = native.model.decode_step([9] * num_seqs, seqs["native"], native.cache)[0]
+    single = native.model.forward([9], alone, native.cache)[-1]
+    assert ((together - single).abs().max() / single.abs().max()).item() < tolerance

@@ -17,7 +17,9 @@ from .memory_graph import MemoryGraph
 from .memory_stats import MemoryStats
 from .menu_bar import build_menus
 from .model_catalog import find_models
-from .model_settings import load_model_settings, model_defaults, open_settings, save_model_settings
+from .model_settings import ModelSettings, load_model_settings, model_defaults, open_settings, save_model_settings
+from .remote_chooser import RemoteChooser
+from .remote_source import RemoteModel, ServerBook
 from .settings_panel import SettingsPanel
 from .store import ConversationStore
 from .worker import EngineClient
@@ -34,7 +36,9 @@ class MainWindow(QMainWindow):
         self.stats = stats or MemoryStats()
         self.client = EngineClient(self)
         self.model_dir: str | None = None  # the chosen (inspected) model
+        self.remote: RemoteModel | None = None  # or the chosen server's model, once its server confirmed it
         self.loaded_dir: str | None = None
+        self.loaded_remote: RemoteModel | None = None
         self.loaded_plan = None
         self._loading_plan = None
         self.forecast: Forecast | None = None
@@ -92,6 +96,11 @@ class MainWindow(QMainWindow):
         self.chat.conversation_renamed.connect(self.conversations.refresh)
         panel = self.settings_panel
         panel.model_chosen.connect(self.choose_model)
+        self.remotes = RemoteChooser(panel.picker, ServerBook(self.qsettings), self)
+        self.remotes.ready.connect(self._remote_chosen)
+        self.remotes.failed.connect(self._remote_failed)
+        panel.picker.server_requested.connect(self.add_server_dialog)
+        panel.serve.switched.connect(self._serve_switched)
         panel.settings_changed.connect(self._settings_changed)
         panel.plan_changed.connect(self._plan_changed)
         panel.load_requested.connect(self.load)
@@ -107,6 +116,7 @@ class MainWindow(QMainWindow):
         worker.unloaded.connect(self._unloaded)
         worker.engine_started.connect(self.stats.follow)  # the graphs follow the engine where it runs
         worker.engine_crashed.connect(self._engine_crashed)
+        worker.remote_loaded.connect(self._remote_loaded)
 
         build_menus(self)
         self.resize(1280, 800)
@@ -118,10 +128,12 @@ class MainWindow(QMainWindow):
             self.chat.show_conversation(None)
         for folder in self._remembered_folders():
             if Path(folder).is_dir():
-                panel.add_folder(folder)
+                panel.picker.add_folder(folder)
+        panel.serve.set_on(self.qsettings.value("serve", False) in (True, "true"))
         # First run: the demo model (first in the list); later runs: the model used last.
         last = self.qsettings.value("last_model", "")
         first = panel.model_combo.itemData(1) if panel.model_combo.count() > 1 else None
+        first = first if isinstance(first, str) else None
         start_model = last if last and Path(last).is_dir() else first
         if start_model:
             panel.select_model_dir(start_model)
@@ -137,9 +149,10 @@ class MainWindow(QMainWindow):
 
     # -- choosing and inspecting a model ----------------------------------------------------------
     def choose_model(self, model_dir: str) -> None:
-        self.model_dir = model_dir
-        self.settings_panel.model_info.setStyleSheet("color: #555;")
-        self.settings_panel.model_info.setText(f"Reading {Path(model_dir).name}…")
+        self.model_dir, self.remote = model_dir, None
+        self.remotes.forget()
+        self._show_graphs()
+        self.settings_panel.picker.say(f"Reading {Path(model_dir).name}…")
         self.client.inspect(model_dir)
 
     def _inspected(self, model_dir: str, info, budgets) -> None:
@@ -152,7 +165,7 @@ class MainWindow(QMainWindow):
         self.chat.set_settings(settings)
         self.settings_panel.set_model(self.forecast, settings, defaults)
         self.qsettings.setValue("last_model", model_dir)
-        if model_dir not in self.settings_panel.catalog_dirs:
+        if model_dir not in self.settings_panel.picker.catalog_dirs:
             self._remember_folder(model_dir, True)
 
     def _inspect_failed(self, model_dir: str, message: str) -> None:
@@ -160,7 +173,7 @@ class MainWindow(QMainWindow):
             return
         self.forecast = None
         self.settings_panel.show_model_error(message)
-        self.settings_panel.forget_folder(model_dir)
+        self.settings_panel.picker.forget_folder(model_dir)
         self._remember_folder(model_dir, False)
         self.show_error(f"{Path(model_dir).name} cannot be used",
                         f"{message}\n\nChoose another model, or download this one again.")
@@ -174,10 +187,32 @@ class MainWindow(QMainWindow):
         folders = [f for f in self._remembered_folders() if f != model_dir] + ([model_dir] if keep else [])
         self.qsettings.setValue("model_folders", folders)
 
+    # -- remote servers --------------------------------------------------------------------------
+    def add_server_dialog(self) -> None:
+        self.remotes.open_dialog(self)
+
+    def _remote_chosen(self, model: RemoteModel) -> None:
+        """Its server confirmed the chosen model: its settings, no forecast, no graphs."""
+        self._save_settings()
+        self.model_dir, self.remote, self.forecast = None, model, None
+        self._show_graphs()
+        settings = load_model_settings(self.qsettings, model, ModelSettings())
+        self.chat.set_settings(settings)
+        self.settings_panel.set_remote(model, settings)
+
+    def _remote_failed(self, message: str) -> None:
+        self.remote = None
+        self.settings_panel.show_model_error(message)
+
+    def _show_graphs(self) -> None:
+        """This machine's memory graphs say nothing about a server's model: hidden while one is chosen."""
+        self.graph.setVisible(self.remote is None and self.show_graphs_action.isChecked())
+
     def _settings_changed(self, settings) -> None:
         self.chat.set_settings(settings)
-        if self.model_dir:
-            self._unsaved = (Path(self.model_dir), settings)
+        target = self.remote or (Path(self.model_dir) if self.model_dir else None)
+        if target is not None:
+            self._unsaved = (target, settings)
             self._save_timer.start()  # writing the INI file costs ~20 ms: once after a burst, not per move
 
     def _save_settings(self) -> None:
@@ -212,13 +247,20 @@ class MainWindow(QMainWindow):
 
     # -- loading ---------------------------------------------------------------------------------
     def load(self) -> None:
+        if self.remote is not None:
+            self.settings_panel.show_loading(0.0, f"Connecting to {self.remote.host}")
+            self.client.connect_remote(self.remote, self.remotes.key_for(self.remote))
+            return
         plan = self.settings_panel.plan
         if plan is None or not plan.fits or self.model_dir is None:
             return
+        self._start_load(self.model_dir, plan, "Starting")
+
+    def _start_load(self, model_dir: str, plan, message: str) -> None:
         self._loading_plan = plan
         self._predict(plan, baseline=True)
-        self.settings_panel.show_loading(0.0, "Starting")
-        self.client.load(self.model_dir, plan, threads=self.settings_panel.settings.cpu_threads)
+        self.settings_panel.show_loading(0.0, message)
+        self.client.load(model_dir, plan, threads=self.settings_panel.settings.cpu_threads)
 
     def _loaded(self, model_dir: str, seconds: float) -> None:
         self.loaded_dir, self.loaded_plan = model_dir, self._loading_plan
@@ -234,6 +276,26 @@ class MainWindow(QMainWindow):
         self.plan_label.setToolTip(self.plan_label.text())
         self.chat.set_model_loaded(self.loaded_plan.context_tokens, name)
         self.chat.input.setFocus()
+        self.settings_panel.serve.set_endpoint(self.client.worker.endpoint, "The engine runs inside the app "
+                                               "(STOWAGE_ENGINE_PROCESS=0): it has no server to share.")
+
+    def _remote_loaded(self, model: RemoteModel, seconds: float) -> None:
+        self.loaded_remote = model
+        self.setWindowTitle(f"{TITLE} — {model.model_id}")
+        self.model_label.setText(f"{model.model_id} on {model.host}")
+        self.settings_panel.show_loaded(f"Connected to {model.model_id} on {model.base_url} in {seconds * 1000:.0f} "
+                                        "ms", "the server's (it formats the chats)")
+        self.plan_label.setText(f"{model.context_tokens:,}-token context on {model.host}")
+        self.plan_label.setToolTip(self.plan_label.text())
+        self.chat.set_model_loaded(model.context_tokens, model.model_id)
+        self.chat.input.setFocus()
+        self.settings_panel.serve.set_endpoint(None, f"{model.model_id} is served by {model.host} already.")
+
+    def _serve_switched(self, on: bool) -> None:
+        self.qsettings.setValue("serve", on)
+        if not on and self.client.worker.endpoint is not None and self.loaded_dir is not None:
+            # The key was shown, maybe given out: a new engine with a new key is the only way to take it back.
+            self._start_load(self.loaded_dir, self.loaded_plan, "Restarting the engine with a new key")
 
     def _load_failed(self, message: str) -> None:
         self.settings_panel.show_unloaded(message, error=True)
@@ -252,14 +314,12 @@ class MainWindow(QMainWindow):
     def _restart(self, model_dir: str, plan) -> None:
         if self.loaded_dir is not None:
             return  # loaded again meanwhile
-        self._loading_plan = plan
-        self._predict(plan, baseline=True)
-        self.settings_panel.show_loading(0.0, "Restarting the engine")
-        self.client.load(model_dir, plan, threads=self.settings_panel.settings.cpu_threads)
+        self._start_load(model_dir, plan, "Restarting the engine")
 
     def _unloaded(self) -> None:
         self.stats.follow(None)
-        self.loaded_dir = self.loaded_plan = None
+        self.loaded_dir = self.loaded_plan = self.loaded_remote = None
+        self.settings_panel.serve.set_endpoint(None, "Load a model to serve it.")
         self.setWindowTitle(TITLE)
         self.model_label.setText("No model loaded")
         self.chat.set_model_loaded(0)
@@ -319,6 +379,7 @@ class MainWindow(QMainWindow):
         s.setValue("window/vertical", self.vertical.saveState())
         s.sync()
         self.graph.timer.stop()
+        self.remotes.shutdown()
         self.client.shutdown()
         self.store.close()
         gc.unfreeze()  # let exit clean up normally (extension modules report leaks otherwise)

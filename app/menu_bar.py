@@ -40,8 +40,10 @@ def build_menus(window) -> None:
     chats = window.conversations
     file = bar.addMenu("&File")
     window.new_chat_action = _action(window, file, "&New chat", chats.new_conversation, QKeySequence.StandardKey.New)
-    _action(window, file, "&Open model folder…", window.settings_panel.browse, "Ctrl+O",
+    _action(window, file, "&Open model folder…", window.settings_panel.picker.browse, "Ctrl+O",
             "A folder with config.json and *.safetensors")
+    _action(window, file, "Add remote &server…", window.add_server_dialog, tip="An OpenAI-compatible server whose "
+            "models join the model list")
     file.addSeparator()
     _action(window, file, "Export chat as &Markdown…", lambda: chats.export_dialog("md"))
     _action(window, file, "Export chat as &JSON…", lambda: chats.export_dialog("json"))

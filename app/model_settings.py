@@ -116,7 +116,10 @@ def open_settings() -> QSettings:
     return QSettings(paths.APP_NAME, paths.APP_NAME)
 
 
-def _group(model_dir: Path) -> str:
+def _group(model_dir) -> str:
+    """A model folder's QSettings group, or a remote server's model's (remote_source.RemoteModel)."""
+    if hasattr(model_dir, "settings_group"):
+        return model_dir.settings_group
     # QSettings keys cannot hold '/' safely; a short hash of the path keeps two same-named models apart.
     digest = hashlib.sha1(str(Path(model_dir).resolve()).encode()).hexdigest()[:10]
     return f"models/{Path(model_dir).name.replace('/', '_')}-{digest}"

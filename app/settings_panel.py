@@ -1,25 +1,22 @@
-"""The right-hand panel: model picker, context and placement with the live forecast, sampling, system prompt."""
+"""The right-hand panel: model picker, context and placement with the live forecast, Load, Serve, sampling, system
+prompt. A remote server's model has no forecast: only its context's 'When full' stays of the memory settings."""
 
 from __future__ import annotations
 
 import os
 
 from dataclasses import replace
-from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QDoubleSpinBox,
-    QFileDialog,
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
     QLabel,
     QPlainTextEdit,
-    QProgressBar,
-    QPushButton,
     QScrollArea,
     QSpinBox,
     QVBoxLayout,
@@ -32,15 +29,18 @@ from engine.units import format_bytes, format_tokens
 from . import context_policy
 from .context_control import ContextControl
 from .forecast import Forecast
+from .load_controls import LoadControls
 from .model_catalog import ModelEntry
+from .model_picker import ERROR_STYLE, ModelPicker
 from .model_settings import ModelSettings, with_preset
 from .plan_bar import PlanBar
+from .remote_source import RemoteModel
 from .sampling_form import SamplingForm
+from .serve_switch import ServeSwitch
 from .wheel_guard import guard_wheel
 
 KV_DTYPE_CHOICES = (("Same as the model", None), ("float16", "float16"), ("bfloat16", "bfloat16"),
                     ("float32", "float32"), ("fp8 (half the memory)", "fp8"))
-ERROR_STYLE = "color: #b00020;"
 
 
 class SettingsPanel(QWidget):
@@ -63,24 +63,11 @@ class SettingsPanel(QWidget):
         self._updating = False
 
         # -- model ----------------------------------------------------------------------------
-        self.model_combo = QComboBox()
-        self.model_combo.setAccessibleName("Model")
-        # Long names (Hugging Face repo ids) must not widen the panel past the window: they elide instead.
-        self.model_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.model_combo.setMinimumContentsLength(18)
-        self.browse_button = QPushButton("Folder…")
-        self.browse_button.setToolTip("Choose a model folder (config.json and *.safetensors)")
-        self.model_info = QLabel("No model chosen")
-        self.model_info.setWordWrap(True)
-        self.model_info.setStyleSheet("color: #555;")
-        model_row = QHBoxLayout()
-        model_row.addWidget(self.model_combo, 1)
-        model_row.addWidget(self.browse_button)
-        model_box = QGroupBox("Model")
-        model_layout = QVBoxLayout(model_box)
-        model_layout.addLayout(model_row)
-        model_layout.addWidget(self.model_info)
-        self.set_models(models)
+        self.picker = ModelPicker(models)
+        # The parts by name, as tests and the screenshot script reach them.
+        self.model_combo, self.model_info = self.picker.combo, self.picker.info
+        self.select_model_dir = self.picker.select_model_dir
+        self.remote: RemoteModel | None = None  # the chosen model runs on a server (no forecast)
 
         # -- memory ---------------------------------------------------------------------------
         self.context = ContextControl()
@@ -96,7 +83,7 @@ class SettingsPanel(QWidget):
         self.gpu_layers = QSpinBox()
         self.gpu_layers.setEnabled(False)
         self.gpu_layers.setAccessibleName("GPU layers")
-        gpu_row = QHBoxLayout()
+        self.gpu_row = gpu_row = QHBoxLayout()
         gpu_row.addWidget(self.gpu_auto)
         gpu_row.addWidget(self.gpu_layers, 1)
         self.kv_dtype = QComboBox()
@@ -119,8 +106,8 @@ class SettingsPanel(QWidget):
         self.cpu_threads.setAccessibleName("CPU threads")
         self.cpu_threads.setToolTip("Threads for the CPU's share of the model; Auto leaves the window a core. "
                                     "Applies at the next Load.")
-        memory_box = QGroupBox("Memory")
-        form = QFormLayout(memory_box)
+        self.memory_box = memory_box = QGroupBox("Memory")
+        self.memory_form = form = QFormLayout(memory_box)
         form.addRow("Context", self.context)
         form.addRow("", self.max_label)
         form.addRow(self.plan_bar)
@@ -131,41 +118,12 @@ class SettingsPanel(QWidget):
         form.addRow("When full", self.policy)
         form.addRow("CPU threads", self.cpu_threads)
 
-        # -- load -----------------------------------------------------------------------------
-        self.load_button = QPushButton("Load")
-        self.load_button.setDefault(False)
-        self.unload_button = QPushButton("Unload")
-        self.unload_button.setEnabled(False)
-        self.progress = QProgressBar()
-        self.progress.setRange(0, 1000)
-        self.progress.setTextVisible(True)
-        self.cancel_button = QPushButton("Cancel")
-        self.load_status = QLabel()
-        self.load_status.setWordWrap(True)
-        self.load_status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.template_label = QLabel()  # which chat template the loaded model formats chats with
-        self.template_label.setWordWrap(True)
-        self.template_label.setStyleSheet("color: #555;")
-        self.template_label.setAccessibleName("Chat template")
-        self.template_label.hide()
-        self.pending = QLabel()  # settings changed since Load, which only the next Load applies
-        self.pending.setWordWrap(True)
-        self.pending.setStyleSheet("color: #8a5a00;")
-        self.pending.hide()
-        load_row = QHBoxLayout()
-        load_row.addWidget(self.load_button)
-        load_row.addWidget(self.unload_button)
-        progress_row = QHBoxLayout()
-        progress_row.addWidget(self.progress, 1)
-        progress_row.addWidget(self.cancel_button)
-        self.progress_widget = QWidget()
-        self.progress_widget.setLayout(progress_row)
-        progress_row.setContentsMargins(0, 0, 0, 0)
-        self.progress_widget.hide()
-        self._progress: tuple[float, str] | None = None
-        self._progress_timer = QTimer(self)
-        self._progress_timer.setInterval(100)
-        self._progress_timer.timeout.connect(self._draw_progress)
+        # -- load ---------------------------------------------------------------------------
+        self.loading = LoadControls()
+        self.load_button, self.unload_button = self.loading.load_button, self.loading.unload_button
+        self.template_label, self.pending = self.loading.template_label, self.loading.pending
+        self.show_loading, self.show_pending = self.loading.show_loading, self.loading.show_pending
+        self.serve = ServeSwitch()
 
         # -- sampling -------------------------------------------------------------------------
         self.sampling = SamplingForm()
@@ -183,13 +141,10 @@ class SettingsPanel(QWidget):
 
         inner = QWidget()
         column = QVBoxLayout(inner)
-        column.addWidget(model_box)
+        column.addWidget(self.picker)
         column.addWidget(memory_box)
-        column.addLayout(load_row)
-        column.addWidget(self.progress_widget)
-        column.addWidget(self.load_status)
-        column.addWidget(self.template_label)
-        column.addWidget(self.pending)
+        column.addWidget(self.loading)
+        column.addWidget(self.serve)
         column.addWidget(sampling_box)
         column.addWidget(prompt_box)
         column.addStretch(1)
@@ -204,8 +159,7 @@ class SettingsPanel(QWidget):
         # Scrolling the panel must not move the slider or a box the pointer passes over (and save it).
         self._wheel_guard = guard_wheel(self.scroll)
 
-        self.model_combo.activated.connect(self._combo_chosen)
-        self.browse_button.clicked.connect(self.browse)
+        self.picker.model_chosen.connect(self.model_chosen)
         self.context.changed.connect(self._edited)
         self.gpu_auto.toggled.connect(self.gpu_layers.setDisabled)
         for signal in (self.gpu_auto.toggled, self.gpu_layers.valueChanged, self.kv_dtype.currentIndexChanged,
@@ -215,50 +169,9 @@ class SettingsPanel(QWidget):
         self.sampling.preset_chosen.connect(self._apply_preset)
         self.load_button.clicked.connect(self.load_requested)
         self.unload_button.clicked.connect(self.unload_requested)
-        self.cancel_button.clicked.connect(self.cancel_requested)
+        self.loading.cancel_button.clicked.connect(self.cancel_requested)
         self._show_settings(self.settings)
         self._set_model_enabled(False)
-
-    # -- the model list -------------------------------------------------------------------------
-    def set_models(self, models: list[ModelEntry]) -> None:
-        self.model_combo.clear()
-        self.model_combo.addItem("Choose a model…", None)
-        self.catalog_dirs = {str(entry.path) for entry in models}
-        for entry in models:
-            self.model_combo.addItem(entry.label, str(entry.path))
-            self.model_combo.setItemData(self.model_combo.count() - 1, str(entry.path), Qt.ItemDataRole.ToolTipRole)
-
-    def add_folder(self, model_dir: str) -> int:
-        """Offer `model_dir` (one the user opened with Folder…) in the list; its index."""
-        index = self.model_combo.findData(str(model_dir))
-        if index < 0:
-            self.model_combo.addItem(Path(model_dir).name, str(model_dir))
-            index = self.model_combo.count() - 1
-            self.model_combo.setItemData(index, str(model_dir), Qt.ItemDataRole.ToolTipRole)
-        return index
-
-    def forget_folder(self, model_dir: str) -> None:
-        """Take a folder that could not be used out of the list (the catalog's own models stay)."""
-        index = self.model_combo.findData(str(model_dir))
-        if index > 0 and str(model_dir) not in self.catalog_dirs:
-            self.model_combo.removeItem(index)
-            self.model_combo.setCurrentIndex(0)
-
-    def select_model_dir(self, model_dir: str) -> None:
-        """Show `model_dir` as the chosen model (adding it to the list if it came from a folder chooser)."""
-        self.model_combo.setCurrentIndex(self.add_folder(model_dir))
-
-    def _combo_chosen(self, index: int) -> None:
-        model_dir = self.model_combo.itemData(index)
-        if model_dir:
-            self.model_chosen.emit(model_dir)
-
-    def browse(self) -> None:
-        """Folder…: pick a model folder and choose it."""
-        folder = QFileDialog.getExistingDirectory(self, "Choose a model folder")
-        if folder:
-            self.select_model_dir(folder)
-            self.model_chosen.emit(folder)
 
     # -- the inspected model --------------------------------------------------------------------
     def set_model(self, forecast: Forecast, settings: ModelSettings, defaults: ModelSettings | None = None) -> None:
@@ -266,10 +179,11 @@ class SettingsPanel(QWidget):
         self.forecast = forecast
         self.defaults = defaults or ModelSettings()
         self.sampling.defaults = self.defaults
+        self.remote = None
+        self._show_memory_rows(True)
         info = forecast.info
         c = info.config
-        self.model_info.setStyleSheet("color: #555;")
-        self.model_info.setText(
+        self.picker.say(
             f"{c.model_type}, {info.num_layers} layers, {format_bytes(info.weights_bytes())} of weights "
             f"({info.compute_dtype}), up to {format_tokens(info.max_position_embeddings)}"
         )
@@ -285,12 +199,38 @@ class SettingsPanel(QWidget):
         self._set_model_enabled(True)
         self._replan()
 
+    def set_remote(self, model: RemoteModel, settings: ModelSettings) -> None:
+        """A server's model: its sampling and system prompt; no forecast (that machine's memory is its own)."""
+        self.forecast, self.plan, self.remote = None, None, model
+        self.defaults = self.sampling.defaults = ModelSettings()
+        context = (f"its context is {model.context_tokens:,} tokens (the server's max_model_len)"
+                   if model.max_model_len else f"it does not say its context: {model.context_tokens:,} tokens are "
+                                               "assumed")
+        self.picker.say(f"{model.model_id} runs on {model.base_url}; {context}. Its memory is that machine's: "
+                        "no forecast or memory graphs here. Press Connect to chat with it.")
+        self._show_memory_rows(False)
+        self._show_settings(settings)
+        self._set_model_enabled(True)
+        self.plan_changed.emit(None)
+
+    def _show_memory_rows(self, shown: bool) -> None:
+        """The rows of this machine's memory; 'When full' stays, a remote context fills up too."""
+        for field in (self.context, self.max_label, self.plan_bar, self.plan_message, self.gpu_row, self.kv_dtype,
+                      self.ram_limit, self.cpu_threads):
+            self.memory_form.setRowVisible(field, shown)
+        self.memory_box.setTitle("Memory" if shown else "Context")
+        self.load_button.setText("Load" if shown else "Connect")
+
+    @property
+    def can_load(self) -> bool:
+        return self.remote is not None or (self.plan is not None and self.plan.fits)
+
     def show_model_error(self, message: str) -> None:
-        """The chosen folder could not be read: say why inline, and forget the previous forecast."""
+        """The chosen model could not be read or reached: say why inline, and forget the previous forecast."""
         self.forecast = None
         self.plan = None
-        self.model_info.setStyleSheet(ERROR_STYLE)
-        self.model_info.setText(message)
+        self.remote = None
+        self.picker.say(message, error=True)
         self.plan_bar.set_bars([])
         self.plan_message.clear()
         self.max_label.clear()
@@ -375,56 +315,15 @@ class SettingsPanel(QWidget):
         else:
             self.plan_message.setStyleSheet(ERROR_STYLE)
             self.plan_message.setText(self.plan.error)
-        self.load_button.setEnabled(self.plan.fits and not self.progress_widget.isVisible())
+        self.loading.set_can_load(self.can_load)
         self.plan_changed.emit(self.plan)
-
-    def show_pending(self, text: str) -> None:
-        """Say what the next Load would change ('' hides it)."""
-        self.pending.setText(text)
-        self.pending.setVisible(bool(text))
-
-    # -- loading state --------------------------------------------------------------------------
-    def show_loading(self, fraction: float, message: str) -> None:
-        """Progress from the engine; drawn at most every 100 ms.
-
-        QProgressBar.setValue repaints synchronously (~7 ms here), and a load reports once per layer.
-        """
-        self._progress = (fraction, message)
-        if not self.progress_widget.isVisible():
-            self.progress_widget.show()
-            self.load_button.setEnabled(False)
-            self.load_status.setStyleSheet("")
-            self.load_status.clear()
-        if not self._progress_timer.isActive():
-            self._draw_progress()
-            self._progress_timer.start()
-
-    def _draw_progress(self) -> None:
-        if self._progress is None or not self.progress_widget.isVisible():
-            self._progress_timer.stop()
-            return
-        fraction, message = self._progress
-        self._progress = None
-        self.progress.setFormat(f"{message} — %p%")
-        self.progress.setValue(int(fraction * 1000))
 
     def show_loaded(self, text: str, template_source: str = "") -> None:
         """Loaded: `text` says what and how fast; `template_source` which chat template it uses ('' if not known)."""
-        self.progress_widget.hide()
-        self.template_label.setText(f"Chat template: {template_source}")
-        self.template_label.setVisible(bool(template_source))
-        self.load_status.setStyleSheet("color: #1b5e20;")
-        self.load_status.setText(text)
-        self.unload_button.setEnabled(True)
-        self.load_button.setEnabled(self.plan is not None and self.plan.fits)
+        self.loading.show_loaded(text, template_source, self.can_load)
 
     def show_unloaded(self, text: str = "", error: bool = False) -> None:
-        self.progress_widget.hide()
-        self.template_label.hide()
-        self.load_status.setStyleSheet(ERROR_STYLE if error else "color: #555;")
-        self.load_status.setText(text)
-        self.unload_button.setEnabled(False)
-        self.load_button.setEnabled(self.plan is not None and self.plan.fits)
+        self.loading.show_unloaded(text, error, self.can_load)
 
 
 def _placement(s: ModelSettings) -> tuple:

@@ -28,13 +28,15 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 # the GUI would freeze on them during the first load.
 from engine.planning.budgets import detect_budgets
 from engine.engine import Engine
+from engine.client import RemoteServer
 from engine.engine_process import EngineProcess
-from engine.errors import EngineCrashedError, GenerationCancelled, StowageError
+from engine.errors import EngineCrashedError, GenerationCancelled, InvalidArgumentError, StowageError
 from engine.formats import read_config, read_tokenizer
 from engine.planning.inspect import inspect
 from kernels import cpu_decode
 
 from . import context_policy
+from .remote_source import ASK_SECONDS, RemoteModel, TokenEstimate
 
 ENGINE_NICE = int(os.environ.get("STOWAGE_ENGINE_NICE", 10))  # how much lower than the GUI (0..19)
 ENGINE_PROCESS = os.environ.get("STOWAGE_ENGINE_PROCESS", "1") != "0"  # the engine in a child process
@@ -126,12 +128,18 @@ class EngineWorker(QObject):
     prefill_progress = Signal(int, int, int)  # conversation_id, prompt tokens done, total (a long prompt)
     engine_started = Signal(int)  # the engine process's id, for graphs that follow it
     engine_crashed = Signal(str)  # how it died; `unloaded` follows
+    # a remote server's model instead of a local one:
+    remote_loaded = Signal(object, float)  # RemoteModel (with the context its server says now), seconds
 
     def __init__(self, use_process: bool | None = None):
         super().__init__()
         self.use_process = ENGINE_PROCESS if use_process is None else use_process
         self.engine = None  # in-process: the Engine
         self.process: EngineProcess | None = None  # or its child process
+        self.remote: RemoteServer | None = None  # or a remote server, whose model is remote_model
+        self.remote_model: RemoteModel | None = None
+        self.estimate = TokenEstimate()  # counts a remote chat (the server's tokenizer is not here)
+        self.served_model = ""  # the child's model id
         self.tokenizer = None  # counts tokens for the context policy, here whichever runs the engine
         # One engine conversation (its KV blocks) per chat: switching back to a chat reuses what is still
         # cached instead of reading its whole history again. The engine frees the least recently used
@@ -224,11 +232,41 @@ class EngineWorker(QObject):
             gpu_layers=request.gpu_layers, progress=progress, cancel=cancel,
             env={"OMP_NUM_THREADS": str(threads), cpu_decode.THREADS_ENV: str(threads)}, nice=ENGINE_NICE)
         self.tokenizer = tokenizer
+        self.served_model = self.process.server.models()[0]["id"]  # the name other programs ask for (Serve)
         self.engine_started.emit(self.process.pid)
+
+    @Slot(object, object)
+    def connect_remote(self, model: RemoteModel, api_key: str | None) -> None:
+        """Use a server's model: whatever is loaded here is unloaded first (one model at a time)."""
+        self._unload()
+        start = time.perf_counter()
+        server = RemoteServer(model.base_url, api_key)
+        try:
+            listed = {m.get("id"): m for m in server.models(timeout=ASK_SECONDS)}
+            if model.model_id not in listed:
+                raise InvalidArgumentError(f"{model.base_url} no longer lists {model.model_id}; it lists "
+                                           f"{', '.join(map(str, listed)) or 'no models'}")
+        except Exception as e:
+            server.close()
+            _log_unexpected(e)
+            self.load_failed.emit(describe_error(e))
+            return
+        length = listed[model.model_id].get("max_model_len")
+        self.remote_model = RemoteModel(model.base_url, model.model_id, length if isinstance(length, int) else None)
+        self.remote, self.context_tokens, self.estimate = server, self.remote_model.context_tokens, TokenEstimate()
+        self.remote_loaded.emit(self.remote_model, time.perf_counter() - start)
 
     @property
     def is_loaded(self) -> bool:
-        return self.engine is not None or self.process is not None
+        return self.engine is not None or self.process is not None or self.remote is not None
+
+    @property
+    def endpoint(self) -> tuple[str, str, str] | None:
+        """Where other programs reach the loaded engine's API: (base URL, key, model name); None in process."""
+        if self.process is None or self.process.server is None:
+            return None
+        server = self.process.server
+        return f"{server.base_url}/v1", server.api_key, self.served_model
 
     @Slot()
     def unload(self) -> None:
@@ -240,10 +278,13 @@ class EngineWorker(QObject):
         try:
             if self.process is not None:
                 self.process.close()  # the child exits: all of its memory goes back at once
+            elif self.remote is not None:
+                self.remote.close()  # only the connection: the server keeps its model
             else:
                 self.engine.close()
         finally:
             self.engine, self.process, self.tokenizer, self.conversations = None, None, None, {}
+            self.remote = self.remote_model = None
             release_freed_memory()
             self.unloaded.emit()
 
@@ -257,11 +298,15 @@ class EngineWorker(QObject):
             sampling = request.sampling
             # Leave room for a reply: the whole max_tokens when the context allows, else a quarter of it.
             reserve = min(sampling.max_tokens, self.context_tokens // 4)
+            count = self.estimate.count if self.remote is not None else self._count_tokens
             fitted = context_policy.fit(
-                request.system, request.messages, self._count_tokens, self.context_tokens - reserve, request.policy
+                request.system, request.messages, count, self.context_tokens - reserve, request.policy
             )
             self.reply_started.emit(ReplyStarted(cid, fitted.prompt_tokens, fitted.first_kept, fitted.kept_head))
-            if self.process is not None:
+            if self.remote is not None:
+                r = self._reply_from_remote(cid, fitted.messages, sampling, request.cancel)
+                self.estimate.learn(fitted.messages, r.prompt_tokens)
+            elif self.process is not None:
                 r = self._reply_from_process(cid, fitted.messages, sampling, request.cancel)
             else:
                 r = self._reply_in_process(cid, fitted.messages, sampling, request.cancel)
@@ -285,7 +330,7 @@ class EngineWorker(QObject):
                 text=r.text,
                 finish_reason=r.finish_reason,
                 prompt_tokens=r.prompt_tokens,
-                completion_tokens=len(r.token_ids),
+                completion_tokens=getattr(r, "completion_tokens", 0) or len(r.token_ids),
                 reused_tokens=getattr(r, "reused_tokens", 0),
                 decode_tokens_per_s=getattr(r, "decode_tokens_per_s", 0.0) or 0.0,
                 prefill_tokens_per_s=getattr(r, "prefill_tokens_per_s", 0.0) or 0.0,
@@ -307,6 +352,14 @@ class EngineWorker(QObject):
     def _reply_from_process(self, cid: int, messages: list[dict], sampling, cancel: threading.Event):
         stream = self.process.chat(messages, sampling, cancel=cancel,
                                    progress=lambda done, total: self.prefill_progress.emit(cid, done, total))
+        for text in stream:
+            self.token.emit(cid, text)
+        return stream.result
+
+    def _reply_from_remote(self, cid: int, messages: list[dict], sampling, cancel: threading.Event):
+        # the server applies the model's chat template (it has the model; this app does not)
+        stream = self.remote.chat(messages, sampling, model=self.remote_model.model_id, cancel=cancel,
+                                  progress=lambda done, total: self.prefill_progress.emit(cid, done, total))
         for text in stream:
             self.token.emit(cid, text)
         return stream.result
@@ -334,6 +387,7 @@ class EngineClient(QObject):
     _unload = Signal()
     _chat = Signal(object)
     _forget = Signal(int)
+    _connect_remote = Signal(object, object)
 
     def __init__(self, parent=None, *, use_process: bool | None = None):
         super().__init__(parent)
@@ -348,6 +402,7 @@ class EngineClient(QObject):
         self._unload.connect(self.worker.unload)
         self._chat.connect(self.worker.chat)
         self._forget.connect(self.worker.forget)
+        self._connect_remote.connect(self.worker.connect_remote)
         self.thread.start()
         self._load_cancel: threading.Event | None = None
         self._chat_request: ChatRequest | None = None
@@ -362,6 +417,10 @@ class EngineClient(QObject):
         self._load_cancel = threading.Event()
         self._threads.emit(threads)
         self._load.emit(model_dir, plan, self._load_cancel)
+
+    def connect_remote(self, model: RemoteModel, api_key: str | None) -> None:
+        """Chat with a server's model from now on (what is loaded here is unloaded)."""
+        self._connect_remote.emit(model, api_key)
 
     def cancel_load(self) -> None:
         if self._load_cancel is not None:

@@ -53,6 +53,7 @@ class RemoteServer:
     def __init__(self, base_url: str, api_key: str | None = None, *, trust_env: bool = True):
         url = base_url.rstrip("/")
         self.base_url = url.removesuffix("/v1")
+        self.api_key = api_key  # what a GUI shows to copy (the app's Serve switch)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # no read timeout: a long prompt on a slow machine may take minutes before its first token
         self._http = httpx.Client(base_url=self.base_url, headers=headers, trust_env=trust_env,
@@ -68,9 +69,13 @@ class RemoteServer:
         except httpx.TransportError:
             return False
 
-    def models(self) -> list[dict]:
-        """The model objects of GET /v1/models (each has an "id"; Stowage's and vLLM's a "max_model_len")."""
-        return self._get("/v1/models")["data"]
+    def models(self, *, timeout: float | None = None) -> list[dict]:
+        """The model objects of GET /v1/models (each has an "id"; Stowage's and vLLM's a "max_model_len").
+
+        timeout: seconds to wait for the answer (default: no limit), so a server that accepts the connection and
+        never answers does not hold a GUI's worker for ever."""
+        kwargs = {} if timeout is None else {"timeout": timeout}
+        return self._get("/v1/models", **kwargs)["data"]
 
     def plan(self) -> dict:
         """A Stowage server's memory plan (engine.planning.report.to_dict)."""
@@ -103,8 +108,8 @@ class RemoteServer:
         except httpx.TransportError as e:
             raise self.unreachable(e) from None
 
-    def _get(self, path: str) -> dict:
-        response = self._check(self._request("GET", path))
+    def _get(self, path: str, **kwargs) -> dict:
+        response = self._check(self._request("GET", path, **kwargs))
         try:
             return response.json()
         except ValueError:

@@ -1,0 +1,160 @@
+"""The "Remote server" model source against a live `stowage serve` subprocess on 127.0.0.1 (real HTTP, no mock)."""
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+
+import pytest
+from factory import ROOT
+from PySide6.QtCore import Qt
+
+from app.remote_source import RemoteModel, ServerBook, TokenEstimate
+
+KEY = "remote-test-key"
+TIMEOUT_S = 60
+
+
+def start_server(model_dir, context=512):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "STOWAGE_API_KEY": KEY}
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", str(model_dir), "--port", "0",
+                             "--context", str(context)], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(TIMEOUT_S):
+            proc.kill()
+            pytest.fail("the server printed no URL")
+    url = proc.stdout.readline().strip()
+    if not url.startswith("http://127.0.0.1:"):
+        proc.kill()
+        pytest.fail(f"no URL on stdout ({url!r}): {proc.communicate()[1]}")
+    return proc, url
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=TIMEOUT_S)
+
+
+@pytest.fixture
+def server(tiny_model_dir):
+    proc, url = start_server(tiny_model_dir)
+    yield proc, url
+    stop(proc)
+
+
+def add_server(window, qtbot, url, key=KEY, remember=False):
+    """Server…, fill in the dialog, OK: as a user adds a server."""
+    qtbot.mouseClick(window.settings_panel.picker.server_button, Qt.MouseButton.LeftButton)
+    dialog = window.remotes.dialog
+    qtbot.waitUntil(dialog.isVisible)
+    dialog.url.setText(url + "/v1")
+    dialog.key.setText(key or "")
+    dialog.remember.setChecked(remember)
+    qtbot.mouseClick(dialog.buttons.button(dialog.buttons.StandardButton.Ok), Qt.MouseButton.LeftButton)
+
+
+def remote_entries(window):
+    combo = window.settings_panel.model_combo
+    return [combo.itemData(i) for i in range(combo.count()) if isinstance(combo.itemData(i), RemoteModel)]
+
+
+def test_a_servers_model_is_listed_chats_and_stores_its_reply(app_driver, qtbot, tiny_model_dir, server):
+    _, url = server
+    window = app_driver.open(tiny_model_dir)
+    app_driver.wait_planned(window)
+    panel = window.settings_panel
+    add_server(window, qtbot, url)
+    qtbot.waitUntil(lambda: panel.remote is not None, timeout=TIMEOUT_S * 1000)
+    (model,) = remote_entries(window)
+    assert model == RemoteModel(url, tiny_model_dir.name, 512)
+    assert panel.model_combo.currentData() == model and "server 127.0.0.1:" in panel.model_combo.currentText()
+    assert "512 tokens (the server's max_model_len)" in panel.model_info.text()
+    # nothing is known about that machine's memory: no forecast, no slider, no graphs
+    assert not panel.plan_bar.isVisible() and not panel.context.isVisible() and not window.graph.isVisible()
+    assert panel.policy.isVisible() and panel.load_button.text() == "Connect"
+    assert window.forecast is None and panel.plan is None
+
+    qtbot.mouseClick(panel.load_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: window.loaded_remote is not None, timeout=TIMEOUT_S * 1000)
+    assert window.chat.context_tokens == 512 and panel.serve.endpoint is None  # Serve is for a local model
+    panel.temperature.setValue(0.0)
+    panel.max_tokens.setValue(6)
+    tokens = []
+    window.client.worker.token.connect(lambda cid, text: tokens.append(text))
+    reply = app_driver.reply(window, lambda: app_driver.send(window, "Hello there"))
+    assert reply.finish_reason in ("stop", "length") and reply.text == "".join(tokens) and tokens
+    assert reply.prompt_tokens > 0 and reply.completion_tokens >= 1  # the server's usage
+    (cid,) = [c.id for c in window.store.conversations()]
+    stored = window.store.messages(cid)
+    assert [m.role for m in stored] == ["user", "assistant"] and stored[-1].content == reply.text
+    assert stored[-1].meta["model"] == tiny_model_dir.name
+
+    # the next window offers the server's model again (its key was not remembered, so it is asked for again)
+    window.close()
+    again = app_driver.open(tiny_model_dir)
+    assert remote_entries(again) == [model]
+    assert "remote-test-key" not in window.qsettings.value("remote_servers")
+
+
+def test_a_server_that_does_not_answer_is_a_message_and_the_window_goes_on(app_driver, qtbot, tiny_model_dir):
+    window = app_driver.open(tiny_model_dir)
+    app_driver.wait_planned(window)
+    panel = window.settings_panel
+    add_server(window, qtbot, "http://127.0.0.1:9", key=None)
+    qtbot.waitUntil(lambda: "cannot reach" in panel.model_info.text(), timeout=TIMEOUT_S * 1000)
+    assert "is the server running at that address?" in panel.model_info.text()
+    assert "Server…" in panel.model_info.text() and not remote_entries(window)
+    # the window keeps working: the local model plans, loads and answers
+    panel.model_combo.setCurrentIndex(1)
+    window.choose_model(str(tiny_model_dir))
+    qtbot.waitUntil(lambda: panel.plan is not None and panel.plan_bar.isVisible())
+    assert window.graph.isVisible()
+    app_driver.load(window)
+    panel.max_tokens.setValue(3)
+    reply = app_driver.reply(window, lambda: app_driver.send(window, "Hi"))
+    assert reply.text
+
+
+def test_a_server_gone_mid_session_is_an_error_in_the_chat(app_driver, qtbot, tiny_model_dir):
+    proc, url = start_server(tiny_model_dir)
+    try:
+        window = app_driver.open(tiny_model_dir)
+        app_driver.wait_planned(window)
+        panel = window.settings_panel
+        add_server(window, qtbot, url, remember=True)
+        qtbot.waitUntil(lambda: panel.remote is not None, timeout=TIMEOUT_S * 1000)
+        assert KEY in window.qsettings.value("remote_servers")  # ticked: remembered (the dialog says unencrypted)
+        qtbot.mouseClick(panel.load_button, Qt.MouseButton.LeftButton)
+        qtbot.waitUntil(lambda: window.loaded_remote is not None, timeout=TIMEOUT_S * 1000)
+    finally:
+        stop(proc)
+    failed = []
+    window.client.worker.reply_failed.connect(lambda cid, message: failed.append(message))
+    app_driver.send(window, "Anyone there?")
+    qtbot.waitUntil(lambda: bool(failed), timeout=TIMEOUT_S * 1000)
+    qtbot.waitUntil(window.chat.error.isVisible)
+    assert "cannot reach" in failed[0] and "cannot reach" in window.chat.error.text()
+    assert window.chat.send_button.isEnabled() and window.isVisible()
+    assert window.store.messages(window.chat.conversation_id)[0].content == "Anyone there?"  # kept
+
+
+def test_the_estimate_learns_the_servers_count():
+    estimate = TokenEstimate()
+    messages = [{"role": "user", "content": "x" * 400}]
+    assert estimate.count(messages) == 134 + 16  # a third of the characters, and the template's tokens
+    estimate.learn(messages, prompt_tokens=116)  # the server counted 100 content tokens: 1 for 4 characters
+    assert estimate.tokens_per_char == pytest.approx(0.25 * 1.1)  # with a 10% margin
+
+
+def test_a_hand_edited_settings_entry_is_dropped(tmp_path):
+    from PySide6.QtCore import QSettings
+
+    settings = QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat)
+    settings.setValue("remote_servers", '[{"url": "http://a:1", "models": [{"id": "m", "max_model_len": 8}]}, '
+                                        '{"no": "url"}, 3]')
+    book = ServerBook(settings)
+    assert book.models() == [RemoteModel("http://a:1", "m", 8)] and book.key_for("http://a:1") is None

@@ -2,18 +2,22 @@
 
 llama.cpp names tensors `blk.N.attn_q.weight`, ...; `GGUFModel.specs` holds them under the names
 engine/layout.py uses (`model.layers.N.self_attn.q_proj.weight`), so the layout, the planner and the
-loader read a GGUF model through the same record as a safetensors one. Two things differ from a
-Hugging Face checkpoint, and both are undone here:
+loader read a GGUF model through the same record as a safetensors one. Three things differ from a
+Hugging Face checkpoint, and all are undone here:
 - llama.cpp's converter permutes the Q and K rows of "llama" files for its rotary layout
   (convert_hf_to_gguf.py `permute`: within each head, row 2j + t holds HF row t * head_dim / 2 + j).
   The weights stay as stored; the Q and K outputs are permuted back per head (`qk_order`, a gather of
-  [n, heads, head_dim] per layer). Qwen2/Qwen3 files are not permuted.
+  [n, heads, head_dim] per layer). Qwen2/Qwen3/Gemma files are not permuted.
 - Llama 3's rope scaling is stored as the frequency factors it produces (`rope_freqs.weight`); its
   parameters are recovered from them and checked to reproduce every factor.
+- Gemma's norm weights are stored with the 1 of its (1 + weight) already added, and what llama.cpp hard-codes
+  for Gemma (the sliding-window pattern, Gemma 3's local rotary base, the attention scale) is not in the file:
+  `_gemma_keys` supplies it as llama.cpp does (docs/gemma.md, "Gemma from GGUF").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -35,37 +39,46 @@ from .layout import EMBED, FINAL_NORM, LM_HEAD, layer_tensor_names
 from .rope import inverse_frequencies
 
 # general.architecture -> the model_type engine/config.py builds (Mistral files say "llama")
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text"}
 PERMUTED_QK = frozenset({"llama"})  # architectures whose Q/K rows llama.cpp's converter permutes
+GEMMA = frozenset({"gemma2", "gemma3"})
 ROPE_FREQS = "rope_freqs.weight"
 _GLOBAL = {"token_embd.weight": EMBED, "output_norm.weight": FINAL_NORM, "output.weight": LM_HEAD}
 _LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
           "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
           "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj",
           "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
-_HF_LAYER = {hf: gguf for gguf, hf in _LAYER.items()}
+# Gemma's four norms per layer (gguf-py's tensor_mapping): ffn_norm is the one before the MLP there
+_GEMMA_LAYER = _LAYER | {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+                         "post_ffw_norm": "post_feedforward_layernorm"}
 _HF_GLOBAL = {hf: gguf for gguf, hf in _GLOBAL.items()}
 
 
-def hf_name(name: str) -> str | None:
+def _layer_names(arch: str) -> dict[str, str]:
+    return _GEMMA_LAYER if arch in GEMMA else _LAYER
+
+
+def hf_name(name: str, arch: str = "llama") -> str | None:
     """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; None for one the engine has no name for."""
     if name in _GLOBAL:
         return _GLOBAL[name]
+    layer = _layer_names(arch)
     parts = name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER:
-        return f"model.layers.{int(parts[1])}.{_LAYER[parts[2]]}.{parts[3]}"
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer:
+        return f"model.layers.{int(parts[1])}.{layer[parts[2]]}.{parts[3]}"
     return None
 
 
-def gguf_name(name: str) -> str:
+def gguf_name(name: str, arch: str = "llama") -> str:
     """The inverse of hf_name, for messages: `model.layers.3.mlp.up_proj.weight` -> `blk.3.ffn_up.weight`."""
     if name in _HF_GLOBAL:
         return _HF_GLOBAL[name]
     if name.startswith("model.layers."):
         index, rest = name.removeprefix("model.layers.").split(".", 1)
         stem, suffix = rest.rsplit(".", 1)
-        if stem in _HF_LAYER:
-            return f"blk.{index}.{_HF_LAYER[stem]}.{suffix}"
+        by_hf = {hf: gguf for gguf, hf in _layer_names(arch).items()}
+        if stem in by_hf:
+            return f"blk.{index}.{by_hf[stem]}.{suffix}"
     return name
 
 
@@ -132,7 +145,8 @@ class GGUFModel:
         self.architecture = self.metadata.get("general.architecture")
         self.config = config_from_gguf(self.file, self.name)
         # tensors the engine has no name for (rope_freqs.weight, ...) keep theirs: the layout lists them as unused
-        self.specs: dict[str, GGUFTensor] = {hf_name(n) or n: t for n, t in self.file.tensors.items()}
+        self.specs: dict[str, GGUFTensor] = {hf_name(n, self.architecture) or n: t
+                                             for n, t in self.file.tensors.items()}
         self.files = [part.path for part in self.file.parts]
         self._check_complete()
 
@@ -161,7 +175,7 @@ class GGUFModel:
     def _check_complete(self) -> None:
         needed = [EMBED, FINAL_NORM] + [n for i in range(self.config.num_layers)
                                          for n in layer_tensor_names(self.config, i).values()]
-        missing = [gguf_name(n) for n in needed if n not in self.specs]
+        missing = [gguf_name(n, self.architecture) for n in needed if n not in self.specs]
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             raise ModelFormatError(f"{self.name}: the {self.architecture} architecture needs tensor(s) "
@@ -253,7 +267,53 @@ def config_from_gguf(file: GGUFCheckpoint, name: str) -> ModelConfig:
         "eos_token_id": [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                                             "tokenizer.ggml.eom_token_id") if type(meta.get(k)) is int],
     }
-    return ModelConfig.from_dict(raw)
+    if arch not in GEMMA:
+        return ModelConfig.from_dict(raw)
+    config = ModelConfig.from_dict(raw | _gemma_keys(key, raw, tokens if isinstance(tokens, list) else []))
+    # llama.cpp's converter adds the 1 of Gemma's (1 + weight) norms to every stored norm weight
+    # (Gemma2Model/Gemma3Model.modify_tensors): the file holds the scale itself, so the norms multiply by it as is
+    return dataclasses.replace(config, norm_plus_one=False)
+
+
+# llama.cpp hard-codes what Gemma files do not say (src/llama-model.cpp, LLM_ARCH_GEMMA2 / LLM_ARCH_GEMMA3):
+SWA_PATTERN = {"gemma2": 2, "gemma3": 6}  # set_swa_pattern(n): layer i slides unless i % n == n - 1
+LOCAL_ROPE_BASE = 10000.0  # Gemma 3's sliding layers (rope_freq_base_train_swa), unscaled
+LAYERS_27B = {"gemma2": 46, "gemma3": 62}  # the 27B models, whose scores scale by (hidden / heads) ** -0.5
+GEMMA2_SOFTCAPS = (50.0, 30.0)  # attention, final logits: llama_hparams' defaults, which Gemma 2 files override
+END_OF_TURN = "<end_of_turn>"  # llama.cpp ends generation at this token by its text (llama-vocab.cpp, EOT)
+
+
+def swa_layers(arch: str, num_layers: int) -> list[bool]:
+    """Which layers attend within the sliding window, as llama_hparams::set_swa_pattern marks them."""
+    n = SWA_PATTERN[arch]
+    return [i % n < n - 1 for i in range(num_layers)]
+
+
+def _gemma_keys(key: "_Keys", raw: dict, tokens: list) -> dict:
+    """What a Gemma file adds to the HF-style dict, read as llama.cpp reads it; ModelConfig.from_dict does the rest
+    (GELU-tanh, embeddings times sqrt(hidden), the sandwich norms, Q/K norms for Gemma 3)."""
+    arch, layers = key.arch, raw["num_hidden_layers"]
+    # query_pre_attn_scalar is not in the file: llama.cpp takes hidden / heads for the 27B models (by their layer
+    # count), the head size for every other one, as gemma_pytorch's configs do
+    big = layers == LAYERS_27B[arch]
+    scalar = raw["hidden_size"] // raw["num_attention_heads"] if big else raw["head_dim"]
+    out = {"query_pre_attn_scalar": float(scalar)}
+    if arch == "gemma2":
+        attn, final = GEMMA2_SOFTCAPS
+        window = key.int("attention.sliding_window", 4096)
+        out |= {"attn_logit_softcapping": key.float("attn_logit_softcapping", attn),
+                "final_logit_softcapping": key.float("final_logit_softcapping", final)}
+    else:
+        window = key.int("attention.sliding_window") if "attention.sliding_window" in key else None
+        out |= {"final_logit_softcapping": key.float("final_logit_softcapping")
+                if "final_logit_softcapping" in key else None,
+                "rope_local_base_freq": LOCAL_ROPE_BASE}  # rope_scaling: the global layers' only, as in config.py
+    sliding = swa_layers(arch, layers) if window is not None else [False] * layers  # a Gemma 3 without: all global
+    out |= {"sliding_window": window,
+            "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding]}
+    if END_OF_TURN in tokens:
+        out["eos_token_id"] = raw["eos_token_id"] + [tokens.index(END_OF_TURN)]
+    return out
 
 
 class _Keys:
@@ -299,11 +359,15 @@ class _Keys:
 
 
 def _rope_scaling(key: _Keys, file: GGUFCheckpoint, theta: float, head_dim: int, name: str) -> dict | None:
-    """HF's rope_scaling for the file: none, or Llama 3's (recovered from rope_freqs.weight); others are refused."""
+    """HF's rope_scaling for the file: none, Llama 3's (recovered from rope_freqs.weight), or linear for Gemma (Gemma
+    3's global layers: positions divided by the factor); others are refused."""
     kind = key.str("rope.scaling.type", "none")
-    if kind not in ("none", "linear") or (kind == "linear" and key.float("rope.scaling.factor", 1.0) != 1.0):
-        raise UnsupportedModelError(f"{name}: rope scaling {kind!r} is not supported (Stowage supports none and "
-                                    "Llama 3's frequency factors)")
+    factor = key.float("rope.scaling.factor", 1.0) if kind == "linear" else 1.0
+    if kind == "linear" and factor != 1.0 and key.arch in GEMMA:
+        return {"rope_type": "linear", "factor": factor}
+    if kind not in ("none", "linear") or factor != 1.0:
+        raise UnsupportedModelError(f"{name}: rope scaling {kind!r} is not supported (Stowage supports none, "
+                                    "Llama 3's frequency factors, and linear for Gemma)")
     if ROPE_FREQS not in file.tensors:
         return None
     tensor = file.tensors[ROPE_FREQS]

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import shutil
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,9 @@ import torch
 import gguf
 from gguf import GGMLQuantizationType as GGML
 
-ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
+        "gemma3_text": "gemma3"}
+GEMMA = ("gemma2", "gemma3")
 NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
          "lm_head.weight": "output.weight"}
 LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
@@ -28,7 +31,16 @@ LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
          "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
 
 
-def gguf_name(name: str) -> str:
+@lru_cache(maxsize=8)
+def _tensor_name_map(arch: str, num_layers: int) -> gguf.TensorNameMap:
+    return gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], num_layers)
+
+
+def gguf_name(name: str, arch: str = "llama", num_layers: int = 64) -> str:
+    if arch in GEMMA:  # the names gguf-py's tensor map gives (Gemma's four norms differ from Llama's two)
+        mapped = _tensor_name_map(arch, num_layers).get_name(name, (".weight",))
+        assert mapped is not None, name
+        return mapped
     if name in NAMES:
         return NAMES[name]
     _, _, index, rest = name.split(".", 3)
@@ -98,17 +110,20 @@ def dequantized_copy(model_dir: Path, out_dir: Path, qtype: str) -> Path:
 
 
 def write_gguf(model_dir: Path, path: Path, qtype: str = "f32", *, drop: tuple[str, ...] = (),
-               arch: str | None = None, override: dict | None = None, split_max_tensors: int = 0) -> Path:
+               arch: str | None = None, override: dict | None = None, split_max_tensors: int = 0,
+               sentencepiece: tuple[list[str], list[float], list[int]] | None = None) -> Path:
     """`model_dir` (factory.make_model) as a GGUF file: matrices in `qtype` ("f32", "f16", "q8_0", "q4_0", ...).
 
     `drop`: GGUF names left out; `override`: GGUF name -> (array, ggml type or None) written instead (or added);
-    `split_max_tensors`: parts of at most that many tensors, named as gguf-split does (the first part is returned)."""
+    `split_max_tensors`: parts of at most that many tensors, named as gguf-split does (the first part is returned);
+    `sentencepiece`: a Gemma vocabulary (gemma_vocab) written as the converter writes one, instead of the folder's
+    byte-level BPE tokenizer (which is what it writes for a Gemma 3 without tokenizer.model)."""
     override = dict(override or {})
     config = _config(model_dir)
     arch = arch or ARCH[config["model_type"]]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    theta, scaling = _rope(config)
+    theta, scaling = _rope(config) if arch not in GEMMA else (None, None)
     w = gguf.GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
     w.add_context_length(config["max_position_embeddings"])
     w.add_embedding_length(config["hidden_size"])
@@ -116,22 +131,30 @@ def write_gguf(model_dir: Path, path: Path, qtype: str = "f32", *, drop: tuple[s
     w.add_feed_forward_length(config["intermediate_size"])
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
-    w.add_rope_freq_base(theta)
     w.add_layer_norm_rms_eps(config["rms_norm_eps"])
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_rope_dimension_count(head_dim)
+    if arch in GEMMA:
+        add_gemma_parameters(w, config, arch)
+    else:
+        w.add_rope_freq_base(theta)
+        w.add_rope_dimension_count(head_dim)
     w.add_file_type({"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7}.get(qtype, 0))
-    add_tokenizer(w, model_dir, config)
+    if sentencepiece is not None:
+        add_gemma_sentencepiece(w, sentencepiece)
+    else:
+        add_tokenizer(w, model_dir, config)
     tensors = hf_tensors(model_dir)
-    if config.get("tie_word_embeddings"):
+    if config.get("tie_word_embeddings") or arch == "gemma2":  # Gemma2Model skips lm_head.weight: always tied
         tensors.pop("lm_head.weight", None)
     for name, t in tensors.items():
         if name.endswith(("q_proj.weight", "q_proj.bias")) and arch == "llama":
             t = permute(t, heads)
         elif name.endswith(("k_proj.weight", "k_proj.bias")) and arch == "llama":
             t = permute(t, kv_heads)
-        target = gguf_name(name)
+        elif name.endswith("norm.weight") and arch in GEMMA:
+            t = t.float() + 1  # Gemma2Model/Gemma3Model.modify_tensors: the 1 of (1 + weight), added in float32
+        target = gguf_name(name, arch, config["num_hidden_layers"])
         if target in drop:
             continue
         if target in override:
@@ -155,6 +178,30 @@ def write_gguf(model_dir: Path, path: Path, qtype: str = "f32", *, drop: tuple[s
     w.write_tensors_to_file()
     w.close()
     return path.with_name(f"{path.stem}-00001-of-{len(w.tensors):05d}.gguf") if len(w.tensors) > 1 else path
+
+
+def add_gemma_parameters(w: gguf.GGUFWriter, config: dict, arch: str) -> None:
+    """What Gemma2Model / Gemma3Model.set_gguf_parameters add: soft-caps, the window, Gemma 3's global rope.
+
+    Gemma 2 writes no rope base (llama.cpp's default 10000 is Gemma 2's) and both soft-caps; Gemma 3 the global
+    layers' base and linear scaling (from rope_parameters["full_attention"]), a final soft-cap only when set, and
+    the window unless sliding_window_pattern is 1. Neither writes query_pre_attn_scalar nor the layer pattern."""
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(config["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(config["final_logit_softcapping"])
+        w.add_sliding_window(config["sliding_window"])
+        return
+    params = config.get("rope_parameters") or {}
+    full = params.get("full_attention", params)
+    w.add_rope_freq_base(full.get("rope_theta", config.get("rope_theta", 1_000_000.0)))
+    if full.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(full["factor"])
+    assert config.get("attn_logit_softcapping") is None  # the converter refuses one
+    if config.get("final_logit_softcapping"):
+        w.add_final_logit_softcapping(config["final_logit_softcapping"])
+    if config.get("sliding_window_pattern") != 1:
+        w.add_sliding_window(config["sliding_window"])
 
 
 def add_tokenizer(w: gguf.GGUFWriter, model_dir: Path, config: dict) -> None:
@@ -350,3 +397,50 @@ def write_k_quant_gguf(model_dir: Path, path: Path, hf_out: Path, types: dict[st
     shutil.copytree(model_dir, hf_out)
     save_file({n: t.contiguous() for n, t in hf.items()}, hf_out / "model.safetensors")
     return write_gguf(model_dir, path, "f32", override=override), hf_out
+
+
+# Gemma's SentencePiece layout: its special tokens first (ids as in Gemma 2/3: <pad> 0, <eos> 1, <bos> 2, <unk> 3)
+GEMMA_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
+
+
+def gemma_vocab(size: int, corpus: list[str]) -> tuple[list[str], list[float], list[int]]:
+    """A Gemma-style SentencePiece BPE vocabulary of `size` tokens trained on `corpus`: (tokens, scores, types) as
+    convert_hf_to_gguf.py's _create_vocab_sentencepiece writes them (specials, the 256 byte tokens, then pieces by
+    score: merges best first, single characters last)."""
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, trainers
+    from tokenizers.models import BPE
+
+    trainer_tok = Tokenizer(BPE())
+    trainer_tok.normalizer = normalizers.Replace(" ", "▁")
+    trainer_tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never", split=True)
+    fixed = len(GEMMA_SPECIAL) + 256
+    trainer_tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=size - fixed, show_progress=False))
+    spec = json.loads(trainer_tok.to_str())
+    merged = ["".join(m if isinstance(m, list) else m.split(" ")) for m in spec["model"]["merges"]]
+    chars = sorted(set(spec["model"]["vocab"]) - set(merged))
+    pieces = (merged + chars)[: size - fixed]
+    pad = [f"[PAD{i}]" for i in range(1, size - fixed - len(pieces) + 1)]  # the converter pads to vocab_size
+    tokens = GEMMA_SPECIAL + [f"<0x{b:02X}>" for b in range(256)] + pieces + pad
+    scores = [0.0] * fixed + [-float(i) for i in range(len(pieces))] + [-1000.0] * len(pad)
+    T = gguf.TokenType
+    types = [T.UNKNOWN if t == "<unk>" else T.CONTROL for t in GEMMA_SPECIAL] + [T.BYTE] * 256 + \
+        [T.NORMAL] * len(pieces) + [T.UNUSED] * len(pad)
+    return tokens, scores, types
+
+
+def add_gemma_sentencepiece(w: gguf.GGUFWriter, vocab: tuple[list[str], list[float], list[int]]) -> None:
+    """Gemma2Model.set_vocab: _set_vocab_sentencepiece (model "llama", Gemma's ids and add_bos_token from its
+    tokenizer_config.json) and add_add_space_prefix(False)."""
+    tokens, scores, types = vocab
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(tokens.index("<bos>"))
+    w.add_eos_token_id(tokens.index("<eos>"))
+    w.add_unk_token_id(tokens.index("<unk>"))
+    w.add_pad_token_id(tokens.index("<pad>"))
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(False)

@@ -1,0 +1,253 @@
+"""Gemma 2 and Gemma 3 (text) from GGUF files, against transformers on the same (dequantized) weights.
+
+The files are written from tiny random models the way llama.cpp's convert_hf_to_gguf.py writes Gemma
+(gguf_factory.py: gguf-py's tensor names, the 1 added to every norm weight, Gemma2Model/Gemma3Model's keys), so
+what the file does not say (the window pattern, Gemma 3's local rotary base, the attention scale) must come out
+as llama.cpp hard-codes it. Windows of 8 tokens: every prompt crosses them.
+"""
+
+import json
+import math
+
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+from factory import CORPUS, cpu_plan, make_model  # noqa: E402
+from gguf_factory import dequantized_copy, gemma_vocab, hf_tensors, write_gguf  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from engine import cli  # noqa: E402
+from engine.config import ModelConfig  # noqa: E402
+from engine.engine import Engine  # noqa: E402
+from engine.formats import read_config, read_tokenizer  # noqa: E402
+from engine.gguf import GGUFFile  # noqa: E402
+from engine.gguf_model import GGUFModel, gguf_name, hf_name, swa_layers  # noqa: E402
+from engine.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
+from engine.layout import layer_tensor_names  # noqa: E402
+from engine.sampler import SamplingParams  # noqa: E402
+
+TOLERANCE = 1e-4  # fp32 logits, max abs difference, as for the HF path (tests/engine/test_gemma.py)
+PROMPT = "Stowage plans memory: weights, KV cache, workspace and headroom. Pick a context size with the slider;"
+# query_pre_attn_scalar = head_dim: what llama.cpp assumes for every Gemma but the 27B ones (head_dim 32 is not
+# hidden / heads = 16, so the two rules differ here)
+GEMMA = dict(head_dim=32, query_pre_attn_scalar=32, sliding_window=8, initializer_range=0.2)
+# Gemma 3 in 6 layers: llama.cpp's fixed pattern makes layers 0-4 sliding and 5 global
+GEMMA3 = GEMMA | {"num_hidden_layers": 6, "rope_parameters": {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}}
+MODELS = {
+    "gemma2": ("gemma2", GEMMA | {"tie_word_embeddings": True}),  # Gemma2Model always ties (it drops lm_head)
+    "gemma3": ("gemma3_text", GEMMA3),  # its own head, linear-scaled global rope
+    "gemma3-tied": ("gemma3_text", GEMMA3 | {"tie_word_embeddings": True, "final_logit_softcapping": 20.0}),
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    return {name: make_model(root / name, arch, **overrides) for name, (arch, overrides) in MODELS.items()}
+
+
+@pytest.fixture(scope="module")
+def files(models, tmp_path_factory):
+    """(model, qtype) -> (the GGUF file, the HF folder holding the weights that file holds)."""
+    root = tmp_path_factory.mktemp("gguf")
+    out = {}
+    for name, hf in models.items():
+        for qtype in ("f32", "q8_0"):
+            path = write_gguf(hf, root / f"{name}-{qtype}.gguf", qtype)
+            out[name, qtype] = path, hf if qtype == "f32" else dequantized_copy(hf, root / f"{name}-{qtype}-hf", qtype)
+    return out
+
+
+def reference_model(model_dir):
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def greedy_reference(reference, ids, eos_ids, max_tokens):
+    with torch.no_grad():
+        out = reference.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 max_new_tokens=max_tokens, do_sample=False, eos_token_id=sorted(eos_ids),
+                                 pad_token_id=sorted(eos_ids)[0])
+    return [t for t in out[0, len(ids):].tolist() if t not in eos_ids]
+
+
+# -- names, norms, config -------------------------------------------------------------------------------
+
+
+def test_the_four_norms_map_to_llama_cpps_names_and_back(models):
+    config = ModelConfig.from_dir(models["gemma3"])
+    for arch in ("gemma2", "gemma3"):
+        for name in layer_tensor_names(config, 4).values():
+            assert hf_name(gguf_name(name, arch), arch) == name != gguf_name(name, arch)
+    assert gguf_name("model.layers.2.pre_feedforward_layernorm.weight", "gemma3") == "blk.2.ffn_norm.weight"
+    assert gguf_name("model.layers.2.post_attention_layernorm.weight", "gemma2") == "blk.2.post_attention_norm.weight"
+    assert hf_name("blk.2.post_ffw_norm.weight", "gemma2") == "model.layers.2.post_feedforward_layernorm.weight"
+    assert hf_name("blk.2.ffn_norm.weight") == "model.layers.2.post_attention_layernorm.weight"  # Llama's
+
+
+def test_the_file_holds_the_norms_plus_one_and_the_config_says_so(files, models):
+    path, _ = files["gemma3", "q8_0"]
+    stored = GGUFModel(path).file
+    hf = hf_tensors(models["gemma3"])
+    for gguf_key, hf_key in [("blk.0.attn_norm.weight", "model.layers.0.input_layernorm.weight"),
+                             ("blk.5.attn_k_norm.weight", "model.layers.5.self_attn.k_norm.weight"),
+                             ("output_norm.weight", "model.norm.weight")]:
+        assert torch.equal(torch.from_numpy(stored.raw(gguf_key).copy()), hf[hf_key] + 1)
+    assert not read_config(path).norm_plus_one  # the norms multiply by the stored weight as it is
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_config_from_metadata_is_the_config_json(files, models, name):
+    ours, theirs = read_config(files[name, "q8_0"][0]), ModelConfig.from_dir(models[name])
+    assert ours == ModelConfig(**{**theirs.__dict__, "torch_dtype": None, "norm_plus_one": False})
+    assert ours.window(0) == 8 and ours.attention_scale == 32**-0.5
+    if name == "gemma2":
+        assert ours.layer_windows == (8, None, 8) and (ours.attn_softcap, ours.final_softcap) == (50.0, 30.0)
+    else:
+        assert ours.layer_windows == (8,) * 5 + (None,) and ours.local_rope.theta == 10000.0
+        assert (ours.rope.kind, ours.rope.factor, ours.rope.theta) == ("linear", 8.0, 1e6)
+
+
+def test_the_window_pattern_is_llama_cpps():
+    assert swa_layers("gemma2", 5) == [True, False, True, False, True]
+    assert swa_layers("gemma3", 13) == [True] * 5 + [False] + [True] * 5 + [False, True]
+
+
+def test_a_gemma3_file_without_a_window_is_all_global(tmp_path):
+    # sliding_window_pattern 1: the converter writes no window, and llama.cpp then runs every layer in full
+    hf = make_model(tmp_path / "hf", "gemma3_text", **GEMMA | {"num_hidden_layers": 2, "sliding_window_pattern": 1})
+    path = write_gguf(hf, tmp_path / "m.gguf")
+    assert "gemma3.attention.sliding_window" not in GGUFFile(path).metadata
+    assert read_config(path).layer_windows == (None, None) == ModelConfig.from_dir(hf).layer_windows
+
+
+# -- same logits and tokens as transformers ---------------------------------------------------------------
+
+
+# f32: prefill chunks inside the window (5) and past it (64). Q8_0: chunks of 16, past the window and past the 8
+# rows up to which the CPU's block kernels quantize x to 16 bits (kernels/csrc/quant_dots.h: ~1e-5 relative, 3e-4
+# on these logits); 16 rows take the tiles' float32 product, the reference's to the order of sums.
+@pytest.mark.parametrize("qtype, chunk", [("f32", 5), ("f32", 64), ("q8_0", 16)])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_logits_and_greedy_tokens_match_transformers(files, name, qtype, chunk):
+    path, hf = files[name, qtype]
+    reference = reference_model(hf)
+    engine = Engine.load(path, cpu_plan(path, 256, dtype="float32", prefill_chunk=chunk))
+    ids = engine.tokenizer.encode(PROMPT)
+    assert ids == AutoTokenizer.from_pretrained(hf)(PROMPT)["input_ids"] and len(ids) > 3 * 8
+    conv = engine.new_conversation()
+    ours = engine.model.forward(ids, conv.seq, engine.cache, all_logits=True)
+    with torch.no_grad():
+        theirs = reference(torch.tensor([ids])).logits[0]
+    assert theirs.abs().max() > 1.0
+    assert (ours - theirs).abs().max().item() <= TOLERANCE
+    engine.release(conv)
+    if chunk == 5:
+        return  # the greedy run below does not depend on the chunk
+    result = engine.generate(engine.new_conversation(), ids, SamplingParams(temperature=0, max_tokens=24)).run()
+    assert result.token_ids == greedy_reference(reference, ids, engine.eos_ids, 24)
+    assert engine.memory_report()["cpu"]["weights_copied"] == 0  # the norms too: the +1 is in the file
+
+
+@pytest.mark.parametrize("arch, layers", [("gemma2", 46), ("gemma3_text", 62)])
+def test_the_27b_models_scale_by_hidden_over_heads(arch, layers, tmp_path):
+    # llama.cpp knows the 27B models by their layer count and scales their scores by (hidden / heads) ** -0.5
+    # (Gemma 2 27B: 4608 / 32 = 144, the query_pre_attn_scalar of its config.json); here 64 / 4 = 16
+    hf = make_model(tmp_path / "hf", arch, **GEMMA | {"num_hidden_layers": layers, "query_pre_attn_scalar": 16,
+                                                      "intermediate_size": 32, "tie_word_embeddings": True})
+    path = write_gguf(hf, tmp_path / "m.gguf")
+    config = read_config(path)
+    assert config.attention_scale == 16**-0.5 and config.head_dim == 32
+    engine = Engine.load(path, cpu_plan(path, 128, dtype="float32", prefill_chunk=64))
+    ids = list(range(3, 23))
+    ours = engine.model.forward(ids, engine.new_conversation().seq, engine.cache, all_logits=True)
+    with torch.no_grad():
+        theirs = reference_model(hf)(torch.tensor([ids])).logits[0]
+    assert (ours - theirs).abs().max().item() <= TOLERANCE
+
+
+# -- planning ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gemma3"])
+def test_stowage_plan_charges_window_layers_as_for_the_hf_folder(files, models, name, capsys):
+    shown = {}
+    for source in (files[name, "f32"][0], models[name]):
+        assert cli.main(["plan", str(source), "--context", "1024", "--ram-budget", "8GiB", "--json"]) == 0
+        shown[source] = json.loads(capsys.readouterr().out)
+    gguf_plan, hf_plan = shown.values()
+    assert gguf_plan["dtype"] == hf_plan["dtype"] == "float32"
+    kv = [[d["kv_bytes"] for d in p["devices"]] for p in (gguf_plan, hf_plan)]
+    assert kv[0] == kv[1]
+    # by hand (docs/planner.md): a block of 16 tokens is 16 x 2 (K, V) x 2 KV heads x 32 dims x 4 bytes; a full
+    # layer keeps ceil(1024 / 16) blocks, a window layer ceil((8 + chunk - 2) / 16) + 1 of them
+    config, chunk = read_config(files[name, "f32"][0]), gguf_plan["prefill_chunk"]
+    block = 16 * 2 * 2 * 32 * 4
+    full, window = math.ceil(1024 / 16), math.ceil((8 + chunk - 2) / 16) + 1
+    assert window < full
+    num_window = sum(w is not None for w in config.layer_windows)
+    assert sum(kv[0]) == block * (num_window * window + (config.num_layers - num_window) * full)
+
+
+# -- tokenizer and chat template -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gemma_spm(tmp_path_factory):
+    """A Gemma 2 GGUF with a Gemma-style SentencePiece vocabulary and no chat template (as many files come)."""
+    vocab = gemma_vocab(512, CORPUS)
+    root = tmp_path_factory.mktemp("spm")
+    hf = make_model(root / "hf", "gemma2", **GEMMA | {"tie_word_embeddings": True, "vocab_size": 512,
+                                                      "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0})
+    return write_gguf(hf, root / "m.gguf", sentencepiece=vocab), vocab
+
+
+def texts() -> list[str]:
+    import random
+
+    rng = random.Random(3)
+    words = CORPUS[:4] + ["  two  spaces", "\ttab", "new\nline", "東京", "🚀", "<start_of_turn>", "<end_of_turn>",
+                          "<bos>", "Ünïcödé", "12345", " lead", "trail ", "x\n\ny"]
+    return ["".join(rng.choice(words) + rng.choice(["", " ", "  ", "\n"]) for _ in range(rng.randint(1, 8)))
+            for _ in range(400)]
+
+
+def test_the_sentencepiece_tokenizer_matches_transformers_gemma_tokenizer(gemma_spm):
+    from transformers import GemmaTokenizer
+    from transformers.tokenization_utils_base import generate_merges
+
+    path, (tokens, scores, _) = gemma_spm
+    ours = tokenizer_from_gguf(GGUFFile(path).metadata, path.name)
+    ids = {t: i for i, t in enumerate(tokens)}
+    reference = GemmaTokenizer(vocab=ids, merges=generate_merges(ids, dict(zip(tokens, scores))))
+    reference.add_special_tokens({"additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]},
+                                 replace_extra_special_tokens=False)
+    cases = texts()
+    mismatches = [t for t in cases if ours.encode(t) != reference(t)["input_ids"]]
+    assert not mismatches, f"{len(mismatches)} of {len(cases)} differ, e.g. {mismatches[:3]!r}"
+    assert ours.encode("hi")[0] == ids["<bos>"]  # add_bos_token, and no "▁" prefix (add_space_prefix false):
+    assert ours.encode("hi", add_special_tokens=False) == reference("hi", add_special_tokens=False)["input_ids"]
+    assert ours.encode("<end_of_turn>", add_special_tokens=False) == [ids["<end_of_turn>"]]
+    sample = reference(cases[5])["input_ids"]
+    assert ours.decode(sample) == reference.decode(sample, skip_special_tokens=True)
+
+
+def test_a_file_without_a_template_chats_in_the_gemma_format_and_says_so(gemma_spm):
+    path, (tokens, _, _) = gemma_spm
+    engine = Engine.load(path, cpu_plan(path, 128))
+    assert engine.tokenizer.template_source == "gemma (built in)"  # the GUI's "Chat template:" label
+    # <end_of_turn> ends generation, as llama.cpp ends it (by the token's text)
+    assert {tokens.index("<eos>"), tokens.index("<end_of_turn>")} <= engine.eos_ids
+    assert tokens.index("<end_of_turn>") in read_config(path).eos_token_ids
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    text = engine.tokenizer.render_chat(messages)
+    assert text == "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+    ids = engine.tokenizer.apply_chat_template(messages)
+    assert ids[:2] == [tokens.index("<bos>"), tokens.index("<start_of_turn>")] and ids.count(2) == 1
+    # the app's worker formats chats with the tokenizer read the same way (app/worker.py)
+    tokenizer = read_tokenizer(path)
+    tokenizer.use_builtin_template(read_config(path).model_type)
+    assert tokenizer.template_source == "gemma (built in)"
+    assert GGUFModel(path).architecture == "gemma2"

@@ -777,15 +777,81 @@ static inline void block_values(float *acc, int64_t acc_stride, const float *p, 
         value_axpy(acc, acc_stride, p + j, 64, group, cache, type, vec, offset + j * stride, n, scale);
 }
 
+// sc[g][j] = q_g . key_j for the `group` query heads of a KV head over a block's `cnt` keys (key_j at offset +
+// j * stride), sc: [group][64]. Four heads' sums at a time share each key vector loaded (and converted), and are
+// independent chains; one head (no grouping: MHA) takes four keys at a time instead.
+static inline void block_scores(float *sc, const float *q, int group, const void *cache, int32_t type,
+                                int64_t offset, int64_t stride, int cnt, int n) {
+#ifdef VEC_LANES
+#define KEY_AT(o) (type == W_BF16 ? vload_bf16((const uint16_t *)cache + (o)) \
+                   : type == W_F16 ? vload_f16((const uint16_t *)cache + (o)) : vload((const float *)cache + (o)))
+    if (group == 1) {
+        int j = 0;
+        for (; j + 4 <= cnt; j += 4) {
+            const int64_t o = offset + j * stride;
+            vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+            for (int i = 0; i < n; i += VEC_LANES) {
+                vf qi = vload(q + i);
+                a0 = vfma(qi, KEY_AT(o + i), a0);
+                a1 = vfma(qi, KEY_AT(o + stride + i), a1);
+                a2 = vfma(qi, KEY_AT(o + 2 * stride + i), a2);
+                a3 = vfma(qi, KEY_AT(o + 3 * stride + i), a3);
+            }
+            sc[j] = vsum(a0), sc[j + 1] = vsum(a1), sc[j + 2] = vsum(a2), sc[j + 3] = vsum(a3);
+        }
+        for (; j < cnt; j++) {
+            vf a0 = vzero();
+            for (int i = 0; i < n; i += VEC_LANES) a0 = vfma(vload(q + i), KEY_AT(offset + j * stride + i), a0);
+            sc[j] = vsum(a0);
+        }
+        return;
+    }
+    for (int g0 = 0; g0 < group; g0 += 4) {
+        const int ng = group - g0 < 4 ? group - g0 : 4;
+        const float *q0 = q + (int64_t)g0 * n, *q1 = q0 + (ng > 1) * n, *q2 = q0 + (ng > 2) * 2 * n,
+                    *q3 = q0 + (ng > 3) * 3 * n;  // heads past the group repeat the first, never stored
+        float *s0 = sc + g0 * 64;
+        for (int j = 0; j < cnt; j++) {
+            const int64_t o = offset + j * stride;
+            vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+            for (int i = 0; i < n; i += VEC_LANES) {
+                vf k = KEY_AT(o + i);
+                a0 = vfma(vload(q0 + i), k, a0);
+                a1 = vfma(vload(q1 + i), k, a1);
+                a2 = vfma(vload(q2 + i), k, a2);
+                a3 = vfma(vload(q3 + i), k, a3);
+            }
+            s0[j] = vsum(a0);
+            if (ng > 1) s0[64 + j] = vsum(a1);
+            if (ng > 2) s0[128 + j] = vsum(a2);
+            if (ng > 3) s0[192 + j] = vsum(a3);
+        }
+    }
+#undef KEY_AT
+#else
+    (void)q, (void)group, (void)cache, (void)type, (void)offset, (void)stride, (void)cnt, (void)n, (void)sc;
+#endif
+}
+
+// The cache lines of [p, p + bytes) on their way into the core's cache: a block's keys and values lie together
+// (all KV heads of a block), but the next block is anywhere, where the hardware prefetcher cannot follow.
+static inline void prefetch_range(const void *p, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)p + b, 0, 3);
+}
+
 // One unit = one split of the keys, for every head: the running maximum, sum and weighted values of each query
 // head (flash decoding), a cache block of keys at a time; merged afterwards. All KV heads of a block are read
 // together, so the cache is one sequential stream (a head at a time, its rows strided by the other heads',
-// read it at a fraction of the bandwidth).
+// read it at a fraction of the bandwidth), and the next block is prefetched while this one is summed.
+#ifndef PREFETCH_BLOCKS
+#define PREFETCH_BLOCKS 2
+#endif
 static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
     attn_task *t = ctx;
     const model *m = t->m;
     const int hd = m->head_dim, kvh = m->num_kv_heads, group = m->num_heads / kvh, bs = m->block_size;
     const int32_t type = m->cache_type;
+    const int64_t elem = type == W_F32 ? 4 : type == CACHE_FP8 ? 1 : 2;
 #ifdef VEC_LANES
     const int vec = hd % VEC_LANES == 0 && type != CACHE_FP8;
 #else
@@ -805,15 +871,28 @@ static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
             if (cnt > t1 - pos) cnt = (int)(t1 - pos);
             if (cnt > 64) cnt = 64;
             const int64_t slot = (int64_t)t->block_table[pos / bs] * bs + off;
+            // PREFETCH_BLOCKS ahead (at a split's start, the ones before that too)
+            for (int64_t b = pos == t0 ? pos / bs + 1 : pos / bs + PREFETCH_BLOCKS; b <= pos / bs + PREFETCH_BLOCKS &&
+                 b * bs < t1; b++) {
+                const int64_t at = (int64_t)t->block_table[b] * bs * kvh * hd * elem,
+                              bytes = (b * bs + bs < t1 ? bs : t1 - b * bs) * kvh * hd * elem;
+                prefetch_range((const char *)t->l->k_cache + at, bytes);
+                prefetch_range((const char *)t->l->v_cache + at, bytes);
+            }
             for (int kh = 0; kh < kvh; kh++) {
                 const int64_t first = slot * kvh + kh;  // in rows of head_dim; the next token's is kvh rows on
                 float *part = parts + (int64_t)kh * group * (hd + 2);
+                const float *qh = t->s->qkv + (int64_t)kh * group * hd;
+                if (vec)
+                    block_scores(scores, qh, group, t->l->k_cache, type, first * hd, (int64_t)kvh * hd, cnt, hd);
+                else
+                    for (int g = 0; g < group; g++)
+                        for (int j = 0; j < cnt; j++)
+                            scores[g * 64 + j] = key_dot(qh + (int64_t)g * hd, t->l->k_cache, type, 0,
+                                                         (first + (int64_t)j * kvh) * hd, hd, t->l->k_scale);
                 for (int g = 0; g < group; g++) {
-                    const float *q = t->s->qkv + (int64_t)(kh * group + g) * hd;
                     float *sc = scores + g * 64, *p = part + g * (hd + 2), top = p[0];
-                    for (int j = 0; j < cnt; j++)  // independent dot products: no branch between them
-                        sc[j] = key_dot(q, t->l->k_cache, type, vec, (first + (int64_t)j * kvh) * hd, hd,
-                                        t->l->k_scale) * m->attn_scale;
+                    for (int j = 0; j < cnt; j++) sc[j] *= m->attn_scale;
                     if (m->attn_softcap > 0.0f)
                         for (int j = 0; j < cnt; j++) sc[j] = tanhf(sc[j] / m->attn_softcap) * m->attn_softcap;
                     for (int j = 0; j < cnt; j++) top = sc[j] > top ? sc[j] : top;

@@ -70,6 +70,17 @@ def test_tied_head_and_long_context(tmp_path):
     _compare(native, torch_path, prompt, 12, TOLERANCE[torch.float32])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (6, 1)])
+def test_query_heads_per_kv_head(tmp_path, dtype, heads, kv_heads):
+    # the attention's score tiles: four keys of one head (no grouping), a group under four heads, one past four
+    model_dir = make_model(tmp_path / "m", "llama", dtype=dtype, hidden_size=96, num_attention_heads=heads,
+                           num_key_value_heads=kv_heads, head_dim=32)
+    native, torch_path = _engines(model_dir, 512)
+    prompt = [(i * 31) % 500 + 3 for i in range(300)]  # several splits of many blocks, the last partly filled
+    _compare(native, torch_path, prompt, 10, TOLERANCE[dtype])
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 def test_thread_counts_agree(tmp_path, threads):
     model_dir = make_model(tmp_path / "m", "llama")

@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from engine import cli  # noqa: E402
 from engine.config import ModelConfig  # noqa: E402
 from engine.engine import Engine  # noqa: E402
+from engine.errors import ModelFormatError  # noqa: E402
 from engine.formats import read_config, read_tokenizer  # noqa: E402
 from engine.gguf import GGUFFile  # noqa: E402
 from engine.gguf_model import GGUFModel, gguf_name, hf_name, swa_layers  # noqa: E402
@@ -168,6 +169,25 @@ def test_the_27b_models_scale_by_hidden_over_heads(arch, layers, tmp_path):
     assert (ours - theirs).abs().max().item() <= TOLERANCE
 
 
+def test_a_quantized_file_computes_in_bfloat16_by_default(files):
+    path, hf = files["gemma3", "q8_0"]
+    engine = Engine.load(path, cpu_plan(path, 256, prefill_chunk=16))
+    assert engine.plan.dtype == "bfloat16"
+    ids = engine.tokenizer.encode(PROMPT)
+    ours = engine.model.forward(ids, engine.new_conversation().seq, engine.cache, all_logits=True)
+    with torch.no_grad():
+        theirs = reference_model(hf)(torch.tensor([ids])).logits[0]
+    # bf16 activations (the f32 norm weights rounded to bf16 per call, as for every GGUF model): close, not equal
+    assert (ours - theirs).abs().max().item() <= 0.1 * theirs.abs().max().item()
+    assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.9
+
+
+def test_a_missing_gemma_tensor_is_named_as_llama_cpp_names_it(models, tmp_path):
+    path = write_gguf(models["gemma2"], tmp_path / "m.gguf", drop=("blk.1.post_ffw_norm.weight",))
+    with pytest.raises(ModelFormatError, match=r"gemma2 architecture needs tensor\(s\) blk.1.post_ffw_norm.weight"):
+        GGUFModel(path)
+
+
 # -- planning ----------------------------------------------------------------------------------------------
 
 
@@ -197,9 +217,9 @@ def test_stowage_plan_charges_window_layers_as_for_the_hf_folder(files, models, 
 @pytest.fixture(scope="module")
 def gemma_spm(tmp_path_factory):
     """A Gemma 2 GGUF with a Gemma-style SentencePiece vocabulary and no chat template (as many files come)."""
-    vocab = gemma_vocab(512, CORPUS)
+    vocab = gemma_vocab(1024, CORPUS)
     root = tmp_path_factory.mktemp("spm")
-    hf = make_model(root / "hf", "gemma2", **GEMMA | {"tie_word_embeddings": True, "vocab_size": 512,
+    hf = make_model(root / "hf", "gemma2", **GEMMA | {"tie_word_embeddings": True, "vocab_size": 1024,
                                                       "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0})
     return write_gguf(hf, root / "m.gguf", sentencepiece=vocab), vocab
 
@@ -221,7 +241,8 @@ def test_the_sentencepiece_tokenizer_matches_transformers_gemma_tokenizer(gemma_
     path, (tokens, scores, _) = gemma_spm
     ours = tokenizer_from_gguf(GGUFFile(path).metadata, path.name)
     ids = {t: i for i, t in enumerate(tokens)}
-    reference = GemmaTokenizer(vocab=ids, merges=generate_merges(ids, dict(zip(tokens, scores))))
+    # add_bos_token: what Gemma's tokenizer_config.json says (and the file's tokenizer.ggml.add_bos_token)
+    reference = GemmaTokenizer(vocab=ids, merges=generate_merges(ids, dict(zip(tokens, scores))), add_bos_token=True)
     reference.add_special_tokens({"additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]},
                                  replace_extra_special_tokens=False)
     cases = texts()
@@ -230,6 +251,7 @@ def test_the_sentencepiece_tokenizer_matches_transformers_gemma_tokenizer(gemma_
     assert ours.encode("hi")[0] == ids["<bos>"]  # add_bos_token, and no "▁" prefix (add_space_prefix false):
     assert ours.encode("hi", add_special_tokens=False) == reference("hi", add_special_tokens=False)["input_ids"]
     assert ours.encode("<end_of_turn>", add_special_tokens=False) == [ids["<end_of_turn>"]]
+    assert ours.encode("\t", add_special_tokens=False) == [ids["<0x09>"]]  # byte fallback
     sample = reference(cases[5])["input_ids"]
     assert ours.decode(sample) == reference.decode(sample, skip_special_tokens=True)
 

@@ -303,10 +303,10 @@ def _gemma_keys(key: "_Keys", raw: dict, tokens: list) -> dict:
         window = key.int("attention.sliding_window", 4096)
         out |= {"attn_logit_softcapping": key.float("attn_logit_softcapping", attn),
                 "final_logit_softcapping": key.float("final_logit_softcapping", final)}
-    else:
-        window = key.int("attention.sliding_window") if "attention.sliding_window" in key else None
+    else:  # absent or 0 switches the window (all layers global) or the final soft-cap off, as in llama.cpp
+        window = key.int("attention.sliding_window") if key.is_set("attention.sliding_window") else None
         out |= {"final_logit_softcapping": key.float("final_logit_softcapping")
-                if "final_logit_softcapping" in key else None,
+                if key.is_set("final_logit_softcapping") else None,
                 "rope_local_base_freq": LOCAL_ROPE_BASE}  # rope_scaling: the global layers' only, as in config.py
     sliding = swa_layers(arch, layers) if window is not None else [False] * layers  # a Gemma 3 without: all global
     out |= {"sliding_window": window,
@@ -326,6 +326,10 @@ class _Keys:
 
     def __contains__(self, key: str) -> bool:
         return f"{self.arch}.{key}" in self.meta
+
+    def is_set(self, key: str) -> bool:
+        """Present and not zero (llama.cpp's "off" for an optional number)."""
+        return self.meta.get(f"{self.arch}.{key}", 0) != 0
 
     def int(self, key: str, default=_MISSING) -> int:
         value = self._get(key, default)

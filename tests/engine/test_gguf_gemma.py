@@ -122,6 +122,16 @@ def test_a_gemma3_file_without_a_window_is_all_global(tmp_path):
     path = write_gguf(hf, tmp_path / "m.gguf")
     assert "gemma3.attention.sliding_window" not in GGUFFile(path).metadata
     assert read_config(path).layer_windows == (None, None) == ModelConfig.from_dir(hf).layer_windows
+    # a window of 0 is llama.cpp's "none" too
+    windowed = write_gguf(make_model(tmp_path / "w", "gemma3_text", **GEMMA | {"num_hidden_layers": 2}),
+                          tmp_path / "w.gguf")
+    data = bytearray(windowed.read_bytes())
+    at = data.index(b"gemma3.attention.sliding_window") + len("gemma3.attention.sliding_window") + 4  # past the type
+    assert data[at : at + 4] == (8).to_bytes(4, "little")
+    data[at : at + 4] = bytes(4)
+    zero = tmp_path / "zero.gguf"
+    zero.write_bytes(data)
+    assert read_config(windowed).layer_windows == (8, 8) and read_config(zero).layer_windows == (None, None)
 
 
 # -- same logits and tokens as transformers ---------------------------------------------------------------

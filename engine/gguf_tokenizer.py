@@ -4,7 +4,8 @@
 that `tokenizer.ggml.pre` names (the one the vocabulary was trained with). "llama": SentencePiece BPE
 from the tokens and scores, with byte fallback; the merges are recovered from the scores the way
 transformers converts a SentencePiece model, and the pipeline is Llama-2's tokenizer.json (a "▁"
-prefix on every run of text, as llama.cpp does too). Control tokens become special tokens, so they
+prefix on every run of text, as llama.cpp does too), or Gemma's when `tokenizer.ggml.add_space_prefix` is false
+(no prefix, no strip when decoding). Control tokens become special tokens, so they
 are matched whole; `tokenizer.huggingface.json`, when a file carries it, is used as it is.
 """
 

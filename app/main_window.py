@@ -238,7 +238,9 @@ class MainWindow(QMainWindow):
     def _show_pending(self, plan) -> None:
         """Context, layers and KV dtype apply at the next Load; say so while they differ from what is loaded."""
         loaded = f"{Path(self.loaded_dir).name} stays loaded with {summary(self.loaded_plan)}"
-        if self.model_dir != self.loaded_dir:
+        if self.remote is not None:
+            self.settings_panel.show_pending(f"{loaded}: press Connect to use {self.remote.model_id} instead.")
+        elif self.model_dir != self.loaded_dir:
             self.settings_panel.show_pending(f"{loaded}: press Load to load {Path(self.model_dir).name} instead.")
         elif plan is not None and summary(plan) != summary(self.loaded_plan):
             self.settings_panel.show_pending(f"Changed since Load, applied at the next Load: {loaded} until then.")

@@ -125,8 +125,9 @@ def _group(model_dir) -> str:
     return f"models/{Path(model_dir).name.replace('/', '_')}-{digest}"
 
 
-def load_model_settings(settings: QSettings, model_dir: Path, defaults: ModelSettings | None = None) -> ModelSettings:
-    """What the user chose for this model, over `defaults` (the model's own, model_defaults(), when None)."""
+def load_model_settings(settings: QSettings, model_dir, defaults: ModelSettings | None = None) -> ModelSettings:
+    """What the user chose for this model (a folder, or a server's RemoteModel with `defaults` given), over
+    `defaults` (the folder's own, model_defaults(), when None)."""
     defaults = model_defaults(model_dir) if defaults is None else defaults
     settings.beginGroup(_group(model_dir))
     try:
@@ -142,7 +143,7 @@ def load_model_settings(settings: QSettings, model_dir: Path, defaults: ModelSet
         settings.endGroup()
 
 
-def save_model_settings(settings: QSettings, model_dir: Path, model_settings: ModelSettings) -> None:
+def save_model_settings(settings: QSettings, model_dir, model_settings: ModelSettings) -> None:
     settings.beginGroup(_group(model_dir))
     for name, value in asdict(model_settings).items():
         # INI files lose None; an empty string stands for "not set".

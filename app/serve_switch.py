@@ -62,8 +62,9 @@ class ServeSwitch(QGroupBox):
     def _show(self) -> None:
         shown = self.is_on and self.endpoint is not None
         url, key, model = self.endpoint or ("", "", "")
-        self.url.setText(url if shown else "")
-        self.key.setText(key if shown else "")
+        for line, text in ((self.url, url), (self.key, key)):
+            line.setText(text if shown else "")
+            line.setCursorPosition(0)  # the start of a long key, as it is read
         self.form.setRowVisible(self.url_row, shown)
         self.form.setRowVisible(self.key_row, shown)
         if self.endpoint is None:

@@ -207,7 +207,7 @@ class SettingsPanel(QWidget):
                    if model.max_model_len else f"it does not say its context: {model.context_tokens:,} tokens are "
                                                "assumed")
         self.picker.say(f"{model.model_id} runs on {model.base_url}; {context}. Its memory is that machine's: "
-                        "no forecast or memory graphs here. Press Connect to chat with it.")
+                        "no forecast or memory graphs here.")
         self._show_memory_rows(False)
         self._show_settings(settings)
         self._set_model_enabled(True)

@@ -235,9 +235,10 @@ class EngineWorker(QObject):
         self.served_model = self.process.server.models()[0]["id"]  # the name other programs ask for (Serve)
         self.engine_started.emit(self.process.pid)
 
-    @Slot(object, object)
-    def connect_remote(self, model: RemoteModel, api_key: str | None) -> None:
-        """Use a server's model: whatever is loaded here is unloaded first (one model at a time)."""
+    @Slot(object, object, object)
+    def connect_remote(self, model: RemoteModel, api_key: str | None, cancel: threading.Event) -> None:
+        """Use a server's model: whatever is loaded here is unloaded first (one model at a time). Cancel is seen
+        once the server answered (within remote_source.ASK_SECONDS)."""
         self._unload()
         start = time.perf_counter()
         server = RemoteServer(model.base_url, api_key)
@@ -250,6 +251,10 @@ class EngineWorker(QObject):
             server.close()
             _log_unexpected(e)
             self.load_failed.emit(describe_error(e))
+            return
+        if cancel.is_set():
+            server.close()
+            self.load_cancelled.emit()
             return
         length = listed[model.model_id].get("max_model_len")
         self.remote_model = RemoteModel(model.base_url, model.model_id, length if isinstance(length, int) else None)
@@ -387,7 +392,7 @@ class EngineClient(QObject):
     _unload = Signal()
     _chat = Signal(object)
     _forget = Signal(int)
-    _connect_remote = Signal(object, object)
+    _connect_remote = Signal(object, object, object)
 
     def __init__(self, parent=None, *, use_process: bool | None = None):
         super().__init__(parent)
@@ -420,7 +425,8 @@ class EngineClient(QObject):
 
     def connect_remote(self, model: RemoteModel, api_key: str | None) -> None:
         """Chat with a server's model from now on (what is loaded here is unloaded)."""
-        self._connect_remote.emit(model, api_key)
+        self._load_cancel = threading.Event()
+        self._connect_remote.emit(model, api_key, self._load_cancel)
 
     def cancel_load(self) -> None:
         if self._load_cancel is not None:

@@ -65,10 +65,11 @@ def remote_entries(window):
 def test_a_servers_model_is_listed_chats_and_stores_its_reply(app_driver, qtbot, tiny_model_dir, server):
     _, url = server
     window = app_driver.open(tiny_model_dir)
-    app_driver.wait_planned(window)
+    app_driver.load(window)  # a local model first: connecting to the server unloads it
     panel = window.settings_panel
     add_server(window, qtbot, url)
     qtbot.waitUntil(lambda: panel.remote is not None, timeout=TIMEOUT_S * 1000)
+    assert "press Connect to use" in panel.pending.text()
     (model,) = remote_entries(window)
     assert model == RemoteModel(url, tiny_model_dir.name, 512)
     assert panel.model_combo.currentData() == model and "server 127.0.0.1:" in panel.model_combo.currentText()
@@ -81,6 +82,7 @@ def test_a_servers_model_is_listed_chats_and_stores_its_reply(app_driver, qtbot,
     qtbot.mouseClick(panel.load_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: window.loaded_remote is not None, timeout=TIMEOUT_S * 1000)
     assert window.chat.context_tokens == 512 and panel.serve.endpoint is None  # Serve is for a local model
+    assert window.loaded_dir is None and window.client.worker.process is None  # the local engine was ended
     panel.temperature.setValue(0.0)
     panel.max_tokens.setValue(6)
     tokens = []

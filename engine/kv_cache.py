@@ -262,5 +262,5 @@ class KVCache:
         ids = torch.tensor(self.groups[self.layer_group[layer]].table(seq)[first:end], dtype=torch.int64)
         device = self.k_cache[layer].device
         ids = ids.to(device)
-        self.k_cache[layer][ids] = k.to(device, non_blocking=False)
-        self.v_cache[layer][ids] = v.to(device, non_blocking=False)
+        self.k_cache[layer][ids] = k.to(device)
+        self.v_cache[layer][ids] = v.to(device)

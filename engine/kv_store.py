@@ -33,6 +33,8 @@ KV_DIR_ENV = "STOWAGE_KV_DIR"
 MAGIC = b"STOWKV01"
 PREFIX = struct.Struct("<8sII")  # magic, header bytes, CRC-32 of the header and the token ids
 ALIGN = 64  # the blocks start here-aligned, so every block is viewed in place as the cache dtype
+MAX_HEADER_BYTES = 1 << 16  # ours are ~100 bytes: a larger length is a damaged prefix, not a read of gigabytes
+MAX_TOKENS = 1 << 24  # likewise: no context is longer (a file from a longer context than this one's is fine)
 STALE_TMP_SECONDS = 3600  # a temporary file this old is a write that never finished
 
 
@@ -64,7 +66,7 @@ class CorruptEntry(Exception):
     """A file that is not a whole, intact entry of this store."""
 
 
-@dataclass
+@dataclass(eq=False)
 class Entry:
     """One conversation on disk: its tokens, and from which logical block each cache group's layers hold K/V."""
 
@@ -89,7 +91,7 @@ class KVStore:
             if path.suffix == ".kv":
                 try:
                     self.entries.append(self._read_header(path))
-                except (OSError, ValueError, CorruptEntry) as e:
+                except Exception as e:  # whatever a damaged header holds (JSON of another shape too)
                     log.warning("%s: not a usable KV cache file (%s); deleted", path, e)
                     path.unlink(missing_ok=True)
             elif path.suffix == ".tmp" and now - path.stat().st_mtime > STALE_TMP_SECONDS:
@@ -149,7 +151,7 @@ class KVStore:
         same = next((e for e in self.entries if e.token_ids == tokens), None)
         if not tokens or same is not None:  # read back and not grown since: the file is still right
             if same is not None:
-                self._touch(same)
+                self.touch(same)
             return
         firsts = [self.cache.held_range(seq, g)[0] for g in range(len(self.cache.groups))]
         header = json.dumps({"key": self.key, "num_tokens": len(tokens), "firsts": firsts}).encode()
@@ -219,7 +221,7 @@ class KVStore:
             log.exception("reading %s back failed; the prompt is prefilled", entry.path)
             self.cache.release(seq)
             return False
-        self._touch(entry)
+        self.touch(entry)
         return True
 
     # -- files -----------------------------------------------------------------------------------
@@ -229,16 +231,16 @@ class KVStore:
             if len(prefix) < PREFIX.size:
                 raise CorruptEntry("shorter than its prefix")
             magic, head_len, crc = PREFIX.unpack(prefix)
-            if magic != MAGIC:
+            if magic != MAGIC or head_len > MAX_HEADER_BYTES:
                 raise CorruptEntry("not a Stowage KV cache file")
             header = f.read(head_len)
             fields = json.loads(header)
             num_tokens, firsts = int(fields["num_tokens"]), [int(x) for x in fields["firsts"]]
+            if not 0 < num_tokens <= MAX_TOKENS or len(firsts) != len(self.cache.groups):
+                raise CorruptEntry("its layout is not this cache's")
             token_bytes = f.read(4 * num_tokens)
         if zlib.crc32(header + token_bytes) != crc or fields.get("key") != self.key:
             raise CorruptEntry("its header does not match its CRC or this model")
-        if len(firsts) != len(self.cache.groups) or num_tokens < 1:
-            raise CorruptEntry("its layout is not this cache's")
         data_offset, num_bytes = self._sizes(PREFIX.size + head_len, num_tokens, firsts)
         if path.stat().st_size != num_bytes:
             raise CorruptEntry(f"{path.stat().st_size} bytes, {num_bytes} expected (truncated?)")
@@ -264,7 +266,8 @@ class KVStore:
             path.unlink(missing_ok=True)
             total -= size
 
-    def _touch(self, entry: Entry) -> None:
+    def touch(self, entry: Entry) -> None:
+        """Mark the entry used now: the budget deletes it last."""
         try:
             os.utime(entry.path)  # the mtime orders the least recently used
         except OSError:

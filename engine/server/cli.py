@@ -18,7 +18,9 @@ from kernels import cpu_decode
 from ..defaults import DEFAULT_CONTEXT
 from ..dtypes import COMPUTE, KV
 from ..errors import InsufficientMemoryError, InvalidArgumentError, StowageError
-from ..planning.cli import _gpu_layers
+from ..units import format_bytes
+from ..kv_store import KV_DIR_ENV
+from ..planning.cli import _gpu_layers, _size
 
 API_KEY_ENV = "STOWAGE_API_KEY"  # the key without putting it on the command line (where `ps` shows it)
 DEFAULT_PORT = 8080
@@ -69,6 +71,10 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--kv-dtype", choices=sorted(KV), default=None)
     p.add_argument("--gpu-layers", metavar="N", type=_gpu_layers, default=None,
                    help="layers on the GPUs: a number (0 = CPU only) or auto (default)")
+    p.add_argument("--kv-disk-budget", metavar="SIZE", type=_size, default=None,
+                   help="disk space for the KV cache of conversations evicted from memory, read back when they "
+                        f"resume instead of prefilled again (in ${KV_DIR_ENV} or the user cache dir; default "
+                        "min(4GiB, 10%% of the free disk); 0: off)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the process that started this one ends (an app running its engine as a child)")
     p.set_defaults(func=run_serve)
@@ -95,7 +101,7 @@ def run_serve(args: argparse.Namespace) -> int:
     # Planned against this machine first: a shortage is an error before anything is allocated.
     try:
         plan = plan_for(args.model_dir, args.context, dtype=args.dtype, kv_dtype=args.kv_dtype,
-                        gpu_layers=args.gpu_layers, num_seqs=args.parallel)
+                        gpu_layers=args.gpu_layers, num_seqs=args.parallel, kv_disk_budget=args.kv_disk_budget)
     except InsufficientMemoryError as e:
         if args.parallel == 1:
             raise
@@ -106,7 +112,9 @@ def run_serve(args: argparse.Namespace) -> int:
                                    f"{plan.prefill_chunk} tokens; serve at most that many sequences")
     sock = listen(args.host, args.port, has_key=api_key is not None)  # a taken port fails before the load
     try:
-        sys.stderr.write(f"loading {args.model_dir.name}: {summary(plan)} for {args.parallel} sequence(s)\n")
+        spill = (f"; evicted conversations' KV cache up to {format_bytes(plan.kv_disk_bytes)} in {plan.kv_dir}"
+                 if plan.kv_disk_bytes else "")
+        sys.stderr.write(f"loading {args.model_dir.name}: {summary(plan)} for {args.parallel} sequence(s){spill}\n")
         engine = Engine.load(args.model_dir, plan, progress=write_progress)
     except BaseException:
         sock.close()

@@ -48,6 +48,7 @@ class PrefixPool:
         entry, on_disk = self.store.best(prompt_ids) if self.store else (None, 0)
         if on_disk > reuse and on_disk >= cache.spec.block_size:
             conv = self.engine.new_conversation()
+            self.store.touch(entry)  # the conversations evicted to make room for it are written without deleting it
             self.make_room([(conv.seq, on_disk)])
             if self.store.load(entry, on_disk, conv.seq):
                 return conv, on_disk
@@ -77,8 +78,9 @@ class PrefixPool:
             self._evict(self._idle.pop(0))
 
     def clear(self) -> None:
+        self._idle.sort(key=lambda c: c.last_used)  # written oldest first: the budget keeps the recent ones
         while self._idle:
-            self._evict(self._idle.pop())
+            self._evict(self._idle.pop(0))
 
     def _evict(self, conv: Conversation) -> None:
         if self.store is not None:

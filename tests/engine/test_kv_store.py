@@ -210,3 +210,46 @@ def test_a_sliding_window_model_reads_back_what_its_window_layers_hold(gemma_dir
     # the file holds the window layers' last blocks only: a prompt that leaves the chat early reads nothing
     store = KVStore.of(engine)
     assert store.best(PROMPT_A[:60] + [1, 2])[1] == 0
+
+
+def test_the_plan_says_the_spill_budget_and_the_disk_it_fits_in(model_dir, tmp_path):
+    from engine.planning.budgets import default_kv_disk_budget
+    from engine.planning.report import format_table, to_dict
+
+    assert default_kv_disk_budget(100 * GiB) == 4 * GiB  # capped
+    assert default_kv_disk_budget(10 * GiB) == 1 * GiB  # 10% of the free disk
+    disk = DiskBudget(str(tmp_path), 10 * GiB)
+
+    def spill(**request):
+        p = plan_for(model_dir, 256, given_budgets([], 64 * GiB, disk=disk), **request)
+        return p.kv_disk_bytes, p.kv_disk_free_bytes, p.kv_dir
+
+    assert spill() == (1 * GiB, 10 * GiB, str(tmp_path))
+    assert spill(kv_disk_budget=512 * MiB)[0] == 512 * MiB
+    assert spill(kv_disk_budget=20 * GiB)[0] == 10 * GiB  # never more than is free
+    assert spill(kv_disk_budget=0)[0] == 0
+    assert plan_for(model_dir, 256, given_budgets([], 64 * GiB)).kv_disk_bytes == 0  # no disk given: no spill
+    p = plan_for(model_dir, 256, given_budgets([], 64 * GiB, disk=disk))
+    assert to_dict(p)["kv_disk_bytes"] == GiB and to_dict(p)["kv_dir"] == str(tmp_path)
+    assert f"KV spill to disk: 1.0 GiB for evicted conversations in {tmp_path} (10.0 GiB free there)" in format_table(p)
+    with pytest.raises(ValueError, match="kv_disk_budget"):
+        plan_for(model_dir, 256, given_budgets([], 64 * GiB, disk=disk), kv_disk_budget=-1)
+
+
+def test_serve_and_plan_take_the_budget_and_the_folder_from_the_environment(monkeypatch, tmp_path):
+    import argparse
+
+    from engine.planning.budgets import detect_disk
+    from engine.planning.cli import add_plan_parser
+    from engine.server.cli import add_serve_parser
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    add_serve_parser(sub)
+    add_plan_parser(sub)
+    assert parser.parse_args(["serve", "m", "--kv-disk-budget", "2GiB"]).kv_disk_budget == 2 * GiB
+    assert parser.parse_args(["serve", "m", "--kv-disk-budget", "0"]).kv_disk_budget == 0
+    assert parser.parse_args(["plan", "m"]).kv_disk_budget is None
+    monkeypatch.setenv("STOWAGE_KV_DIR", str(tmp_path / "not-made-yet"))
+    disk = detect_disk()
+    assert disk.folder == str(tmp_path / "not-made-yet") and disk.free_bytes > 0  # the disk it will be on

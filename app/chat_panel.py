@@ -15,7 +15,8 @@ from .model_settings import ModelSettings
 from .prompt_progress import PromptProgress
 from .store import ConversationStore, Message
 from .system_prompt_bar import SystemPromptBar
-from .worker import ChatRequest, EngineClient, Reply, ReplyStarted
+from .replies import ChatRequest, Reply, ReplyStarted
+from .worker import EngineClient
 
 TITLE_CHARS = 40
 # A streamed reply is written at least this often, so a crash or kill loses at most this much of it.

@@ -17,7 +17,7 @@ from PySide6.QtCore import QObject, QSettings, QThread, Signal, Slot
 
 from engine.client import RemoteServer
 from engine.defaults import DEFAULT_CONTEXT
-from engine.errors import StowageError
+from engine.errors import InvalidArgumentError, StowageError
 
 ASK_SECONDS = 10.0  # how long a server may take to list its models before it counts as not answering
 SETTINGS_KEY = "remote_servers"
@@ -67,6 +67,22 @@ def models_of(base_url: str, listed: list[dict]) -> list[RemoteModel]:
         models.append(RemoteModel(base_url, str(entry["id"]), length if isinstance(length, int) and length > 0
                                   else None))
     return models
+
+
+def connect(model: RemoteModel, api_key: str | None) -> tuple[RemoteServer, RemoteModel]:
+    """A client of `model`'s server, and the model as the server lists it now (its context may have changed).
+
+    Raises the client's typed errors (unreachable, a refused key), InvalidArgumentError when it is no longer listed."""
+    server = RemoteServer(model.base_url, api_key)
+    try:
+        listed = {m.model_id: m for m in models_of(server.base_url, server.models(timeout=ASK_SECONDS))}
+        if model.model_id not in listed:
+            raise InvalidArgumentError(f"{model.base_url} no longer lists {model.model_id}; it lists "
+                                       f"{', '.join(listed) or 'no models'}")
+    except BaseException:
+        server.close()
+        raise
+    return server, listed[model.model_id]
 
 
 class ServerBook:

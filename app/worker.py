@@ -18,7 +18,6 @@ import os
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
@@ -28,53 +27,18 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 # the GUI would freeze on them during the first load.
 from engine.planning.budgets import detect_budgets
 from engine.engine import Engine
-from engine.client import RemoteServer
 from engine.engine_process import EngineProcess
-from engine.errors import EngineCrashedError, GenerationCancelled, InvalidArgumentError, StowageError
+from engine.errors import EngineCrashedError, GenerationCancelled, StowageError
 from engine.formats import read_config, read_tokenizer
 from engine.planning.inspect import inspect
 from kernels import cpu_decode
 
-from . import context_policy
-from .remote_source import ASK_SECONDS, RemoteModel, TokenEstimate
+from . import context_policy, remote_source
+from .remote_source import RemoteModel
+from .replies import ChatRequest, Reply, ReplyStarted
 
 ENGINE_NICE = int(os.environ.get("STOWAGE_ENGINE_NICE", 10))  # how much lower than the GUI (0..19)
 ENGINE_PROCESS = os.environ.get("STOWAGE_ENGINE_PROCESS", "1") != "0"  # the engine in a child process
-
-
-@dataclass
-class ChatRequest:
-    conversation_id: int
-    system: list[dict]  # [] or [{"role": "system", "content": ...}]
-    messages: list[dict]  # the conversation, oldest first
-    sampling: object  # engine.sampler.SamplingParams
-    policy: str = context_policy.STOP
-    cancel: threading.Event = field(default_factory=threading.Event)
-
-
-@dataclass(frozen=True)
-class ReplyStarted:
-    conversation_id: int
-    prompt_tokens: int
-    first_kept: int  # index of the first conversation message still in the model's memory after a gap
-    kept_head: int = 0  # messages still sent from before the gap (the first turn, under "truncate the middle")
-
-
-@dataclass(frozen=True)
-class Reply:
-    conversation_id: int
-    text: str
-    finish_reason: str  # "stop" | "length" | "cancelled" | ...
-    prompt_tokens: int
-    completion_tokens: int
-    reused_tokens: int
-    decode_tokens_per_s: float
-    prefill_tokens_per_s: float
-    first_token_seconds: float = 0.0  # from the start of the prompt's prefill
-
-    @property
-    def context_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
 
 
 def describe_error(error: BaseException) -> str:
@@ -136,9 +100,9 @@ class EngineWorker(QObject):
         self.use_process = ENGINE_PROCESS if use_process is None else use_process
         self.engine = None  # in-process: the Engine
         self.process: EngineProcess | None = None  # or its child process
-        self.remote: RemoteServer | None = None  # or a remote server, whose model is remote_model
+        self.remote = None  # or an engine.client.RemoteServer, whose model is remote_model
         self.remote_model: RemoteModel | None = None
-        self.estimate = TokenEstimate()  # counts a remote chat (the server's tokenizer is not here)
+        self.estimate = remote_source.TokenEstimate()  # counts a remote chat (the server's tokenizer is not here)
         self.served_model = ""  # the child's model id
         self.tokenizer = None  # counts tokens for the context policy, here whichever runs the engine
         # One engine conversation (its KV blocks) per chat: switching back to a chat reuses what is still
@@ -241,14 +205,9 @@ class EngineWorker(QObject):
         once the server answered (within remote_source.ASK_SECONDS)."""
         self._unload()
         start = time.perf_counter()
-        server = RemoteServer(model.base_url, api_key)
         try:
-            listed = {m.get("id"): m for m in server.models(timeout=ASK_SECONDS)}
-            if model.model_id not in listed:
-                raise InvalidArgumentError(f"{model.base_url} no longer lists {model.model_id}; it lists "
-                                           f"{', '.join(map(str, listed)) or 'no models'}")
+            server, confirmed = remote_source.connect(model, api_key)
         except Exception as e:
-            server.close()
             _log_unexpected(e)
             self.load_failed.emit(describe_error(e))
             return
@@ -256,10 +215,9 @@ class EngineWorker(QObject):
             server.close()
             self.load_cancelled.emit()
             return
-        length = listed[model.model_id].get("max_model_len")
-        self.remote_model = RemoteModel(model.base_url, model.model_id, length if isinstance(length, int) else None)
-        self.remote, self.context_tokens, self.estimate = server, self.remote_model.context_tokens, TokenEstimate()
-        self.remote_loaded.emit(self.remote_model, time.perf_counter() - start)
+        self.remote, self.remote_model, self.context_tokens = server, confirmed, confirmed.context_tokens
+        self.estimate = remote_source.TokenEstimate()  # another model's tokenizer: learnt again
+        self.remote_loaded.emit(confirmed, time.perf_counter() - start)
 
     @property
     def is_loaded(self) -> bool:

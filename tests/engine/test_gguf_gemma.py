@@ -27,6 +27,7 @@ from engine.gguf_model import GGUFModel, gguf_name, hf_name, swa_layers  # noqa:
 from engine.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
 from engine.layout import layer_tensor_names  # noqa: E402
 from engine.sampler import SamplingParams  # noqa: E402
+from engine.units import GiB  # noqa: E402
 
 TOLERANCE = 1e-4  # fp32 logits, max abs difference, as for the HF path (tests/engine/test_gemma.py)
 PROMPT = "Stowage plans memory: weights, KV cache, workspace and headroom. Pick a context size with the slider;"
@@ -219,6 +220,36 @@ def test_stowage_plan_charges_window_layers_as_for_the_hf_folder(files, models, 
     assert window < full
     num_window = sum(w is not None for w in config.layer_windows)
     assert sum(kv[0]) == block * (num_window * window + (config.num_layers - num_window) * full)
+
+
+# Gemma 3 1B (the shape of tests/engine/test_gemma_plan.py, whose window-layer charge is 65 blocks of 16 tokens)
+GEMMA_3_1B = {"vocab_size": 262144, "hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26,
+              "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "max_position_embeddings": 32768,
+              "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "sliding_window": 512}
+WINDOW_LAYER = 65 * 16 * 1024  # ceil((512 + 512 - 2) / 16) + 1 blocks at the default prefill chunk of 512
+
+
+def test_a_gemma_3_1b_shaped_q8_0_file_plans_its_windows_by_hand(tmp_path):
+    from gguf_factory import write_sparse_gemma3_gguf
+
+    from engine.planning import inspect
+    from engine.planning.budgets import given_budgets
+    from engine.planning.plan import PlanRequest, plan
+
+    path = tmp_path / "gemma-3-1b-it-Q8_0.gguf"
+    written = write_sparse_gemma3_gguf(path, GEMMA_3_1B)
+    info = inspect(path)
+    assert [i for i, w in enumerate(info.config.layer_windows) if w is None] == [5, 11, 17, 23]
+    # by hand: a layer's 26,836,992 matrix weights at 34 bytes per 32 (q8_0), six norms in f32 (4 x 1152, 2 x 256);
+    # the tied embeddings 262,144 x 1,152 in q8_0, the final norm f32
+    layer = 26_836_992 * 34 // 32 + (4 * 1152 + 2 * 256) * 4
+    assert info.layer_bytes() == (layer,) * 26 and layer == 28_534_784
+    assert info.weights_bytes() == 26 * layer + 262_144 * 1152 * 34 // 32 + 1152 * 4 == written
+    # KV as the HF folder's plan (tests/engine/test_gemma_plan.py): 1,024 bytes a token and layer (bf16, one KV head
+    # of 256), four global layers of the whole context, 22 window layers of 65 blocks each
+    for tokens, kv_bytes in [(4096, 40_206_336), (32768, 157_646_848)]:
+        p = plan(info, PlanRequest(tokens), given_budgets([], 64 * GiB))
+        assert p.kv_dtype == "bfloat16" and p.kv_bytes == 4 * tokens * 1024 + 22 * WINDOW_LAYER == kv_bytes
 
 
 # -- tokenizer and chat template -------------------------------------------------------------------------

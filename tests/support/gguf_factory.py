@@ -323,6 +323,12 @@ def write_sparse_gguf(path: Path, config: dict, types: dict[str, str], default: 
                    f"blk.{i}.attn_output.weight": (hidden, heads * head_dim),
                    f"blk.{i}.ffn_gate.weight": (inter, hidden), f"blk.{i}.ffn_up.weight": (inter, hidden),
                    f"blk.{i}.ffn_down.weight": (hidden, inter)}
+    return _write_sparse(w, path, shapes, types, default)
+
+
+def _write_sparse(w: gguf.GGUFWriter, path: Path, shapes: dict[str, tuple[int, ...]], types: dict[str, str],
+                  default: str) -> int:
+    """The tensor infos of `shapes` (vectors f32, matrices by role in `types`, else `default`), data a hole."""
     total = padded = 0
     for name, shape in shapes.items():
         role = name.split(".", 2)[2] if name.startswith("blk.") else name
@@ -342,6 +348,39 @@ def write_sparse_gguf(path: Path, config: dict, types: dict[str, str], default: 
     w.close()
     os.truncate(path, start + padded)
     return total
+
+
+def write_sparse_gemma3_gguf(path: Path, config: dict, qtype: str = "q8_0") -> int:
+    """A real-shape `gemma3` GGUF (a Hugging Face Gemma3TextConfig dict) whose tensor data is a hole, with the keys
+    Gemma3Model writes and a `vocab_size`-token SentencePiece list of placeholder pieces; returns the tensors' bytes."""
+    hidden, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    heads, kv_heads, vocab, d = (config["num_attention_heads"], config["num_key_value_heads"], config["vocab_size"],
+                                 config["head_dim"])
+    w = gguf.GGUFWriter(path, "gemma3")
+    w.add_context_length(config["max_position_embeddings"])
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    w.add_key_length(d)
+    w.add_value_length(d)
+    w.add_rope_freq_base(config["rope_theta"])
+    w.add_sliding_window(config["sliding_window"])
+    tokens = GEMMA_SPECIAL + [f"<unused{i}>" for i in range(vocab - len(GEMMA_SPECIAL))]
+    add_gemma_sentencepiece(w, (tokens, [0.0] * vocab, [gguf.TokenType.CONTROL] * len(GEMMA_SPECIAL)
+                                + [gguf.TokenType.NORMAL] * (vocab - len(GEMMA_SPECIAL))))
+    shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,)}
+    for i in range(layers):
+        shapes |= {f"blk.{i}.{n}.weight": (hidden,) for n in ("attn_norm", "post_attention_norm", "ffn_norm",
+                                                              "post_ffw_norm")}
+        shapes |= {f"blk.{i}.attn_q_norm.weight": (d,), f"blk.{i}.attn_k_norm.weight": (d,),
+                   f"blk.{i}.attn_q.weight": (heads * d, hidden), f"blk.{i}.attn_k.weight": (kv_heads * d, hidden),
+                   f"blk.{i}.attn_v.weight": (kv_heads * d, hidden), f"blk.{i}.attn_output.weight": (hidden, heads * d),
+                   f"blk.{i}.ffn_gate.weight": (inter, hidden), f"blk.{i}.ffn_up.weight": (inter, hidden),
+                   f"blk.{i}.ffn_down.weight": (hidden, inter)}
+    return _write_sparse(w, path, shapes, {}, qtype)
 
 
 # Byte offsets of the float16 scales (d, dmin) in each block of the K-quants, and a magnitude for them that keeps

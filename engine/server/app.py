@@ -218,8 +218,9 @@ class _Api:
                                 f"{'messages take' if chat else 'prompt takes'} {len(ids):,} tokens (at least one must be "
                                 "left for the reply); shorten them, or serve with a larger --context",
                            param="messages" if chat else "prompt", code="context_length_exceeded")
-        # max_tokens past the context is cut to it: the reply then ends with finish_reason "length"
-        sampling = req.sampling(min(req.max_tokens or room, room))
+        # max_tokens past the context is not cut to it: the reply ends where the context is full, with the engine's
+        # "context_full" (OpenAI's "length"), and a reply of exactly max_tokens that also fills it says "length"
+        sampling = req.sampling(req.max_tokens or room)
         events, cancel = _Events(keep_tokens=req.stream), threading.Event()
         try:
             self.scheduler.submit(ids, sampling, events.emit, cancel)

@@ -86,10 +86,10 @@ class _Request:
             self.send(TokenEvent(token, text))
         if stopped:
             self.finish("stop")
-        elif self.conv.seq.num_tokens + 1 >= engine.cache.max_tokens:  # this token fills the context; checked
-            self.finish("context_full")  # before max_tokens, which the server cuts to the room left
         elif len(r.token_ids) >= self.sampling.max_tokens:
             self.finish("length")
+        elif self.conv.seq.num_tokens + 1 >= engine.cache.max_tokens:  # this token fills the context
+            self.finish("context_full")
         else:
             self.next_token = token
 

@@ -295,7 +295,7 @@ class MainWindow(QMainWindow):
 
     def _serve_switched(self, on: bool) -> None:
         self.qsettings.setValue("serve", on)
-        if not on and self.client.worker.endpoint is not None and self.loaded_dir is not None:
+        if not on and self.settings_panel.serve.endpoint is not None and self.loaded_dir is not None:
             # The key was shown, maybe given out: a new engine with a new key is the only way to take it back.
             self._start_load(self.loaded_dir, self.loaded_plan, "Restarting the engine with a new key")
 

@@ -196,7 +196,11 @@ class EngineWorker(QObject):
             gpu_layers=request.gpu_layers, progress=progress, cancel=cancel,
             env={"OMP_NUM_THREADS": str(threads), cpu_decode.THREADS_ENV: str(threads)}, nice=ENGINE_NICE)
         self.tokenizer = tokenizer
-        self.served_model = self.process.server.models()[0]["id"]  # the name other programs ask for (Serve)
+        try:  # the name other programs ask for (Serve): the engine's own, as its server says it
+            self.served_model = self.process.server.models()[0]["id"]
+        except BaseException:
+            self.process.kill()  # a load that fails leaves no child behind
+            raise
         self.engine_started.emit(self.process.pid)
 
     @Slot(object, object, object)

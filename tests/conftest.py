@@ -7,3 +7,21 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent / "support"))
 # Tiny models: one thread is faster than two (no fork/join per op) and immune to a busy machine.
 torch.set_num_threads(1)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="session")
+def kv_store_in_a_temp_folder(tmp_path_factory):
+    """Servers the tests start (in-process and as children) spill evicted K/V here, never to the user's cache."""
+    import os
+
+    folder = tmp_path_factory.mktemp("kv-store")
+    previous = os.environ.get("STOWAGE_KV_DIR")
+    os.environ["STOWAGE_KV_DIR"] = str(folder)
+    yield folder
+    if previous is None:
+        os.environ.pop("STOWAGE_KV_DIR", None)
+    else:
+        os.environ["STOWAGE_KV_DIR"] = previous

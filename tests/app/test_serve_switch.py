@@ -31,6 +31,8 @@ def test_serve_shows_the_engines_url_and_key_and_off_changes_the_key(app_driver,
     assert reply.choices[0].message.content and reply.usage.completion_tokens >= 1
     with pytest.raises(openai.AuthenticationError):  # 401
         client(url, "not-the-key").models.list()
+    with httpx.Client(trust_env=False) as plain:  # no key at all
+        assert plain.get(url + "/models").status_code == 401
     # the app's own chat still works beside the other program
     window.settings_panel.max_tokens.setValue(3)
     assert app_driver.reply(window, lambda: app_driver.send(window, "Hi")).text

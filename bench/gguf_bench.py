@@ -158,8 +158,8 @@ def work_copy() -> dict:
 
 def float_gguf(shape: str, models: Path) -> Path:
     """The unquantized GGUF llama.cpp quantizes: SmolLM2-360M's shape in bf16 (bench/common.py), or a tiny f16 one."""
-    if shape == "360m":
-        return common.convert_gguf(common.build_model(models))
+    if shape in common.SHAPES:
+        return common.convert_gguf(common.build_model(models, shape=shape))
     path = models / "tiny-shape.f16.gguf"
     if not path.exists():
         from factory import make_model
@@ -269,7 +269,8 @@ def side_by_side(args) -> None:
     lines = [
         f"`.venv/bin/python bench/gguf_bench.py --shape {args.shape} --write-docs` ({state}, source {digest}; "
         f"llama-cpp-python {rows[0][4]['llama_cpp']}; load average before: {load}).",
-        f"{'SmolLM2-360M' if args.shape == '360m' else 'A tiny'} Llama shape, random weights quantized by llama.cpp "
+        f"{'SmolLM2-' + args.shape.upper() if args.shape in common.SHAPES else 'A tiny'} Llama shape, random weights "
+        "quantized by llama.cpp "
         f"(llama_model_quantize); a {PREFILL_TOKENS}-token prompt, then {SIDE_DECODE_TOKENS} greedy tokens; "
         f"medians of {args.runs} fresh processes per side, alternating; the file in the page cache. Ratios are "
         "Stowage / llama.cpp (targets: decode >= 0.8x, load <= 1.5x, peak RSS <= llama.cpp + 250 MiB).",
@@ -291,7 +292,8 @@ def side_by_side(args) -> None:
     body = "\n".join(lines)
     print(body)
     if args.write_docs:
-        common.write_section(common.ROOT / "docs" / "benchmarks.md", "## GGUF against llama.cpp", body)
+        heading = "## GGUF against llama.cpp" + ("" if args.shape == "360m" else f" ({args.shape} shape)")
+        common.write_section(common.ROOT / "docs" / "benchmarks.md", heading, body)
 
 
 def main() -> None:
@@ -300,7 +302,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--mode", choices=("llama", "tiles"), default="llama",
                     help="against llama.cpp (default), or the native kernels against the tile path")
-    ap.add_argument("--shape", choices=("360m", "tiny"), default="360m", help="--mode llama: the model's shape")
+    ap.add_argument("--shape", choices=(*common.SHAPES, "tiny"), default="360m", help="--mode llama: the model's shape")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--kernels", help=argparse.SUPPRESS)

@@ -100,6 +100,7 @@ class MainWindow(QMainWindow):
         self.remotes.ready.connect(self._remote_chosen)
         self.remotes.failed.connect(self._remote_failed)
         panel.picker.server_requested.connect(self.add_server_dialog)
+        panel.picker.forget_requested.connect(self._server_forgotten)
         panel.serve.switched.connect(self._serve_switched)
         panel.settings_changed.connect(self._settings_changed)
         panel.plan_changed.connect(self._plan_changed)
@@ -203,6 +204,14 @@ class MainWindow(QMainWindow):
     def _remote_failed(self, message: str) -> None:
         self.remote = None
         self.settings_panel.show_model_error(message)
+
+    def _server_forgotten(self, base_url: str) -> None:
+        self.model_dir = self.remote = None
+        self._show_graphs()
+        self.settings_panel.show_model_error(f"{base_url} is forgotten. Choose a model, or add a server with "
+                                             "Server….", error=False)
+        if self.loaded_remote is not None and self.loaded_remote.base_url == base_url:
+            self.client.unload()
 
     def _show_graphs(self) -> None:
         """This machine's memory graphs say nothing about a server's model: hidden while one is chosen."""

@@ -20,6 +20,7 @@ class ModelPicker(QGroupBox):
     model_chosen = Signal(str)  # a model folder to inspect
     remote_chosen = Signal(object)  # a RemoteModel to ask its server about
     server_requested = Signal()  # Server…: the user wants to add a remote server
+    forget_requested = Signal(str)  # Forget server: the base URL of the chosen server's model
 
     def __init__(self, models: list[ModelEntry], parent=None):
         super().__init__("Model", parent)
@@ -37,6 +38,9 @@ class ModelPicker(QGroupBox):
         self.info.setWordWrap(True)
         self.info.setStyleSheet(NOTE_STYLE)
         self.info.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.forget_button = QPushButton("Forget server")
+        self.forget_button.setToolTip("Take this server and its models out of the list (and its key)")
+        self.forget_button.hide()
         row = QHBoxLayout()
         row.addWidget(self.combo, 1)
         row.addWidget(self.browse_button)
@@ -44,10 +48,14 @@ class ModelPicker(QGroupBox):
         layout = QVBoxLayout(self)
         layout.addLayout(row)
         layout.addWidget(self.info)
+        layout.addWidget(self.forget_button, 0, Qt.AlignmentFlag.AlignRight)
         self.set_models(models)
         self.combo.activated.connect(self._chosen)
         self.browse_button.clicked.connect(self.browse)
         self.server_button.clicked.connect(self.server_requested)
+        self.combo.currentIndexChanged.connect(
+            lambda index: self.forget_button.setVisible(isinstance(self.combo.itemData(index), RemoteModel)))
+        self.forget_button.clicked.connect(lambda: self.forget_requested.emit(self.combo.currentData().base_url))
 
     def say(self, text: str, error: bool = False) -> None:
         self.info.setStyleSheet(ERROR_STYLE if error else NOTE_STYLE)

@@ -24,6 +24,7 @@ class RemoteChooser(QObject):
         for url, server in book.servers.items():  # as they listed last: no network before the user asks
             picker.set_remote_models(url, server["models"])
         picker.remote_chosen.connect(self.choose)
+        picker.forget_requested.connect(self.forget_server)
         self.probe.probe.listed.connect(self._listed)
         self.probe.probe.failed.connect(self._failed)
 
@@ -45,6 +46,14 @@ class RemoteChooser(QObject):
         self.wanted = model
         self.picker.say(f"Asking {model.host} about {model.model_id}…")
         self.probe.list_models(model.base_url, self.book.key_for(model.base_url))
+
+    def forget_server(self, base_url: str) -> None:
+        """Forget server: out of the list and the settings, its key with it."""
+        self.book.remove(base_url)
+        self.picker.set_remote_models(base_url, [])
+        self.picker.combo.setCurrentIndex(0)
+        if self.wanted is not None and self.wanted.base_url == base_url:
+            self.wanted = None
 
     def forget(self) -> None:
         """The user chose a local model: an answer still on its way changes nothing."""

@@ -129,6 +129,11 @@ class ServerBook:
         self.servers.setdefault(base_url, {"remember_key": False})["models"] = list(models)
         self._save()
 
+    def remove(self, base_url: str) -> None:
+        self.servers.pop(base_url, None)
+        self.keys.pop(base_url, None)
+        self._save()
+
     def _save(self) -> None:
         entries = []
         for url, server in self.servers.items():

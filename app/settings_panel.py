@@ -225,12 +225,13 @@ class SettingsPanel(QWidget):
     def can_load(self) -> bool:
         return self.remote is not None or (self.plan is not None and self.plan.fits)
 
-    def show_model_error(self, message: str) -> None:
-        """The chosen model could not be read or reached: say why inline, and forget the previous forecast."""
+    def show_model_error(self, message: str, error: bool = True) -> None:
+        """The chosen model could not be read or reached (or is gone from the list, error=False): say why inline,
+        and forget the previous forecast."""
         self.forecast = None
         self.plan = None
         self.remote = None
-        self.picker.say(message, error=True)
+        self.picker.say(message, error=error)
         self.plan_bar.set_bars([])
         self.plan_message.clear()
         self.max_label.clear()

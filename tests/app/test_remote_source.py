@@ -101,6 +101,14 @@ def test_a_servers_model_is_listed_chats_and_stores_its_reply(app_driver, qtbot,
     again = app_driver.open(tiny_model_dir)
     assert remote_entries(again) == [model]
     assert KEY not in Path(window.qsettings.fileName()).read_text()  # written nowhere in the settings file
+    # Forget server: out of the list, and out of the next window's
+    again.settings_panel.picker.select_remote(model)
+    picker = again.settings_panel.picker
+    assert picker.forget_button.isVisible()
+    qtbot.mouseClick(picker.forget_button, Qt.MouseButton.LeftButton)
+    assert not remote_entries(again) and "is forgotten" in picker.info.text() and not picker.forget_button.isVisible()
+    again.close()
+    assert not remote_entries(app_driver.open(tiny_model_dir))
 
 
 def test_a_server_that_does_not_answer_is_a_message_and_the_window_goes_on(app_driver, qtbot, tiny_model_dir):

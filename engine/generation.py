@@ -5,10 +5,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+
+from kernels.cpu_decode import torch_on_one_thread
 
 from .kv_cache import KVCache, Sequence
 from .sampler import Sampler, SamplingParams
@@ -147,9 +150,12 @@ class Generation:
         seen = torch.tensor(self.prompt_ids, dtype=torch.int64)
         decoder = engine.tokenizer.stream_decoder()
         stops = StopMatcher(p.stop)
+        # the native step's layers: torch's part of a token is small ops (kernels/cpu_decode.torch_on_one_thread)
+        one_thread = torch_on_one_thread if engine.model.native(engine.cache) is not None else nullcontext
         decode_start = time.perf_counter()
         while True:
-            token = sampler(logits, seen if p.repetition_penalty != 1.0 else None)
+            with one_thread():
+                token = sampler(logits, seen if p.repetition_penalty != 1.0 else None)
             if not r.token_ids:
                 r.first_token_seconds = time.perf_counter() - t0
             if token in engine.eos_ids:
@@ -177,7 +183,8 @@ class Generation:
                 seen = torch.cat([seen, torch.tensor([token])])
             engine.make_room(self.conv, self.conv.seq.num_tokens + 1)
             engine.check_weights()
-            logits = engine.model.forward([token], self.conv.seq, engine.cache)[-1]
+            with one_thread():
+                logits = engine.model.forward([token], self.conv.seq, engine.cache)[-1]
         r.decode_seconds = time.perf_counter() - decode_start
         tail = stops.flush()  # empty after a stop string: the match dropped what followed it
         if tail:

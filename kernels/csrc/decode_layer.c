@@ -694,23 +694,8 @@ static inline void exp_inplace(float *x, int n) {
     for (; i < n; i++) x[i] = expf(x[i]);
 }
 
-// q . key row, the row read where it lies in the cache
-// vec: whole vectors per row and a float cache type (else through a converted row)
-static inline float key_dot(const float *q, const void *cache, int32_t type, int vec, int64_t offset, int n,
-                            float scale) {
-    (void)vec;
-#ifdef VEC_LANES
-    if (vec) {
-        vf acc = vzero();
-        for (int i = 0; i < n; i += VEC_LANES) {
-            vf k = type == W_BF16  ? vload_bf16((const uint16_t *)cache + offset + i)
-                   : type == W_F16 ? vload_f16((const uint16_t *)cache + offset + i)
-                                   : vload((const float *)cache + offset + i);
-            acc = vfma(vload(q + i), k, acc);
-        }
-        return vsum(acc);
-    }
-#endif
+// q . key row, through a converted row (fp8 caches, rows of no whole vectors; block_scores has the vector path)
+static inline float key_dot(const float *q, const void *cache, int32_t type, int64_t offset, int n, float scale) {
     float row[MAX_HEAD_DIM];
     load_row(cache, type, offset, n, scale, row);
     return dot(q, row, n);
@@ -843,8 +828,8 @@ static inline void prefetch_range(const void *p, int64_t bytes) {
 // head (flash decoding), a cache block of keys at a time; merged afterwards. All KV heads of a block are read
 // together, so the cache is one sequential stream (a head at a time, its rows strided by the other heads',
 // read it at a fraction of the bandwidth), and the next block is prefetched while this one is summed.
-#ifndef PREFETCH_BLOCKS
-#define PREFETCH_BLOCKS 2
+#ifndef PREFETCH_BYTES
+#define PREFETCH_BYTES 32768
 #endif
 static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
     attn_task *t = ctx;
@@ -857,6 +842,11 @@ static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
 #else
     const int vec = 0;
 #endif
+    // blocks prefetched ahead: two (measured: one, two and three alike), while their keys and values stay well
+    // inside the core's L1 (48 KiB here); larger blocks (many KV heads) are long enough streams for the hardware
+    const int64_t block_bytes = (int64_t)bs * kvh * hd * elem;
+    int64_t ahead = PREFETCH_BYTES / (2 * block_bytes);
+    if (ahead > 2) ahead = 2;
     float scores[MAX_GROUP * 64];  // [group][keys of a block]: blocks are read 64 tokens at most at a time
     for (int64_t split = begin; split < end; split++) {
         int64_t t0 = t->lo + split * t->per_split, t1 = t0 + t->per_split < t->hi ? t0 + t->per_split : t->hi;
@@ -871,10 +861,10 @@ static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
             if (cnt > t1 - pos) cnt = (int)(t1 - pos);
             if (cnt > 64) cnt = 64;
             const int64_t slot = (int64_t)t->block_table[pos / bs] * bs + off;
-            // PREFETCH_BLOCKS ahead (at a split's start, the ones before that too)
-            for (int64_t b = pos == t0 ? pos / bs + 1 : pos / bs + PREFETCH_BLOCKS; b <= pos / bs + PREFETCH_BLOCKS &&
-                 b * bs < t1; b++) {
-                const int64_t at = (int64_t)t->block_table[b] * bs * kvh * hd * elem,
+            // `ahead` blocks ahead (at a split's start, the ones before that too)
+            for (int64_t b = pos == t0 ? pos / bs + 1 : pos / bs + ahead; ahead > 0 && b <= pos / bs + ahead &&
+                                                                           b * bs < t1; b++) {
+                const int64_t at = (int64_t)t->block_table[b] * block_bytes,
                               bytes = (b * bs + bs < t1 ? bs : t1 - b * bs) * kvh * hd * elem;
                 prefetch_range((const char *)t->l->k_cache + at, bytes);
                 prefetch_range((const char *)t->l->v_cache + at, bytes);
@@ -888,7 +878,7 @@ static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
                 else
                     for (int g = 0; g < group; g++)
                         for (int j = 0; j < cnt; j++)
-                            scores[g * 64 + j] = key_dot(qh + (int64_t)g * hd, t->l->k_cache, type, 0,
+                            scores[g * 64 + j] = key_dot(qh + (int64_t)g * hd, t->l->k_cache, type,
                                                          (first + (int64_t)j * kvh) * hd, hd, t->l->k_scale);
                 for (int g = 0; g < group; g++) {
                     float *sc = scores + g * 64, *p = part + g * (hd + 2), top = p[0];

@@ -136,7 +136,11 @@ class MainWindow(QMainWindow):
         first = panel.model_combo.itemData(1) if panel.model_combo.count() > 1 else None
         first = first if isinstance(first, str) else None
         start_model = last if last and Path(last).is_dir() else first
-        if start_model:
+        last_remote = next((m for m in self.remotes.book.models() if m.ref == last), None)
+        if last_remote is not None:  # asked on the probe's thread, as when chosen
+            panel.picker.select_remote(last_remote)
+            QTimer.singleShot(0, lambda: self.remotes.choose(last_remote))
+        elif start_model:
             panel.select_model_dir(start_model)
             QTimer.singleShot(0, lambda: self.choose_model(start_model))
         if self.store.warning:
@@ -200,6 +204,7 @@ class MainWindow(QMainWindow):
         settings = load_model_settings(self.qsettings, model, ModelSettings())
         self.chat.set_settings(settings)
         self.settings_panel.set_remote(model, settings)
+        self.qsettings.setValue("last_model", model.ref)
 
     def _remote_failed(self, message: str) -> None:
         self.remote = None

@@ -45,6 +45,11 @@ class RemoteModel:
         return f"{self.model_id} (server {self.host})"
 
     @property
+    def ref(self) -> str:
+        """What names it in the settings ("last_model", beside a folder's path)."""
+        return f"remote:{self.base_url}#{self.model_id}"
+
+    @property
     def settings_group(self) -> str:
         """Its QSettings group for per-model settings (model_settings._group)."""
         digest = hashlib.sha1(f"{self.base_url}#{self.model_id}".encode()).hexdigest()[:10]

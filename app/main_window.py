@@ -247,7 +247,7 @@ class MainWindow(QMainWindow):
             self.plan_label.setText(f"{plan.context_tokens:,} tokens do not fit; the largest context that fits is "
                                     f"{plan.max_context_tokens:,} tokens")
         self.plan_label.setToolTip(self.plan_label.text())
-        self._predict(plan, baseline=True)
+        self.graph.predict(plan)
 
     def _show_pending(self, plan) -> None:
         """Context, layers and KV dtype apply at the next Load; say so while they differ from what is loaded."""
@@ -274,7 +274,7 @@ class MainWindow(QMainWindow):
 
     def _start_load(self, model_dir: str, plan, message: str) -> None:
         self._loading_plan = plan
-        self._predict(plan, baseline=True)
+        self.graph.predict(plan)
         self.settings_panel.show_loading(0.0, message)
         self.client.load(model_dir, plan, threads=self.settings_panel.settings.cpu_threads)
 
@@ -342,19 +342,6 @@ class MainWindow(QMainWindow):
         self.settings_panel.show_unloaded("Unloaded; the memory is free again.")
         self.settings_panel.show_pending("")
         self._plan_changed(self.settings_panel.plan)
-
-    def _predict(self, plan, baseline: bool) -> None:
-        """Dashed lines: where this process's RAM and each GPU's VRAM should sit with `plan` loaded."""
-        if plan is None or not plan.fits:
-            self.graph.set_prediction(None)
-            return
-        sample = self.stats.sample()
-        cpu = sum(d.total_bytes for d in plan.devices if d.device == "cpu")
-        gpus = {int(d.device.removeprefix("cuda:")): used + d.total_bytes
-                for d in plan.devices if d.device.startswith("cuda:")
-                for used in [sample.gpu_used_bytes[int(d.device.removeprefix("cuda:"))]
-                             if int(d.device.removeprefix("cuda:")) < len(sample.gpu_used_bytes) else 0]}
-        self.graph.set_prediction(sample.process_bytes + cpu, gpus)
 
     # -- errors ----------------------------------------------------------------------------------
     def show_error(self, title: str, message: str) -> None:

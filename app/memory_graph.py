@@ -110,6 +110,21 @@ class MemoryGraph(QWidget):
             if value is not None:
                 line.setValue(value / GIB)
 
+    def predict(self, plan) -> None:
+        """Dashed lines: where the engine's RAM and each GPU's VRAM should sit with `plan` loaded (None: hidden)."""
+        if plan is None or not plan.fits:
+            self.set_prediction(None)
+            return
+        sample = self.stats.sample()
+        cpu = sum(d.total_bytes for d in plan.devices if d.device == "cpu")
+        gpus = {}
+        for d in plan.devices:
+            if d.device.startswith("cuda:"):
+                index = int(d.device.removeprefix("cuda:"))
+                used = sample.gpu_used_bytes[index] if index < len(sample.gpu_used_bytes) else 0
+                gpus[index] = used + d.total_bytes
+        self.set_prediction(sample.process_bytes + cpu, gpus)
+
     def update_now(self) -> None:
         sample = self.stats.sample()
         self.add_sample(sample)

@@ -1,10 +1,12 @@
-"""Measured memory, read a few times per second: system RAM and this process (psutil), VRAM per GPU (NVML).
+"""Measured memory, read a few times per second: system RAM and this process (psutil), VRAM per GPU (NVML); and
+handing freed memory back to the system so the measurement shows it.
 
 A plain object, no Qt: the memory graph's QTimer calls `sample()` and appends to the ring buffers.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from dataclasses import dataclass
@@ -96,3 +98,21 @@ class MemoryStats:
         except psutil.Error:  # the engine's process ended (unloaded, or it died): this one from now on
             self.follow(None)
             return int(self._process.memory_info().rss)
+
+
+def release_freed_memory() -> None:
+    """Hand freed memory back to the system so the graphs show it drop after an unload."""
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:
+        pass
+    try:  # glibc keeps freed heap pages otherwise; the process RSS would not move
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

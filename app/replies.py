@@ -1,9 +1,13 @@
-"""What the chat asks the engine worker for, and what the worker answers (plain records, passed in signals)."""
+"""What the chat asks the engine worker for, and what the worker answers: plain records passed in signals, and
+the sentence an error becomes."""
 
 from __future__ import annotations
 
 import threading
+import traceback
 from dataclasses import dataclass, field
+
+from engine.errors import StowageError
 
 from . import context_policy
 
@@ -41,3 +45,18 @@ class Reply:
     @property
     def context_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+def describe_error(error: BaseException) -> str:
+    """A sentence for the user; our own errors already say what to do, others get their type named."""
+    if isinstance(error, StowageError):
+        return str(error)
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        return f"Out of memory: {error or 'the system refused an allocation'}. Choose a smaller context or fewer GPU layers."
+    return f"{type(error).__name__}: {error}"
+
+
+def log_unexpected(error: BaseException) -> None:
+    """Our own errors are for the user and shown to them; anything else is a bug worth a traceback."""
+    if not isinstance(error, StowageError):
+        traceback.print_exception(error)

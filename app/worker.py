@@ -13,11 +13,9 @@ process instead (a developer's switch: one process to debug; docs/server.md, "Ho
 
 from __future__ import annotations
 
-import gc
 import os
 import threading
 import time
-import traceback
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
@@ -28,50 +26,18 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 from engine.planning.budgets import detect_budgets
 from engine.engine import Engine
 from engine.engine_process import EngineProcess
-from engine.errors import EngineCrashedError, GenerationCancelled, StowageError
+from engine.errors import EngineCrashedError, GenerationCancelled
 from engine.formats import read_config, read_tokenizer
 from engine.planning.inspect import inspect
 from kernels import cpu_decode
 
 from . import context_policy, remote_source
 from .remote_source import RemoteModel
-from .replies import ChatRequest, Reply, ReplyStarted
+from .memory_stats import release_freed_memory
+from .replies import ChatRequest, Reply, ReplyStarted, describe_error, log_unexpected
 
 ENGINE_NICE = int(os.environ.get("STOWAGE_ENGINE_NICE", 10))  # how much lower than the GUI (0..19)
 ENGINE_PROCESS = os.environ.get("STOWAGE_ENGINE_PROCESS", "1") != "0"  # the engine in a child process
-
-
-def describe_error(error: BaseException) -> str:
-    """A sentence for the user; our own errors already say what to do, others get their type named."""
-    if isinstance(error, StowageError):
-        return str(error)
-    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
-        return f"Out of memory: {error or 'the system refused an allocation'}. Choose a smaller context or fewer GPU layers."
-    return f"{type(error).__name__}: {error}"
-
-
-def _log_unexpected(error: BaseException) -> None:
-    """Our own errors are for the user and shown to them; anything else is a bug worth a traceback."""
-    if not isinstance(error, StowageError):
-        traceback.print_exception(error)
-
-
-def release_freed_memory() -> None:
-    """Hand freed memory back to the system so the graphs show it drop after an unload."""
-    gc.collect()
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except ImportError:
-        pass
-    try:  # glibc keeps freed heap pages otherwise; the process RSS would not move
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 class EngineWorker(QObject):
@@ -152,7 +118,7 @@ class EngineWorker(QObject):
             info = inspect(Path(model_dir))
             budgets = detect_budgets(**budget_args)
         except Exception as e:
-            _log_unexpected(e)
+            log_unexpected(e)
             self.inspect_failed.emit(model_dir, describe_error(e))
             return
         self.inspected.emit(model_dir, info, budgets)
@@ -180,7 +146,7 @@ class EngineWorker(QObject):
             if isinstance(e, GenerationCancelled) or cancel.is_set():
                 self.load_cancelled.emit()
             else:
-                _log_unexpected(e)
+                log_unexpected(e)
                 self.load_failed.emit(describe_error(e))
             return
         self.loaded.emit(model_dir, time.perf_counter() - start)
@@ -212,7 +178,7 @@ class EngineWorker(QObject):
         try:
             server, confirmed = remote_source.connect(model, api_key)
         except Exception as e:
-            _log_unexpected(e)
+            log_unexpected(e)
             self.load_failed.emit(describe_error(e))
             return
         if cancel.is_set():
@@ -288,7 +254,7 @@ class EngineWorker(QObject):
             self._unload()
             return
         except Exception as e:
-            _log_unexpected(e)
+            log_unexpected(e)
             self.reply_failed.emit(cid, describe_error(e))
             return
         self.reply_finished.emit(

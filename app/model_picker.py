@@ -1,4 +1,4 @@
-"""The model box: the list of models (local folders and remote servers' models), Folder…, Server…, a line about it."""
+"""The model box: the model list (local folders, then remote servers' models), Folder…, Server…, a line on it."""
 
 from __future__ import annotations
 

@@ -263,7 +263,8 @@ class EngineWorker(QObject):
                 text=r.text,
                 finish_reason=r.finish_reason,
                 prompt_tokens=r.prompt_tokens,
-                completion_tokens=getattr(r, "completion_tokens", 0) or len(r.token_ids),
+                # a server that sends no token ids (vLLM, Ollama, ...): the count of its usage
+                completion_tokens=len(r.token_ids) or getattr(r, "completion_tokens", 0),
                 reused_tokens=getattr(r, "reused_tokens", 0),
                 decode_tokens_per_s=getattr(r, "decode_tokens_per_s", 0.0) or 0.0,
                 prefill_tokens_per_s=getattr(r, "prefill_tokens_per_s", 0.0) or 0.0,

@@ -165,3 +165,26 @@ def test_batched_step_matches_torch_path(tmp_path, dtype, num_seqs):
     together = native.model.decode_step([9] * num_seqs, seqs["native"], native.cache)[0]
     single = native.model.forward([9], alone, native.cache)[-1]
     assert ((together - single).abs().max() / single.abs().max()).item() < tolerance
+
+
+def test_torch_on_one_thread_around_native_tokens(tmp_path, monkeypatch):
+    # the sampler of a native decode token sees torch on one thread; the count is back afterwards
+    from engine import generation
+    from engine.sampler import SamplingParams
+
+    model_dir = make_model(tmp_path / "m", "llama")
+    native, _ = _engines(model_dir, 256)
+    seen, sample = [], generation.Sampler.__call__
+
+    def counting(self, logits, seen_ids=None):
+        seen.append(torch.get_num_threads())
+        return sample(self, logits, seen_ids)
+
+    monkeypatch.setattr(generation.Sampler, "__call__", counting)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        native.generate(native.new_conversation(), [3, 4, 5], SamplingParams(temperature=0.0, max_tokens=5)).run()
+        assert seen == [1] * 5 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -861,15 +861,26 @@ static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
             if (cnt > t1 - pos) cnt = (int)(t1 - pos);
             if (cnt > 64) cnt = 64;
             const int64_t slot = (int64_t)t->block_table[pos / bs] * bs + off;
-            // `ahead` blocks ahead (at a split's start, the ones before that too)
-            for (int64_t b = pos == t0 ? pos / bs + 1 : pos / bs + ahead; ahead > 0 && b <= pos / bs + ahead &&
-                                                                           b * bs < t1; b++) {
+            // `ahead` blocks on: at a split's start all of them at once, after that the one `ahead` blocks on, a KV
+            // head's share at each head (all at once stalled on the core's outstanding misses)
+            const char *pk = NULL, *pv = NULL;
+            int64_t share = 0;
+            for (int64_t b = pos / bs + 1; ahead > 0 && b <= pos / bs + ahead && b * bs < t1; b++) {
+                if (pos != t0 && b < pos / bs + ahead) continue;
                 const int64_t at = (int64_t)t->block_table[b] * block_bytes,
                               bytes = (b * bs + bs < t1 ? bs : t1 - b * bs) * kvh * hd * elem;
-                prefetch_range((const char *)t->l->k_cache + at, bytes);
-                prefetch_range((const char *)t->l->v_cache + at, bytes);
+                pk = (const char *)t->l->k_cache + at, pv = (const char *)t->l->v_cache + at;
+                share = pos == t0 ? 0 : (bytes / kvh + 63) & ~(int64_t)63;
+                if (!share) {
+                    prefetch_range(pk, bytes);
+                    prefetch_range(pv, bytes);
+                }
             }
             for (int kh = 0; kh < kvh; kh++) {
+                if (share) {
+                    prefetch_range(pk + kh * share, share);
+                    prefetch_range(pv + kh * share, share);
+                }
                 const int64_t first = slot * kvh + kh;  // in rows of head_dim; the next token's is kvh rows on
                 float *part = parts + (int64_t)kh * group * (hd + 2);
                 const float *qh = t->s->qkv + (int64_t)kh * group * hd;

@@ -17,7 +17,7 @@ from PySide6.QtCore import QObject, QSettings, QThread, Signal, Slot
 
 from engine.client import RemoteServer
 from engine.defaults import DEFAULT_CONTEXT
-from engine.errors import InvalidArgumentError, StowageError
+from engine.errors import InvalidArgumentError, RemoteError, StowageError
 
 ASK_SECONDS = 10.0  # how long a server may take to list its models before it counts as not answering
 SETTINGS_KEY = "remote_servers"
@@ -64,13 +64,18 @@ def normalize_url(url: str) -> str:
     return url.rstrip("/").removesuffix("/v1")
 
 
-def models_of(base_url: str, listed: list[dict]) -> list[RemoteModel]:
-    """RemoteModels of a GET /v1/models answer."""
+def list_models(server: RemoteServer) -> list[RemoteModel]:
+    """The server's models (GET /v1/models); the client's typed errors, or RemoteError for an answer of another
+    shape."""
     models = []
-    for entry in listed:
-        length = entry.get("max_model_len")
-        models.append(RemoteModel(base_url, str(entry["id"]), length if isinstance(length, int) and length > 0
-                                  else None))
+    try:
+        for entry in server.models(timeout=ASK_SECONDS):
+            length = entry.get("max_model_len")
+            models.append(RemoteModel(server.base_url, str(entry["id"]),
+                                      length if isinstance(length, int) and length > 0 else None))
+    except (KeyError, TypeError, AttributeError):
+        raise RemoteError(f"{server.base_url}/v1/models did not list models: is it an OpenAI-compatible "
+                          "server?") from None
     return models
 
 
@@ -80,7 +85,7 @@ def connect(model: RemoteModel, api_key: str | None) -> tuple[RemoteServer, Remo
     Raises the client's typed errors (unreachable, a refused key), InvalidArgumentError when it is no longer listed."""
     server = RemoteServer(model.base_url, api_key)
     try:
-        listed = {m.model_id: m for m in models_of(server.base_url, server.models(timeout=ASK_SECONDS))}
+        listed = {m.model_id: m for m in list_models(server)}
         if model.model_id not in listed:
             raise InvalidArgumentError(f"{model.base_url} no longer lists {model.model_id}; it lists "
                                        f"{', '.join(listed) or 'no models'}")
@@ -184,13 +189,9 @@ class ServerProbe(QObject):
     def list_models(self, base_url: str, api_key: str | None) -> None:
         server = RemoteServer(base_url, api_key)
         try:
-            models = models_of(server.base_url, server.models(timeout=ASK_SECONDS))
+            models = list_models(server)
         except StowageError as e:
             self.failed.emit(base_url, str(e))
-            return
-        except (KeyError, TypeError, AttributeError):
-            self.failed.emit(base_url, f"{base_url}/v1/models did not list models: is it an OpenAI-compatible "
-                                       "server?")
             return
         finally:
             server.close()

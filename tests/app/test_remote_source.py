@@ -171,3 +171,34 @@ def test_a_hand_edited_settings_entry_is_dropped(tmp_path):
                                         '{"no": "url"}, 3]')
     book = ServerBook(settings)
     assert book.models() == [RemoteModel("http://a:1", "m", 8)] and book.key_for("http://a:1") is None
+
+
+def test_a_server_of_another_kind_is_a_message(app_driver, qtbot, tiny_model_dir):
+    """A web server that answers /v1/models with JSON of another shape (a real one on 127.0.0.1)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"data": [{"name": "not an OpenAI model object"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    other = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        window = app_driver.open(tiny_model_dir)
+        app_driver.wait_planned(window)
+        add_server(window, qtbot, f"http://127.0.0.1:{other.server_port}", key=None)
+        info = window.settings_panel.model_info
+        qtbot.waitUntil(lambda: "did not list models" in info.text(), timeout=TIMEOUT_S * 1000)
+        assert "is it an OpenAI-compatible server?" in info.text() and not remote_entries(window)
+    finally:
+        other.shutdown()

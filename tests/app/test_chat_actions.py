@@ -12,8 +12,9 @@ def test_regenerate_and_edit_keep_the_old_versions_and_the_arrows_switch(app_dri
     window = app_driver.open(tiny_model_dir)
     app_driver.load(window)
     window.settings_panel.max_tokens.setValue(6)
-    window.settings_panel.temperature.setValue(1.0)
-    window.settings_panel.seed.setValue(-1)  # random: a regenerated reply may differ
+    # Greedy: a random reply of this tiny model can be empty (its first token the end, or only special tokens),
+    # and an empty reply is, rightly, not stored; the versions are what is tested, not that the texts differ.
+    window.settings_panel.temperature.setValue(0.0)
     chat = window.chat
     app_driver.reply(window, lambda: app_driver.send(window, "first question"))
     cid = chat.conversation_id

@@ -14,9 +14,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+
+from kernels.cpu_decode import MAX_LANES, torch_on_one_thread
 
 from ..errors import GenerationCancelled, StowageError
 from ..generation import GenerationResult, StopMatcher, TokenEvent
@@ -219,11 +222,14 @@ class Scheduler:
         self.pool.make_room([(seq, 1) for seq in seqs])
         start = time.perf_counter()
         engine.check_weights()
-        logits = engine.model.decode_step([r.next_token for r in requests], seqs, engine.cache)  # [n, vocab]
-        elapsed = time.perf_counter() - start
-        for r, row in zip(requests, logits):
-            r.result.decode_seconds += elapsed
-            r.accept(r.sample(row), engine)
+        # the native step's layers: torch's part of a step is small ops (kernels/cpu_decode.torch_on_one_thread)
+        native = engine.model.native(engine.cache) is not None and len(requests) <= MAX_LANES
+        with torch_on_one_thread() if native else nullcontext():
+            logits = engine.model.decode_step([r.next_token for r in requests], seqs, engine.cache)  # [n, vocab]
+            elapsed = time.perf_counter() - start
+            for r, row in zip(requests, logits):
+                r.result.decode_seconds += elapsed
+                r.accept(r.sample(row), engine)
 
     def _guarded(self, requests: list[_Request], work: Callable[[list[_Request]], None]) -> None:
         # A failure (NaN scores from a corrupt file, a bug) ends the requests in this step; the server goes on.

@@ -82,11 +82,23 @@ class Sampler:
         if p.min_p > 0:
             probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
         if p.top_p < 1.0:
-            sorted_probs, order = probs.sort(descending=True)
-            # keep the smallest set whose mass reaches top_p (the token that crosses it included)
-            drop = sorted_probs.cumsum(0) - sorted_probs >= p.top_p
-            probs = probs.scatter(0, order, sorted_probs.masked_fill(drop, 0.0))
+            probs = _nucleus(probs, p.top_p)
         return int(torch.multinomial(probs / probs.sum(), 1, generator=self.generator))
+
+
+NUCLEUS_CANDIDATES = 1024  # the most likely tokens sorted first; the whole vocabulary only when they hold < top_p
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """probs with all but the smallest most-likely set whose mass reaches top_p set to 0 (the token that crosses
+    it included). Sorting a 150k vocabulary costs milliseconds a token: the candidates come from topk, which
+    holds the whole set unless the distribution is flat."""
+    k = min(NUCLEUS_CANDIDATES, probs.numel())
+    sorted_probs, order = probs.topk(k)
+    if k < probs.numel() and float(sorted_probs.sum()) < top_p:
+        sorted_probs, order = probs.sort(descending=True)
+    drop = sorted_probs.cumsum(0) - sorted_probs >= top_p
+    return torch.zeros_like(probs).scatter(0, order, sorted_probs.masked_fill(drop, 0.0))
 
 
 def _is_int(value) -> bool:

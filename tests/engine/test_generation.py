@@ -125,3 +125,15 @@ def test_prefill_progress_comes_after_each_chunk_and_leaves_out_the_cached_prefi
     engine.chat(engine.new_conversation(), [{"role": "user", "content": "hello " * 20}], greedy,
                 progress=lambda done, total: calls.append((done, total))).run()
     assert calls and calls[-1][0] == calls[-1][1]
+
+
+@pytest.mark.parametrize("spread", [0.01, 1.0, 8.0])  # flat (the candidates hold < top_p: the full sort), to peaked
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.999])
+def test_nucleus_keeps_the_same_set_as_a_full_sort(spread, top_p):
+    from engine.sampler import _nucleus
+
+    probs = torch.softmax(torch.randn(50_000, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+                          * spread, dim=-1)
+    sorted_probs, order = probs.sort(descending=True)
+    expected = probs.scatter(0, order, sorted_probs.masked_fill(sorted_probs.cumsum(0) - sorted_probs >= top_p, 0.0))
+    assert torch.equal(_nucleus(probs, top_p), expected)

@@ -187,12 +187,19 @@ FLOAT_DOTS(dots_bf16, uint16_t, vload_bf16, bf16_to_f32)
 #if defined(__AVX512BF16__)
 // bf16 weights against x rounded to bf16 (the torch path's activations are bf16 too): one instruction per
 // 32 products with float32 sums.
+// How far ahead of the dots a row is prefetched: the rows run back to back, and on this AMD EPYC the hardware
+// prefetcher alone left the stream at ~23 GB/s on one core (4 KiB ahead: 1.7b shape layers 140 -> ~110 ms a token).
+#ifndef PF_BYTES
+#define PF_BYTES 4096
+#endif
 static void dots_bf16_native(const uint16_t *w, int64_t cols, int64_t nrows, const uint16_t *xb, float *y) {
     for (int64_t r = 0; r < nrows; r++) {
         const uint16_t *row = w + r * cols;
         __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
         int64_t i = 0;
         for (; i + 64 <= cols; i += 64) {
+            _mm_prefetch((const char *)(row + i) + PF_BYTES, _MM_HINT_T0);
+            _mm_prefetch((const char *)(row + i) + PF_BYTES + 64, _MM_HINT_T0);
             a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(row + i), (__m512bh)_mm512_loadu_si512(xb + i));
             a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(row + i + 32),
                                   (__m512bh)_mm512_loadu_si512(xb + i + 32));

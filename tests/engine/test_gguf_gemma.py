@@ -13,7 +13,7 @@ import pytest
 import torch
 
 gguf = pytest.importorskip("gguf")
-from factory import CORPUS, cpu_plan, make_model  # noqa: E402
+from factory import CORPUS, cpu_plan, greedy_reference, make_model  # noqa: E402
 from gguf_factory import dequantized_copy, gemma_vocab, hf_tensors, write_gguf  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
@@ -65,14 +65,6 @@ def files(models, tmp_path_factory):
 
 def reference_model(model_dir):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
-
-
-def greedy_reference(reference, ids, eos_ids, max_tokens):
-    with torch.no_grad():
-        out = reference.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                 max_new_tokens=max_tokens, do_sample=False, eos_token_id=sorted(eos_ids),
-                                 pad_token_id=sorted(eos_ids)[0])
-    return [t for t in out[0, len(ids):].tolist() if t not in eos_ids]
 
 
 # -- names, norms, config -------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 gguf = pytest.importorskip("gguf")
-from factory import cpu_plan, make_model  # noqa: E402
+from factory import cpu_plan, greedy_reference, make_model  # noqa: E402
 from gguf_factory import dequantized_copy, permute, rope_factors, write_gguf  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
@@ -57,14 +57,6 @@ def files(models, tmp_path_factory):
             path = write_gguf(hf, root / f"{name}-{qtype}.gguf", qtype)
             out[name, qtype] = path, hf if qtype == "f32" else dequantized_copy(hf, root / f"{name}-{qtype}-hf", qtype)
     return out
-
-
-def greedy_reference(reference, ids, eos_ids, max_tokens):
-    with torch.no_grad():
-        out = reference.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                 max_new_tokens=max_tokens, do_sample=False, eos_token_id=sorted(eos_ids),
-                                 pad_token_id=sorted(eos_ids)[0])
-    return [t for t in out[0, len(ids):].tolist() if t not in eos_ids]
 
 
 # -- names, permutation, config ----------------------------------------------------------------------

@@ -88,6 +88,15 @@ def cpu_plan(model_dir, context_tokens: int, **request):
     return plan_for(model_dir, context_tokens, given_budgets([], 64 * GiB), **request)
 
 
+def greedy_reference(reference, ids, eos_ids, max_tokens):
+    """transformers' greedy continuation of ids (a model from_pretrained), the eos tokens left out."""
+    with torch.no_grad():
+        out = reference.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 max_new_tokens=max_tokens, do_sample=False, eos_token_id=sorted(eos_ids),
+                                 pad_token_id=sorted(eos_ids)[0])
+    return [t for t in out[0, len(ids):].tolist() if t not in eos_ids]
+
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

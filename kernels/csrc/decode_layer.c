@@ -146,6 +146,13 @@ static inline vf vload_f32(const float *p) { return vload(p); }
 #define VSTEP VEC_LANES
 #endif
 
+// How far ahead of the dots a row is prefetched (0: not at all): the rows run back to back, and on AMD EPYCs
+// the hardware prefetcher alone left the stream short of the memory's rate (Zen 4, avx512bf16 level: 4 KiB
+// ahead took the 1.7b shape's layers from 140 to ~110 ms a token on one core).
+#ifndef PF_BYTES
+#define PF_BYTES 4096
+#endif
+
 // One row at a time, two sums in flight: the matrix is read as one sequential stream, which the hardware
 // prefetcher follows (measured on rows of 576-8192: 13-19 GB/s on one core, where four interleaved rows
 // reached 8-13).
@@ -157,6 +164,7 @@ static inline vf vload_f32(const float *p) { return vload(p); }
             vf a0 = vzero(), a1 = vzero();                                                                \
             int64_t i = 0;                                                                                \
             for (; i + 2 * VSTEP <= cols; i += 2 * VSTEP) {                                               \
+                if (PF_BYTES) _mm_prefetch((const char *)(row + i) + PF_BYTES, _MM_HINT_T0);              \
                 a0 = vfma(VLOAD(row + i), vload(x + i), a0);                                              \
                 a1 = vfma(VLOAD(row + i + VSTEP), vload(x + i + VSTEP), a1);                              \
             }                                                                                             \
@@ -187,11 +195,6 @@ FLOAT_DOTS(dots_bf16, uint16_t, vload_bf16, bf16_to_f32)
 #if defined(__AVX512BF16__)
 // bf16 weights against x rounded to bf16 (the torch path's activations are bf16 too): one instruction per
 // 32 products with float32 sums.
-// How far ahead of the dots a row is prefetched: the rows run back to back, and on this AMD EPYC the hardware
-// prefetcher alone left the stream at ~23 GB/s on one core (4 KiB ahead: 1.7b shape layers 140 -> ~110 ms a token).
-#ifndef PF_BYTES
-#define PF_BYTES 4096
-#endif
 static void dots_bf16_native(const uint16_t *w, int64_t cols, int64_t nrows, const uint16_t *xb, float *y) {
     for (int64_t r = 0; r < nrows; r++) {
         const uint16_t *row = w + r * cols;
@@ -412,14 +415,17 @@ static int ensure_lane(scratch *s, const model *m) {
                      (int64_t)m->num_heads * MAX_SPLITS * (m->head_dim + 2) + 2 * (wide / 32) + 2 * (inter / 32);
     int64_t halves = wide + inter;  // bf16 copies
     int64_t need = 4 * floats + 2 * (halves + 1) + 4 * (wide / 16 + inter / 16) + 2 * (wide + inter);
-    if (s->cap >= need) return 0;
-    free(s->h);
-    float *base = malloc((size_t)need);
-    if (!base) {
-        *s = (scratch){0};
-        return -1;
+    if (s->cap < need) {
+        free(s->h);
+        float *base = malloc((size_t)need);
+        if (!base) {
+            *s = (scratch){0};
+            return -1;
+        }
+        s->h = base;
+        s->cap = need;
     }
-    s->h = base;
+    // laid out for this model every time: a buffer kept from a model of other dimensions has other offsets
     s->x = s->h + hidden;
     s->qkv = s->x + wide;
     s->attn = s->qkv + q + 2 * kv;
@@ -442,7 +448,6 @@ static int ensure_lane(scratch *s, const model *m) {
     s->xq.r = s->xq.q + wide;
     s->aq.q = s->xq.r + wide;
     s->aq.r = s->aq.q + inter;
-    s->cap = need;
     return 0;
 }
 
@@ -502,6 +507,44 @@ typedef struct {
     }
 DOTS_BF16_LANES(4)
 DOTS_BF16_LANES(8)
+#elif defined(VEC_LANES)
+// Float rows (f32, f16, bf16 widened) against up to 4 lanes' float32 x: each weight vector is loaded and widened
+// once for 4 sums instead of once per lane. Every lane's sum is added in FLOAT_DOTS's order (two sums in
+// flight, the same tail), so a batched step gives each sequence bit for bit what it gets alone.
+#define FLOAT_LANES(NAME, T, VLOAD, SLOAD)                                                                     \
+    static void NAME(const T *w, int64_t cols, int64_t nrows, const input *in, float *const *y, int64_t y_off, \
+                     int lanes) {                                                                               \
+        const float *x0 = in[0].x, *x1 = in[lanes > 1].x, *x2 = in[lanes > 2 ? 2 : 0].x,                       \
+                    *x3 = in[lanes > 3 ? 3 : 0].x; /* lanes past `lanes`: never stored */                     \
+        for (int64_t r = 0; r < nrows; r++) {                                                                   \
+            const T *row = w + r * cols;                                                                        \
+            vf a0 = vzero(), b0 = vzero(), c0 = vzero(), d0 = vzero();                                          \
+            vf a1 = vzero(), b1 = vzero(), c1 = vzero(), d1 = vzero();                                          \
+            int64_t i = 0;                                                                                      \
+            for (; i + 2 * VSTEP <= cols; i += 2 * VSTEP) {                                                     \
+                if (PF_BYTES) _mm_prefetch((const char *)(row + i) + PF_BYTES, _MM_HINT_T0);                    \
+                vf w0 = VLOAD(row + i), w1 = VLOAD(row + i + VSTEP);                                            \
+                a0 = vfma(w0, vload(x0 + i), a0), a1 = vfma(w1, vload(x0 + i + VSTEP), a1);                     \
+                b0 = vfma(w0, vload(x1 + i), b0), b1 = vfma(w1, vload(x1 + i + VSTEP), b1);                     \
+                c0 = vfma(w0, vload(x2 + i), c0), c1 = vfma(w1, vload(x2 + i + VSTEP), c1);                     \
+                d0 = vfma(w0, vload(x3 + i), d0), d1 = vfma(w1, vload(x3 + i + VSTEP), d1);                     \
+            }                                                                                                   \
+            for (; i + VSTEP <= cols; i += VSTEP) {                                                             \
+                vf w0 = VLOAD(row + i);                                                                         \
+                a0 = vfma(w0, vload(x0 + i), a0), b0 = vfma(w0, vload(x1 + i), b0);                             \
+                c0 = vfma(w0, vload(x2 + i), c0), d0 = vfma(w0, vload(x3 + i), d0);                             \
+            }                                                                                                   \
+            float s[4] = {vsum(_vadd(a0, a1)), vsum(_vadd(b0, b1)), vsum(_vadd(c0, c1)), vsum(_vadd(d0, d1))};  \
+            const float *xs[4] = {x0, x1, x2, x3};                                                              \
+            for (int b = 0; b < lanes; b++) {                                                                   \
+                for (int64_t k = i; k < cols; k++) s[b] += SLOAD(row[k]) * xs[b][k];                            \
+                y[b][y_off + r] = s[b];                                                                         \
+            }                                                                                                   \
+        }                                                                                                       \
+    }
+FLOAT_LANES(lanes4_f32, float, vload_f32, SLOAD_F32)
+FLOAT_LANES(lanes4_f16, uint16_t, vload_f16, f16_f32)
+FLOAT_LANES(lanes4_bf16, uint16_t, vload_bf16, bf16_to_f32)
 #endif
 
 // rows [lo, hi) of one matrix for every lane: each weight row is read from memory once for all of them
@@ -516,6 +559,26 @@ static void lane_rows(const matrix *m, int64_t lo, int64_t hi, const input *in, 
                 const int n = lanes - b < 8 ? lanes - b : 8;
                 (n > 4 ? dots_bf16_lanes8 : dots_bf16_lanes4)(w + r * m->cols, m->cols, e - r, in + b, y + b,
                                                               y_off + (r - lo), n);
+            }
+        }
+        if (m->bias)
+            for (int b = 0; b < lanes; b++)
+                for (int64_t r = lo; r < hi; r++) y[b][y_off + r - lo] += load_scalar(m->bias, m->bias_type, r);
+        return;
+    }
+#elif defined(VEC_LANES)
+    if ((m->type == W_F32 || m->type == W_F16 || m->type == W_BF16) && lanes > 1) {
+        const int64_t esize = m->type == W_F32 ? 4 : 2;
+        for (int64_t r = lo; r < hi; r += LANE_ROWS) {
+            int64_t e = r + LANE_ROWS < hi ? r + LANE_ROWS : hi;
+            const void *w = (const char *)m->data + r * m->cols * esize;
+            for (int b = 0; b < lanes; b += 4) {
+                const int n = lanes - b < 4 ? lanes - b : 4;
+                float *const *yb = y + b;
+                int64_t off = y_off + (r - lo);
+                if (m->type == W_F32) lanes4_f32(w, m->cols, e - r, in + b, yb, off, n);
+                else if (m->type == W_F16) lanes4_f16(w, m->cols, e - r, in + b, yb, off, n);
+                else lanes4_bf16(w, m->cols, e - r, in + b, yb, off, n);
             }
         }
         if (m->bias)

@@ -135,12 +135,16 @@ def test_every_instruction_set(tmp_path, monkeypatch, isa):
         cpu_decode.selected_isa.cache_clear()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("num_seqs", [3, 9])  # one group of lanes, and more than one (8 per pass)
-def test_batched_step_matches_torch_path(tmp_path, dtype, num_seqs):
+ODD_ROWS = dict(hidden_size=72, intermediate_size=150)  # rows of 72 and 150: a part-vector tail in every product
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("num_seqs", [3, 9])  # one group of lanes, and more than one (4 or 8 per pass)
+@pytest.mark.parametrize("shape", [{}, ODD_ROWS], ids=["rows-of-64", "odd-rows"])
+def test_batched_step_matches_torch_path(tmp_path, dtype, num_seqs, shape):
     # Sequences of different lengths (positions, partly filled blocks) in one step: each lane's logits equal the
     # torch batched step's, and lane b's equal what sequence b gets decoded alone.
-    model_dir = make_model(tmp_path / "m", "llama", dtype=dtype, sliding_window=None)
+    model_dir = make_model(tmp_path / "m", "llama", dtype=dtype, sliding_window=None, **shape)
     plan = cpu_plan(model_dir, 256, num_seqs=num_seqs)
     native, torch_path = Engine.load(model_dir, plan), Engine.load(model_dir, plan)
     torch_path.model._native_for = (torch_path.cache, None)
@@ -188,3 +192,23 @@ def test_torch_on_one_thread_around_native_tokens(tmp_path, monkeypatch):
         assert seen == [1] * 5 and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_second_model_of_other_dimensions_gets_its_own_scratch_layout(tmp_path):
+    # The native scratch outlives a model: after a model with a wider hidden size and a narrower FFN, a batched
+    # step of the next one must not use the first one's offsets (they overlapped its FFN rows: wrong logits).
+    first = make_model(tmp_path / "a", "llama", dtype=torch.float32, sliding_window=None, **ODD_ROWS)
+    second = make_model(tmp_path / "b", "llama", dtype=torch.float32, sliding_window=None)
+    for model_dir in (first, second):
+        plan = cpu_plan(model_dir, 128, num_seqs=3)
+        native, torch_path = Engine.load(model_dir, plan), Engine.load(model_dir, plan)
+        torch_path.model._native_for = (torch_path.cache, None)
+        seqs = {}
+        for name, engine in (("native", native), ("torch", torch_path)):
+            seqs[name] = [engine.new_conversation().seq for _ in range(3)]
+            for b, seq in enumerate(seqs[name]):
+                engine.model.forward([3 + b, 17, 40 + b], seq, engine.cache)
+        a = native.model.decode_step([5, 6, 7], seqs["native"], native.cache)
+        b = torch_path.model.decode_step([5, 6, 7], seqs["torch"], torch_path.cache)
+        err = ((a - b).abs().amax(dim=-1) / b.abs().amax(dim=-1)).max().item()
+        assert err < TOLERANCE[torch.float32], f"{model_dir.name}: relative logit error {err:.3g}"

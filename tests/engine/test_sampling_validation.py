@@ -57,3 +57,17 @@ def test_non_finite_scores_are_a_typed_error(bad):
     for params in (SamplingParams(temperature=0), SamplingParams(temperature=1.0, seed=0)):
         with pytest.raises(ModelFormatError, match="NaN or infinite scores"):
             Sampler(params)(logits)
+
+
+def test_draws_follow_the_probabilities_and_never_pick_a_zero():
+    # engine.sampler.draw replaces torch.multinomial: 40,000 draws land on each token in proportion (within 5
+    # standard deviations), and the zeros (first, inside, last) are never drawn
+    from engine.sampler import draw
+
+    probs = torch.tensor([0.0, 0.1, 0.0, 0.6, 0.25, 0.05, 0.0], dtype=torch.float64) * 3.0  # not normalized
+    generator, n = torch.Generator().manual_seed(0), 40_000
+    counts = torch.bincount(torch.tensor([draw(probs, generator) for _ in range(n)]), minlength=probs.numel())
+    p = probs / probs.sum()
+    assert counts[p == 0].sum() == 0
+    sigma = (n * p * (1 - p)).sqrt()
+    assert bool(((counts - n * p).abs() <= 5 * sigma + 1).all()), counts.tolist()

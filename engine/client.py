@@ -9,9 +9,11 @@ unload); other servers simply lack them, and the figures are then measured here.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx
@@ -22,6 +24,7 @@ from .sampler import SamplingParams
 
 Progress = Callable[[int, int], None]  # prompt tokens read so far, of the whole prompt
 CONNECT_SECONDS = 10.0
+CANCEL_POLL_SECONDS = 0.1  # how soon a cancel ends a read that waits on a silent server
 
 
 @dataclass
@@ -145,8 +148,9 @@ class RemoteServer:
 class RemoteStream:
     """One streaming reply; like engine.generation.Generation, iterate once, then read `result`.
 
-    cancel.set() is seen between two events (a token, or a prefill chunk's progress from a Stowage server): the
-    stream is then closed, which cancels the request on the server and frees its blocks."""
+    cancel.set() ends the stream within CANCEL_POLL_SECONDS even while the server sends nothing (a long prompt
+    read by a server that reports no progress): the connection is shut, which cancels the request on the server
+    and frees its blocks."""
 
     def __init__(self, server: RemoteServer, path: str, body: dict, model: str | None,
                  cancel: threading.Event | None, progress: Progress | None):
@@ -167,22 +171,32 @@ class RemoteStream:
                 if response.status_code != 200:
                     response.read()
                     raise self.server.refused(response)
-                for chunk in _chunks(response.iter_lines()):
-                    if self.cancel is not None and self.cancel.is_set():
-                        r.finish_reason = "cancelled"
-                        return
-                    text = self._take(chunk)
-                    if text:
-                        first, last = first or time.perf_counter(), time.perf_counter()
-                        r.text += text
-                        yield text
+                with _shut_on(self.cancel, response):
+                    for chunk in _chunks(response.iter_lines()):
+                        if self._cancelled():
+                            return
+                        text = self._take(chunk)
+                        if text:
+                            first, last = first or time.perf_counter(), time.perf_counter()
+                            r.text += text
+                            yield text
         except httpx.TransportError as e:
+            if self._cancelled():  # the read that the cancel cut short
+                return
             raise self.server.unreachable(e) from None
+        if r.finish_reason is None and self._cancelled():  # shut between two reads: the body just ended
+            return
         if r.finish_reason is None:
             raise RemoteError(f"{self.server.base_url} ended the reply without a finish reason")
         if first is not None and not r.decode_seconds:
             r.first_token_seconds, r.prefill_seconds, r.decode_seconds = first - start, first - start, last - first
             r.prefilled_tokens = r.prompt_tokens - r.reused_tokens
+
+    def _cancelled(self) -> bool:
+        if self.cancel is not None and self.cancel.is_set():
+            self.result.finish_reason = "cancelled"
+            return True
+        return False
 
     def _take(self, chunk: dict) -> str:
         """Record what a chunk says; return its text."""
@@ -207,6 +221,35 @@ class RemoteStream:
             r.finish_reason = choice.get("finish_reason") or r.finish_reason
         r.finish_reason = stowage.get("finish_reason") or r.finish_reason  # OpenAI's "length" may be "context_full"
         return text
+
+
+@contextmanager
+def _shut_on(cancel: threading.Event | None, response: httpx.Response):
+    """While the body is read: once `cancel` is set, shut the connection's socket, which wakes a read blocked on
+    a silent server (closing the response from another thread would not: a blocked recv outlives close)."""
+    if cancel is None:
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(CANCEL_POLL_SECONDS):
+            if cancel.is_set():
+                stream = response.extensions.get("network_stream")
+                sock = stream.get_extra_info("socket") if stream is not None else None
+                if sock is not None:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:  # already closed
+                        pass
+                return
+
+    watcher = threading.Thread(target=watch, name="stowage-remote-cancel", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def _chunks(lines: Iterator[str]) -> Iterator[dict]:

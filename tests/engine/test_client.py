@@ -97,3 +97,34 @@ def test_terminal_chat_with_a_remote_server(engine, key):
                            timeout=120)
     assert wrong.returncode == 2 and wrong.stderr.strip().splitlines()[-1] == (
         f"stowage: {engine.server.base_url} has no model 'nope'; it serves 'model'")
+
+
+def test_cancel_ends_a_stream_while_the_server_sends_nothing():
+    # A server that answers the headers, then is silent (a long prompt read by a server that reports no
+    # progress): Stop must not wait for its next event.
+    import socket
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+
+    def serve():
+        conn, _ = listener.accept()
+        accepted.append(conn)
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        conn.recv(1)  # until the client goes away
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    server = RemoteServer(f"http://127.0.0.1:{listener.getsockname()[1]}", trust_env=False)
+    cancel = threading.Event()
+    threading.Timer(0.5, cancel.set).start()
+    started = time.monotonic()
+    stream = server.chat([{"role": "user", "content": "Hi"}], GREEDY, cancel=cancel)
+    assert list(stream) == [] and stream.result.finish_reason == "cancelled"
+    assert time.monotonic() - started < 30  # not a read that waits for ever (the limit is far from the 0.1 s poll)
+    thread.join(timeout=10)
+    assert not thread.is_alive()  # the server saw the connection end
+    listener.close()
+    accepted[0].close()

@@ -508,43 +508,44 @@ typedef struct {
 DOTS_BF16_LANES(4)
 DOTS_BF16_LANES(8)
 #elif defined(VEC_LANES)
-// Float rows (f32, f16, bf16 widened) against up to 4 lanes' float32 x: each weight vector is loaded and widened
-// once for 4 sums instead of once per lane. Every lane's sum is added in FLOAT_DOTS's order (two sums in
-// flight, the same tail), so a batched step gives each sequence bit for bit what it gets alone.
-#define FLOAT_LANES(NAME, T, VLOAD, SLOAD)                                                                     \
+// Float rows (f32, f16, bf16 widened) against up to N lanes' float32 x (N = 2 or 4): each weight vector is loaded
+// and widened once for N sums instead of once per lane. Every lane's sum is added in FLOAT_DOTS's order (two sums
+// in flight, the same tail), so a lane's products are bit for bit what its sequence gets alone.
+#define FLOAT_LANES(NAME, N, T, VLOAD, SLOAD)                                                                  \
     static void NAME(const T *w, int64_t cols, int64_t nrows, const input *in, float *const *y, int64_t y_off, \
                      int lanes) {                                                                               \
-        const float *x0 = in[0].x, *x1 = in[lanes > 1].x, *x2 = in[lanes > 2 ? 2 : 0].x,                       \
-                    *x3 = in[lanes > 3 ? 3 : 0].x; /* lanes past `lanes`: never stored */                     \
+        const float *x[N];                                                                                      \
+        for (int b = 0; b < N; b++) x[b] = in[b < lanes ? b : 0].x; /* lanes past `lanes`: never stored */     \
         for (int64_t r = 0; r < nrows; r++) {                                                                   \
             const T *row = w + r * cols;                                                                        \
-            vf a0 = vzero(), b0 = vzero(), c0 = vzero(), d0 = vzero();                                          \
-            vf a1 = vzero(), b1 = vzero(), c1 = vzero(), d1 = vzero();                                          \
+            vf a0[N], a1[N];                                                                                    \
+            for (int b = 0; b < N; b++) a0[b] = a1[b] = vzero();                                                \
             int64_t i = 0;                                                                                      \
             for (; i + 2 * VSTEP <= cols; i += 2 * VSTEP) {                                                     \
                 if (PF_BYTES) _mm_prefetch((const char *)(row + i) + PF_BYTES, _MM_HINT_T0);                    \
                 vf w0 = VLOAD(row + i), w1 = VLOAD(row + i + VSTEP);                                            \
-                a0 = vfma(w0, vload(x0 + i), a0), a1 = vfma(w1, vload(x0 + i + VSTEP), a1);                     \
-                b0 = vfma(w0, vload(x1 + i), b0), b1 = vfma(w1, vload(x1 + i + VSTEP), b1);                     \
-                c0 = vfma(w0, vload(x2 + i), c0), c1 = vfma(w1, vload(x2 + i + VSTEP), c1);                     \
-                d0 = vfma(w0, vload(x3 + i), d0), d1 = vfma(w1, vload(x3 + i + VSTEP), d1);                     \
+                _Pragma("GCC unroll 4") for (int b = 0; b < N; b++) {                                           \
+                    a0[b] = vfma(w0, vload(x[b] + i), a0[b]);                                                   \
+                    a1[b] = vfma(w1, vload(x[b] + i + VSTEP), a1[b]);                                           \
+                }                                                                                               \
             }                                                                                                   \
             for (; i + VSTEP <= cols; i += VSTEP) {                                                             \
                 vf w0 = VLOAD(row + i);                                                                         \
-                a0 = vfma(w0, vload(x0 + i), a0), b0 = vfma(w0, vload(x1 + i), b0);                             \
-                c0 = vfma(w0, vload(x2 + i), c0), d0 = vfma(w0, vload(x3 + i), d0);                             \
+                _Pragma("GCC unroll 4") for (int b = 0; b < N; b++) a0[b] = vfma(w0, vload(x[b] + i), a0[b]);   \
             }                                                                                                   \
-            float s[4] = {vsum(_vadd(a0, a1)), vsum(_vadd(b0, b1)), vsum(_vadd(c0, c1)), vsum(_vadd(d0, d1))};  \
-            const float *xs[4] = {x0, x1, x2, x3};                                                              \
             for (int b = 0; b < lanes; b++) {                                                                   \
-                for (int64_t k = i; k < cols; k++) s[b] += SLOAD(row[k]) * xs[b][k];                            \
-                y[b][y_off + r] = s[b];                                                                         \
+                float s = vsum(_vadd(a0[b], a1[b]));                                                            \
+                for (int64_t k = i; k < cols; k++) s += SLOAD(row[k]) * x[b][k];                                \
+                y[b][y_off + r] = s;                                                                            \
             }                                                                                                   \
         }                                                                                                       \
     }
-FLOAT_LANES(lanes4_f32, float, vload_f32, SLOAD_F32)
-FLOAT_LANES(lanes4_f16, uint16_t, vload_f16, f16_f32)
-FLOAT_LANES(lanes4_bf16, uint16_t, vload_bf16, bf16_to_f32)
+FLOAT_LANES(lanes4_f32, 4, float, vload_f32, SLOAD_F32)
+FLOAT_LANES(lanes4_f16, 4, uint16_t, vload_f16, f16_f32)
+FLOAT_LANES(lanes4_bf16, 4, uint16_t, vload_bf16, bf16_to_f32)
+FLOAT_LANES(lanes2_f32, 2, float, vload_f32, SLOAD_F32)
+FLOAT_LANES(lanes2_f16, 2, uint16_t, vload_f16, f16_f32)
+FLOAT_LANES(lanes2_bf16, 2, uint16_t, vload_bf16, bf16_to_f32)
 #endif
 
 // rows [lo, hi) of one matrix for every lane: each weight row is read from memory once for all of them
@@ -572,13 +573,17 @@ static void lane_rows(const matrix *m, int64_t lo, int64_t hi, const input *in, 
         for (int64_t r = lo; r < hi; r += LANE_ROWS) {
             int64_t e = r + LANE_ROWS < hi ? r + LANE_ROWS : hi;
             const void *w = (const char *)m->data + r * m->cols * esize;
-            for (int b = 0; b < lanes; b += 4) {
-                const int n = lanes - b < 4 ? lanes - b : 4;
+            for (int b = 0, n; b < lanes; b += n) {
+                n = lanes - b < 4 ? lanes - b : 4;
                 float *const *yb = y + b;
-                int64_t off = y_off + (r - lo);
-                if (m->type == W_F32) lanes4_f32(w, m->cols, e - r, in + b, yb, off, n);
-                else if (m->type == W_F16) lanes4_f16(w, m->cols, e - r, in + b, yb, off, n);
-                else lanes4_bf16(w, m->cols, e - r, in + b, yb, off, n);
+                const int64_t off = y_off + (r - lo);
+                if (n == 1) {  // alone: no lane to share a load with (the bias is added below)
+                    if (m->type == W_F32) dots_f32(w, m->cols, e - r, in[b].x, yb[0] + off);
+                    else if (m->type == W_F16) dots_f16(w, m->cols, e - r, in[b].x, yb[0] + off);
+                    else dots_bf16(w, m->cols, e - r, in[b].x, yb[0] + off);
+                } else if (m->type == W_F32) (n > 2 ? lanes4_f32 : lanes2_f32)(w, m->cols, e - r, in + b, yb, off, n);
+                else if (m->type == W_F16) (n > 2 ? lanes4_f16 : lanes2_f16)(w, m->cols, e - r, in + b, yb, off, n);
+                else (n > 2 ? lanes4_bf16 : lanes2_bf16)(w, m->cols, e - r, in + b, yb, off, n);
             }
         }
         if (m->bias)

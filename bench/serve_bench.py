@@ -23,10 +23,10 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
-import shutil
 import threading
 import time
 from pathlib import Path

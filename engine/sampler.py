@@ -60,7 +60,7 @@ class Sampler:
         """logits: [vocab] fp32 (on any device); seen_ids: token ids the penalty applies to."""
         p = self.params
         logits = logits.float().cpu()
-        if not bool(torch.isfinite(logits.sum(dtype=torch.float64))):  # one pass: a NaN or an inf makes the sum so
+        if not bool(torch.isfinite(logits.sum(dtype=torch.float64))):  # one pass: any NaN or inf makes the sum one
             # NaN or inf scores come from weights holding NaN/inf, or from a float16 overflow; sampling from
             # them would pick garbage (or fail), so say where they come from.
             raise ModelFormatError("the model produced NaN or infinite scores: its weights may hold NaN/inf values "

@@ -232,8 +232,8 @@ static void prepare_part(const input *in, int64_t begin, int64_t end) {
 
 static void prepare(input *in, int64_t n) { prepare_part(in, 0, n); }
 
-// y[r - r0] = W[r] . x + bias[r] for r in [r0, r1)
-static void matvec_rows(const matrix *m, int64_t r0, int64_t r1, const input *in, float *y) {
+// y[r - r0] = W[r] . x for r in [r0, r1), without the bias
+static void row_dots(const matrix *m, int64_t r0, int64_t r1, const input *in, float *y) {
     const int64_t cols = m->cols, n = r1 - r0;
     switch (m->type) {
     case W_F32: dots_f32((const float *)m->data + r0 * cols, cols, n, in->x, y); break;
@@ -252,8 +252,13 @@ static void matvec_rows(const matrix *m, int64_t r0, int64_t r1, const input *in
         for (int64_t r = 0; r < n; r++) y[r] = dot(w + r * row_bytes, &in->xq, nb);
     }
     }
+}
+
+// y[r - r0] = W[r] . x + bias[r] for r in [r0, r1)
+static void matvec_rows(const matrix *m, int64_t r0, int64_t r1, const input *in, float *y) {
+    row_dots(m, r0, r1, in, y);
     if (m->bias)
-        for (int64_t r = 0; r < n; r++) y[r] += load_scalar(m->bias, m->bias_type, r0 + r);
+        for (int64_t r = 0; r < r1 - r0; r++) y[r] += load_scalar(m->bias, m->bias_type, r0 + r);
 }
 
 // ---- the thread pool --------------------------------------------------------------------------------------
@@ -548,6 +553,13 @@ FLOAT_LANES(lanes2_f16, 2, uint16_t, vload_f16, f16_f32)
 FLOAT_LANES(lanes2_bf16, 2, uint16_t, vload_bf16, bf16_to_f32)
 #endif
 
+// every lane's rows [lo, hi) of the output get the matrix's bias
+static inline void lanes_bias(const matrix *m, int64_t lo, int64_t hi, float *const *y, int64_t y_off, int lanes) {
+    if (m->bias)
+        for (int b = 0; b < lanes; b++)
+            for (int64_t r = lo; r < hi; r++) y[b][y_off + r - lo] += load_scalar(m->bias, m->bias_type, r);
+}
+
 // rows [lo, hi) of one matrix for every lane: each weight row is read from memory once for all of them
 static void lane_rows(const matrix *m, int64_t lo, int64_t hi, const input *in, float *const *y, int64_t y_off,
                       int lanes) {
@@ -562,9 +574,7 @@ static void lane_rows(const matrix *m, int64_t lo, int64_t hi, const input *in, 
                                                               y_off + (r - lo), n);
             }
         }
-        if (m->bias)
-            for (int b = 0; b < lanes; b++)
-                for (int64_t r = lo; r < hi; r++) y[b][y_off + r - lo] += load_scalar(m->bias, m->bias_type, r);
+        lanes_bias(m, lo, hi, y, y_off, lanes);
         return;
     }
 #elif defined(VEC_LANES)
@@ -577,18 +587,13 @@ static void lane_rows(const matrix *m, int64_t lo, int64_t hi, const input *in, 
                 n = lanes - b < 4 ? lanes - b : 4;
                 float *const *yb = y + b;
                 const int64_t off = y_off + (r - lo);
-                if (n == 1) {  // alone: no lane to share a load with (the bias is added below)
-                    if (m->type == W_F32) dots_f32(w, m->cols, e - r, in[b].x, yb[0] + off);
-                    else if (m->type == W_F16) dots_f16(w, m->cols, e - r, in[b].x, yb[0] + off);
-                    else dots_bf16(w, m->cols, e - r, in[b].x, yb[0] + off);
-                } else if (m->type == W_F32) (n > 2 ? lanes4_f32 : lanes2_f32)(w, m->cols, e - r, in + b, yb, off, n);
+                if (n == 1) row_dots(m, r, e, &in[b], yb[0] + off);  // alone: no lane to share a load with
+                else if (m->type == W_F32) (n > 2 ? lanes4_f32 : lanes2_f32)(w, m->cols, e - r, in + b, yb, off, n);
                 else if (m->type == W_F16) (n > 2 ? lanes4_f16 : lanes2_f16)(w, m->cols, e - r, in + b, yb, off, n);
                 else (n > 2 ? lanes4_bf16 : lanes2_bf16)(w, m->cols, e - r, in + b, yb, off, n);
             }
         }
-        if (m->bias)
-            for (int b = 0; b < lanes; b++)
-                for (int64_t r = lo; r < hi; r++) y[b][y_off + r - lo] += load_scalar(m->bias, m->bias_type, r);
+        lanes_bias(m, lo, hi, y, y_off, lanes);
         return;
     }
 #endif

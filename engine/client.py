@@ -21,6 +21,7 @@ import httpx
 from .errors import InsufficientMemoryError, InvalidArgumentError, RemoteError, StowageError
 from .generation import GenerationResult
 from .sampler import SamplingParams
+from .server import UNIX_SCHEME
 
 Progress = Callable[[int, int], None]  # prompt tokens read so far, of the whole prompt
 CONNECT_SECONDS = 10.0
@@ -51,16 +52,25 @@ def sampling_fields(sampling: SamplingParams) -> dict:
 
 
 class RemoteServer:
-    """An OpenAI-compatible server at base_url (with or without its /v1); api_key goes in a bearer header."""
+    """An OpenAI-compatible server at base_url (with or without its /v1), or on a Unix socket at `unix:/path`
+    (what `stowage serve --unix PATH` prints); api_key goes in a bearer header."""
 
     def __init__(self, base_url: str, api_key: str | None = None, *, trust_env: bool = True):
         url = base_url.rstrip("/")
-        self.base_url = url.removesuffix("/v1")
+        self.base_url = url.removesuffix("/v1")  # in messages, and what a GUI shows
         self.api_key = api_key  # what a GUI shows to copy (the app's Serve switch)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # no read timeout: a long prompt on a slow machine may take minutes before its first token
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, trust_env=trust_env,
-                                  timeout=httpx.Timeout(CONNECT_SECONDS, read=None))
+        timeout = httpx.Timeout(CONNECT_SECONDS, read=None)
+        if self.base_url.startswith(UNIX_SCHEME):
+            path = self.base_url.removeprefix(UNIX_SCHEME)
+            if not path:
+                raise InvalidArgumentError(f"{base_url!r}: a Unix socket's URL is unix:/path/to.sock")
+            # the requests' URLs only fill the Host header; no proxy can stand on a socket file (trust_env off)
+            self._http = httpx.Client(base_url="http://localhost", transport=httpx.HTTPTransport(uds=path),
+                                      headers=headers, trust_env=False, timeout=timeout)
+        else:
+            self._http = httpx.Client(base_url=self.base_url, headers=headers, trust_env=trust_env, timeout=timeout)
 
     def close(self) -> None:
         self._http.close()

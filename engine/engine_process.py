@@ -1,4 +1,5 @@
-"""The engine in a child process: `stowage serve` on a private loopback port, talked to over its HTTP API.
+"""The engine in a child process: `stowage serve` on a private Unix socket or a loopback port (or where the caller
+asks: a fixed port, another address), talked to over its HTTP API.
 
 A crash of the engine (the out-of-memory killer, SIGBUS from a weights file truncated under the model, a fault
 in a native kernel) ends the child, never the caller: the caller sees a closed stream and a dead process, and
@@ -8,12 +9,15 @@ Ending the child returns all of its memory to the system at once.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import queue
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -22,7 +26,8 @@ from pathlib import Path
 
 from .client import RemoteServer, RemoteStream
 from .errors import EngineCrashedError, EngineStartError, GenerationCancelled, RemoteError
-from .server.cli import API_KEY_ENV, parse_progress
+from .server import UNIX_SCHEME
+from .server.cli import API_KEY_ENV, DEFAULT_HOST, parse_progress
 
 LoadProgress = Callable[[float, str], None]  # fraction, message: as Engine.load reports it
 POLL_SECONDS = 0.05
@@ -30,6 +35,8 @@ HEALTH_SECONDS = 30.0  # from the URL on stdout to /health answering: uvicorn st
 DEATH_SECONDS = 2.0  # a broken stream waits this long for the process to be seen dead before it is a plain error
 STOP_SECONDS = 10.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])  # where `engine` is: the child imports the same one
+CAN_UNIX = os.name == "posix"  # Linux, macOS: Unix sockets, whose file mode keeps other users out
+SOCKET_NAME = "engine.sock"
 
 # What usually sends each signal to an engine; the message names the likely cause and the user's next step.
 _CAUSES = {
@@ -64,23 +71,42 @@ def engine_command() -> list[str]:
 
 
 def serve_command(model_dir: str | Path, *, context_tokens: int, dtype: str | None = None,
-                  kv_dtype: str | None = None, gpu_layers: int | None = None) -> list[str]:
-    """The child's command line: one sequence of context_tokens on a free loopback port (no key: that goes
-    in the environment, where `ps` does not show it)."""
-    command = [*engine_command(), "serve", str(model_dir), "--port", "0",
-               "--context", str(context_tokens), "--parallel", "1", "--exit-with-parent"]
+                  kv_dtype: str | None = None, gpu_layers: int | None = None, port: int = 0,
+                  host: str = DEFAULT_HOST, parallel: int = 1, unix: str | Path | None = None) -> list[str]:
+    """The child's command line: `parallel` sequences of context_tokens on host:port, or on the Unix socket at
+    `unix` (no key: that goes in the environment, where `ps` does not show it)."""
+    listen = ["--unix", str(unix)] if unix is not None else ["--port", str(port), "--host", host]
+    command = [*engine_command(), "serve", str(model_dir), *listen, "--context", str(context_tokens),
+               "--parallel", str(parallel), "--exit-with-parent"]
     for flag, value in (("--dtype", dtype), ("--kv-dtype", kv_dtype), ("--gpu-layers", gpu_layers)):
         if value is not None:
             command += [flag, str(value)]
     return command
 
 
+def client_url(url: str) -> str:
+    """Where this machine reaches a server that printed url: a server listening on every address (0.0.0.0, ::)
+    is reached on loopback."""
+    if url.startswith(UNIX_SCHEME):
+        return url
+    scheme, _, rest = url.partition("://")
+    host, _, port = rest.rpartition(":")
+    try:
+        unspecified = ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return url
+    if not unspecified:
+        return url
+    return f"{scheme}://{'[::1]' if ':' in host else '127.0.0.1'}:{port}"
+
+
 class EngineProcess:
     """A started engine child: `server` is its client; `chat`/`complete` report the child's death as
     EngineCrashedError. Start with `EngineProcess.start(...)`; `close()` ends it."""
 
-    def __init__(self, proc: subprocess.Popen):
+    def __init__(self, proc: subprocess.Popen, socket_dir: str | None = None):
         self.proc = proc
+        self.socket_dir = socket_dir  # the private folder of its Unix socket, removed when it ends
         self.server: RemoteServer | None = None  # once the child printed its URL
         self._log: deque[str] = deque(maxlen=50)  # the child's last stderr lines, for the message when it dies
         self._progress: queue.SimpleQueue[tuple[float, str]] = queue.SimpleQueue()  # its loading, read by _wait
@@ -92,21 +118,36 @@ class EngineProcess:
     def start(cls, model_dir: str | Path, *, context_tokens: int, dtype: str | None = None,
               kv_dtype: str | None = None, gpu_layers: int | None = None, progress: LoadProgress | None = None,
               cancel: threading.Event | None = None, env: dict[str, str] | None = None,
-              nice: int = 0) -> "EngineProcess":
+              nice: int = 0, port: int = 0, host: str = DEFAULT_HOST, api_key: str | None = None,
+              parallel: int = 1, unix: bool = False) -> "EngineProcess":
         """Start the child, forward its loading progress (progress is called on this thread, as Engine.load
         calls it), and return once it answers /health.
 
+        It listens on host:port (0: a free port), or with unix=True on a Unix socket in a private folder (0700;
+        the socket 0600), removed when it ends; `parallel` sequences are planned and served at once. api_key
+        (default: a random one for this child only) reaches it in $STOWAGE_API_KEY, never on the command line;
+        the child refuses an address other than loopback without one anyway.
+
         Raises EngineStartError with the child's own message when it refuses (a plan that does not fit, a
-        malformed model), EngineCrashedError when it dies, GenerationCancelled (the child ended) on cancel.set()."""
-        key = secrets.token_urlsafe(32)
+        malformed model, a port that is taken), EngineCrashedError when it dies, GenerationCancelled (the
+        child ended) on cancel.set()."""
+        if unix and not CAN_UNIX:
+            raise EngineStartError("this system has no Unix domain sockets; start the engine on a port")
+        key = api_key or secrets.token_urlsafe(32)
         path = os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)
         child_env = {**os.environ, **(env or {}), API_KEY_ENV: key, "PYTHONPATH": path}
+        socket_dir = tempfile.mkdtemp(prefix="stowage-") if unix else None  # mode 0700: this user only
         command = serve_command(model_dir, context_tokens=context_tokens, dtype=dtype, kv_dtype=kv_dtype,
-                                gpu_layers=gpu_layers)
-        # its own session: Ctrl-C in a terminal stops the caller's reply, not the engine
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=child_env, text=True, encoding="utf-8", errors="replace",
-                                start_new_session=True)
+                                gpu_layers=gpu_layers, port=port, host=host, parallel=parallel,
+                                unix=Path(socket_dir, SOCKET_NAME) if socket_dir else None)
+        try:  # its own session: Ctrl-C in a terminal stops the caller's reply, not the engine
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, env=child_env, text=True, encoding="utf-8",
+                                    errors="replace", start_new_session=True)
+        except BaseException:
+            if socket_dir:
+                shutil.rmtree(socket_dir, ignore_errors=True)
+            raise
         if nice:
             try:  # the child's main thread; the threads it starts later (torch's, uvicorn's) inherit it
                 os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
@@ -114,12 +155,13 @@ class EngineProcess:
                 pass
         urls: queue.Queue[str] = queue.Queue()
         threading.Thread(target=_read_stdout, args=(proc, urls), daemon=True, name="stowage-engine-stdout").start()
-        process = cls(proc)
+        process = cls(proc, socket_dir)
         try:
             url = process._wait(lambda: _get(urls), cancel, progress)
             if not url:  # stdout closed before a URL: the child is ending
                 process._wait(lambda: None, cancel, progress)
-            process.server = RemoteServer(url, key, trust_env=False)  # a proxy must never see the private key
+            # a proxy must never see the key
+            process.server = RemoteServer(client_url(url), key, trust_env=False)
             deadline = time.monotonic() + HEALTH_SECONDS
 
             def healthy() -> bool | None:
@@ -189,6 +231,8 @@ class EngineProcess:
                 self.proc.wait()
         if self.server is not None:
             self.server.close()
+        if self.socket_dir is not None:  # the child removes its socket; a killed one cannot
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def raise_if_dead(self) -> None:
         """After a broken connection: EngineCrashedError if the child is ending (it may take a moment)."""

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -21,9 +22,12 @@ from ..errors import InsufficientMemoryError, InvalidArgumentError, StowageError
 from ..units import format_bytes
 from ..kv_store import KV_DIR_ENV
 from ..planning.cli import _gpu_layers, _size
+from . import UNIX_SCHEME
 
 API_KEY_ENV = "STOWAGE_API_KEY"  # the key without putting it on the command line (where `ps` shows it)
+DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
+MAX_UNIX_PATH = 104  # bytes of a socket path that every system takes (Linux 107, macOS 103 plus the NUL)
 DEFAULT_MAX_QUEUE = 16
 _PROGRESS = re.compile(r"\[\s*(\d+(?:\.\d+)?)%\] (.*)")
 
@@ -60,9 +64,13 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                         "KV cache (default 1)")
     p.add_argument("--max-queue", metavar="N", type=int, default=DEFAULT_MAX_QUEUE,
                    help=f"requests that may wait for a free sequence (default {DEFAULT_MAX_QUEUE})")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, this machine only)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT,
+    # None: not given, so that --unix can refuse an explicit --host or --port
+    p.add_argument("--host", default=None, help=f"address to listen on (default {DEFAULT_HOST}, this machine only)")
+    p.add_argument("--port", type=int, default=None,
                    help=f"port (default {DEFAULT_PORT}; 0: a free one, printed on stdout)")
+    p.add_argument("--unix", metavar="PATH", type=Path, default=None,
+                   help="listen on a Unix domain socket at PATH (mode 0600: this user only) instead of TCP; "
+                        f"stdout then prints {UNIX_SCHEME}PATH")
     p.add_argument("--api-key", metavar="KEY", default=None,
                    help=f"require `Authorization: Bearer KEY` (default: ${API_KEY_ENV}); needed for any address "
                         "other than loopback")
@@ -90,6 +98,9 @@ def run_serve(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < least:
             raise InvalidArgumentError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
+    if args.unix is not None and (args.host is not None or args.port is not None):
+        raise InvalidArgumentError("--unix listens on a socket file, not on a TCP address: give --unix PATH or "
+                                   "--host/--port, not both")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     cpu_decode.use_default_threads()  # the cores it may use, or the CLI's --threads
     if args.exit_with_parent:
@@ -110,14 +121,17 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.parallel > plan.prefill_chunk:  # the planner charges a decode step's activations as a chunk's
         raise InvalidArgumentError(f"--parallel {args.parallel} is more than the prefill chunk of "
                                    f"{plan.prefill_chunk} tokens; serve at most that many sequences")
-    sock = listen(args.host, args.port, has_key=api_key is not None)  # a taken port fails before the load
+    # a taken port or socket path fails before the load
+    sock = (listen_unix(args.unix) if args.unix is not None else
+            listen(args.host or DEFAULT_HOST, DEFAULT_PORT if args.port is None else args.port,
+                   has_key=api_key is not None))
     try:
         spill = (f"; evicted conversations' KV cache up to {format_bytes(plan.kv_disk_bytes)} in {plan.kv_dir}"
                  if plan.kv_disk_bytes else "")
         sys.stderr.write(f"loading {args.model_dir.name}: {summary(plan)} for {args.parallel} sequence(s){spill}\n")
         engine = Engine.load(args.model_dir, plan, progress=write_progress)
     except BaseException:
-        sock.close()
+        close_listener(sock)
         raise
     serve(engine, sock, parallel=args.parallel, max_queue=args.max_queue, api_key=api_key)
     return 0
@@ -159,16 +173,82 @@ def listen(host: str, port: int, *, has_key: bool) -> socket.socket:
     return sock
 
 
+def listen_unix(path: Path) -> socket.socket:
+    """A listening Unix domain socket at path, readable and writable by this user only (0600). A socket file
+    left by a server that is gone is removed first; one that a server still listens on, or a file that is not a
+    socket, is refused."""
+    if not hasattr(socket, "AF_UNIX"):
+        raise InvalidArgumentError("--unix: this system has no Unix domain sockets; use --host/--port")
+    path = path.absolute()
+    if len(os.fsencode(path)) >= MAX_UNIX_PATH:
+        raise InvalidArgumentError(f"--unix {path}: a socket path may have at most {MAX_UNIX_PATH - 1} bytes, this "
+                                   f"one has {len(os.fsencode(path))}; choose a shorter path")
+    _remove_stale_socket(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    previous = os.umask(0o177)  # the file is created 0600: no moment where another user could connect
+    try:
+        sock.bind(str(path))
+        os.chmod(path, 0o600)
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise StowageError(f"cannot listen on {path}: {e.strerror}") from None
+    finally:
+        os.umask(previous)
+    return sock
+
+
+def _remove_stale_socket(path: Path) -> None:
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise InvalidArgumentError(f"--unix {path}: the path exists and is not a socket; it was left alone, choose "
+                                   "another path")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2.0)  # a server whose backlog is full makes a connect wait
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):  # nothing listens: a socket file a dead server left
+        path.unlink(missing_ok=True)
+        return
+    except OSError as e:
+        raise InvalidArgumentError(f"--unix {path}: cannot tell whether a server listens there ({e.strerror}); "
+                                   "remove it or choose another path") from None
+    finally:
+        probe.close()
+    raise StowageError(f"cannot listen on {path}: a server listens there already; stop it or choose another --unix "
+                       "path")
+
+
+def close_listener(sock: socket.socket, url: str | None = None) -> None:
+    """Close a listening socket; a Unix socket's file goes with it. url: its base_url, for a socket that uvicorn
+    may have closed already (a closed socket has no name)."""
+    url = url or base_url(sock)
+    sock.close()
+    if url.startswith(UNIX_SCHEME):
+        Path(url.removeprefix(UNIX_SCHEME)).unlink(missing_ok=True)
+
+
+def base_url(sock: socket.socket) -> str:
+    """What a client connects to: `http://HOST:PORT`, or `unix:PATH` for a Unix socket."""
+    if sock.family == getattr(socket, "AF_UNIX", None):
+        return f"{UNIX_SCHEME}{sock.getsockname()}"
+    host, port = sock.getsockname()[:2]
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+
 def serve(engine, sock: socket.socket, *, parallel: int, max_queue: int, api_key: str | None) -> None:
-    """Run the API on sock until interrupted; prints the base URL on stdout once it is listening."""
+    """Run the API on sock until interrupted; prints the base URL (or `unix:PATH`) on stdout once it is listening."""
     from .scheduler import Scheduler
 
     scheduler = Scheduler(engine, max_running=parallel, max_waiting=max_queue).start()
-    host, port = sock.getsockname()[:2]
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    url = base_url(sock)
     server = http_server(scheduler, api_key=api_key)
     print(url, flush=True)  # the one line on stdout: a parent process reads the port from it
-    sys.stderr.write(f"serving {engine.name} at {url}/v1 ({parallel} x {engine.cache.max_tokens:,}-token "
+    api = url if url.startswith(UNIX_SCHEME) else f"{url}/v1"
+    sys.stderr.write(f"serving {engine.name} at {api} ({parallel} x {engine.cache.max_tokens:,}-token "
                      f"sequences{', API key required' if api_key else ''}); Ctrl-C stops\n")
     try:
         server.run(sockets=[sock])
@@ -177,7 +257,7 @@ def serve(engine, sock: socket.socket, *, parallel: int, max_queue: int, api_key
     finally:
         scheduler.close()
         engine.close()
-        sock.close()
+        close_listener(sock, url)
 
 
 def http_server(scheduler, *, api_key: str | None):

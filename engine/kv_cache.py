@@ -5,10 +5,14 @@ sliding window W keep only the blocks a window and a prefill chunk can reach, an
 has its own pool and each sequence a table per group, indexed by logical block (position // block_size) in every
 group, so all tables of a sequence are as long and every kernel keeps its signature: a window group's recycled
 entries are -1, and the kernels never read a block before the window's start (docs/planner.md).
+
+A sequence can start from another's cached prefix (share): it holds the other's full blocks of that prefix
+read-only, counted by the allocator, and writes only into blocks of its own past them (docs/prefix-sharing.md).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -62,15 +66,22 @@ class CacheSpec:
 
 
 class BlockAllocator:
-    """Hands out block ids from a fixed pool; the same ids index the cache of every layer of one group."""
+    """Hands out block ids from a fixed pool; the same ids index the cache of every layer of one group.
+
+    Each block counts the sequences that hold it (sequences started from another's prefix share its full blocks):
+    a block goes back to the pool when the last of them frees it."""
 
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
         self._free = list(range(num_blocks - 1, -1, -1))
+        self._holders = [0] * num_blocks  # block -> how many sequences hold it; 0: free
 
     @property
     def num_free(self) -> int:
         return len(self._free)
+
+    def num_holders(self, block: int) -> int:
+        return self._holders[block]
 
     def allocate(self, n: int) -> list[int]:
         if n > len(self._free):
@@ -78,10 +89,24 @@ class BlockAllocator:
                 f"the KV cache is full: {n} more block(s) needed, {len(self._free)} free of {self.num_blocks}; "
                 "start a new conversation or load with a larger context"
             )
-        return [self._free.pop() for _ in range(n)]
+        blocks = [self._free.pop() for _ in range(n)]
+        for b in blocks:
+            self._holders[b] = 1
+        return blocks
+
+    def share(self, blocks: list[int]) -> None:
+        """One more sequence holds these (held) blocks."""
+        for b in blocks:
+            assert self._holders[b] > 0, f"block {b} is shared but nobody holds it"
+            self._holders[b] += 1
 
     def free(self, blocks: list[int]) -> None:
-        self._free.extend(reversed(blocks))
+        """One sequence lets go of these blocks; those it held last go back to the pool."""
+        for b in reversed(blocks):
+            assert self._holders[b] > 0, f"block {b} is freed but nobody holds it"
+            self._holders[b] -= 1
+            if not self._holders[b]:
+                self._free.append(b)
 
 
 @dataclass
@@ -177,6 +202,8 @@ class KVCache:
                     table[first:cut] = [-1] * (cut - first)
             if length > len(table):
                 table.extend(g.allocator.allocate(length - len(table)))
+            # a shared block is always full: the first new token goes into a block only this sequence holds
+            assert not start % bs or g.allocator.num_holders(table[start // bs]) == 1, "write into a shared block"
         positions = torch.arange(start, start + num_new_tokens)
         tables = torch.tensor([g.table(seq)[:length] for g in self.groups], dtype=torch.int64)  # [groups, blocks]
         return tables[:, positions // bs] * bs + positions % bs
@@ -192,11 +219,39 @@ class KVCache:
                 return 0
         return num_tokens
 
+    def num_shareable(self, seq: Sequence, num_tokens: int) -> int:
+        """How many of seq's first num_tokens cached tokens another sequence can start from (share): whole blocks
+        only, while every window group still holds the last window of them (num_reusable), else 0."""
+        bs = self.spec.block_size
+        return self.num_reusable(seq, min(num_tokens, seq.num_tokens) // bs * bs)
+
+    def share(self, seq: Sequence, source: Sequence, num_tokens: int) -> int:
+        """Start the empty seq from source's first num_tokens cached tokens (num_shareable of them), holding source's
+        blocks of them read-only, and return how many: seq's own blocks start after them, so neither sequence
+        writes into a block the other reads. A window group shares only the blocks a chunk from there reads."""
+        assert not seq.num_tokens, "share starts an empty sequence"
+        bs = self.spec.block_size
+        n = self.num_shareable(source, num_tokens)
+        length = n // bs
+        for g in self.groups:
+            first = 0 if g.window is None else min(max(0, n - g.window + 1) // bs, length)
+            blocks = g.table(source)[first:length]
+            g.allocator.share(blocks)
+            g.table(seq)[:] = [-1] * first + blocks
+        seq.token_ids[:] = source.token_ids[:n]
+        return n
+
     def truncate(self, seq: Sequence, num_tokens: int) -> int:
         """Keep the first num_tokens cached tokens of seq where the cache still can (num_reusable), release the
-        blocks past them, and return the number kept: the caller prefills from there (seq.num_tokens)."""
+        blocks past them, and return the number kept: the caller prefills from there (seq.num_tokens).
+
+        A block kept in part is kept only while seq holds it alone: the next token is written into it, and another
+        sequence that holds it reads what is there; then the cut is at the start of that block."""
+        bs = self.spec.block_size
         keep = self.num_reusable(seq, num_tokens)
-        length = ceil_div(keep, self.spec.block_size)
+        if keep % bs and any(g.allocator.num_holders(g.table(seq)[keep // bs]) > 1 for g in self.groups):
+            keep = self.num_reusable(seq, keep - keep % bs)
+        length = ceil_div(keep, bs)
         for g in self.groups:
             table = g.table(seq)
             g.allocator.free([b for b in table[length:] if b >= 0])
@@ -208,19 +263,28 @@ class KVCache:
         self.truncate(seq, 0)
 
     def can_fit(self, growth: list[tuple[Sequence, int]]) -> bool:
-        """Whether each sequence can grow by its number of tokens (prefilled in chunks) from the free blocks now."""
+        """Whether each sequence can grow by its number of tokens (prefilled in chunks), in this order, from the
+        free blocks now.
+
+        Blocks held by several sequences are counted once: a new block is needed only past a sequence's table, and a
+        window block it recycles returns to the pool only when no other sequence holds it still."""
         bs = self.spec.block_size
         for g in self.groups:
-            needed = 0
+            free, dropped = g.allocator.num_free, Counter()
             for seq, n in growth:
                 table = g.table(seq)
-                first = first_held(table)
-                held = ceil_div(seq.num_tokens + n, bs) - first
-                if g.window is not None:  # the most it holds while it grows: its share, once it recycles
-                    held = min(held, g.max_blocks_per_seq)
-                needed += max(0, held - (len(table) - first))
-            if needed > g.allocator.num_free:
-                return False
+                new = max(0, ceil_div(seq.num_tokens + n, bs) - len(table))
+                if g.window is not None:  # it holds at most its share: the oldest blocks go as new ones come
+                    first = first_held(table)
+                    recycled = max(0, len(table) - first + new - g.max_blocks_per_seq)
+                    old = table[first : first + recycled]
+                    free += recycled - len(old)  # new blocks of this growth, recycled again before it ends
+                    for b in old:
+                        dropped[b] += 1
+                        free += dropped[b] == g.allocator.num_holders(b)  # its last holder let go
+                free -= new
+                if free < 0:
+                    return False
         return True
 
     def block_tables(self, seqs: list[Sequence]) -> torch.Tensor:

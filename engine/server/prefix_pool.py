@@ -10,14 +10,18 @@ from ..kv_store import KVStore
 
 
 class PrefixPool:
-    """Idle cached conversations of an engine; a request takes the one that shares most of its prompt.
+    """Idle cached conversations of an engine; a request starts from the longest prefix of its prompt cached anywhere.
 
     A shared system prompt or a chat's growing history is then prefilled only past what is cached (the
-    per-conversation prefix reuse of engine/generation.py, across requests). A conversation serves one
-    request at a time; one that shares less than half of what it holds with the prompt is left alone. When running
-    sequences need blocks, the least recently used idle ones are evicted: written to the plan's disk store first
-    (engine/kv_store.py) when it has one, from where a later request reads back what it shares instead of
-    prefilling it. The server's end (clear) writes the idle ones too, so a restart resumes them.
+    per-conversation prefix reuse of engine/generation.py, across requests). Two ways to start from a cached prefix:
+    - continue an idle conversation (truncated to the prefix): a conversation serves one request at a time, and one
+      that shares less than half of what it holds with the prompt is left alone;
+    - share the whole blocks of the prefix with any cached sequence, idle or running (KVCache.share): both hold
+      them read-only, and the new request computes its own blocks from the first one not in common.
+    When running sequences need blocks, the least recently used idle ones are evicted: written to the plan's disk
+    store first (engine/kv_store.py) when it has one, from where a later request reads back what it shares instead
+    of prefilling it. An evicted conversation frees only the blocks no running sequence shares. The server's end
+    (clear) writes the idle ones too, so a restart resumes them.
     """
 
     def __init__(self, engine):
@@ -29,34 +33,52 @@ class PrefixPool:
     def num_idle(self) -> int:
         return len(self._idle)
 
-    def take(self, prompt_ids: list[int]) -> tuple[Conversation, int]:
-        """A conversation for prompt_ids, holding as much of it cached as there is, and that many tokens."""
-        cache = self.engine.cache
-        best, reuse = None, 0
-        for conv in self._idle:
-            # at least one prompt token is computed: its logits give the first token of the reply; and a prefix
-            # whose sliding-window K/V were recycled is not reusable (KVCache.num_reusable)
-            n = cache.num_reusable(conv.seq, min(common_prefix(conv.seq.token_ids, prompt_ids), len(prompt_ids) - 1))
-            if n > reuse:
-                best, reuse = conv, n
-        # Taking a conversation drops what it holds past the shared prefix: only when the prefix is at least half
-        # of it (a chat continued; a long shared system prompt). A start token or a short system prompt in common
-        # is cheaper to prefill again than another chat's history (the app's chats share their system prompt).
-        if best is not None and 2 * reuse < best.num_tokens:
-            best, reuse = None, 0
+    def take(self, prompt_ids: list[int], running: list[Sequence]) -> tuple[Conversation, int]:
+        """A conversation for prompt_ids, holding as much of it cached as there is, and that many tokens.
+
+        `running`: the sequences of the requests running now; what they hold (prompt tokens prefilled, tokens fed)
+        can be shared."""
+        # at least one prompt token is computed: its logits give the first token of the reply
+        wanted = len(prompt_ids) - 1
+        best, reuse, source, shared = self._in_memory(prompt_ids, running, wanted)
         # A file on disk loses nothing by being read in part; a block in common is worth reading rather than computing.
         entry, on_disk = self.store.best(prompt_ids) if self.store else (None, 0)
-        if on_disk > reuse and on_disk >= cache.spec.block_size:
+        if on_disk > max(reuse, shared) and on_disk >= self.engine.cache.spec.block_size:
             conv = self.engine.new_conversation()
             self.store.touch(entry)  # the conversations evicted to make room for it are written without deleting it
             self.make_room([(conv.seq, on_disk)])
             if self.store.load(entry, on_disk, conv.seq):
                 return conv, on_disk
             self.engine.release(conv)
-        if best is None or best not in self._idle:  # none, or evicted to make room for a file that failed
+            best, reuse, source, shared = self._in_memory(prompt_ids, running, wanted)  # some were evicted for it
+        if shared > reuse:
+            conv = self.engine.new_conversation()
+            return conv, self.engine.cache.share(conv.seq, source, shared)
+        if best is None:
             return self.engine.new_conversation(), 0
         self._idle.remove(best)
-        return best, cache.truncate(best.seq, reuse)
+        return best, self.engine.cache.truncate(best.seq, reuse)
+
+    def _in_memory(self, prompt_ids: list[int], running: list[Sequence], wanted: int):
+        """(the idle conversation to continue, its tokens kept; the sequence to share with, its tokens shared)."""
+        cache = self.engine.cache
+        best, reuse = None, 0
+        for conv in self._idle:
+            # a prefix whose sliding-window K/V were recycled is not reusable (KVCache.num_reusable)
+            n = cache.num_reusable(conv.seq, min(common_prefix(conv.seq.token_ids, prompt_ids), wanted))
+            if n > reuse:
+                best, reuse = conv, n
+        # Continuing a conversation drops what it holds past the shared prefix: only when the prefix is at least half
+        # of it (a chat continued). A start token or a system prompt in common is shared instead: the other chat's
+        # history stays cached (the app's chats share their system prompt).
+        if best is not None and 2 * reuse < best.num_tokens:
+            best, reuse = None, 0
+        source, shared = None, 0
+        for seq in [*(conv.seq for conv in self._idle), *running]:
+            n = cache.num_shareable(seq, min(common_prefix(seq.token_ids, prompt_ids), wanted))
+            if n > shared:
+                source, shared = seq, n
+        return best, reuse, source, shared
 
     def give_back(self, conv: Conversation) -> None:
         """Keep a finished request's conversation cached for the requests that follow."""

@@ -4,7 +4,11 @@ Each step runs at most one prefill chunk (so one long prompt does not stall the 
 decode step for every sequence that has a token to feed: one pass over the weights for all of them
 (`Transformer.decode_step`), attention per sequence through its block table. The KV cache is planned for
 `max_running` sequences of the whole context, so a running sequence always finds room once idle cached
-conversations are evicted (prefix_pool.py).
+conversations are evicted (prefix_pool.py): blocks it shares with others are counted once, which only lowers use.
+
+A request takes its cache (PrefixPool.take) just before its first prefill chunk, not when admitted: prompts are
+prefilled one at a time in admission order, so by then those admitted before it are cached, and it shares the
+whole blocks it has in common with them (a system prompt sent by several clients at once is prefilled once).
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ class _Request:
 
     @property
     def is_prefilling(self) -> bool:
-        return self.conv is not None and self.cursor < len(self.prompt_ids)
+        return self.cursor < len(self.prompt_ids)
 
     def sample(self, logits: torch.Tensor) -> int:
         penalty = self.sampling.repetition_penalty != 1.0
@@ -181,10 +185,14 @@ class Scheduler:
         if request.cancel.is_set():  # gone while it waited: leave the cached conversations as they are
             request.finish("cancelled")
             return self._answer(request, request.result)
-        conv, reused = self.pool.take(request.prompt_ids)
+        self._running.append(request)
+
+    def _start(self, request: _Request) -> None:
+        """Give a request its conversation: the longest prefix of its prompt cached, idle or in a running sequence."""
+        running = [r.conv.seq for r in self._running if r.conv is not None]
+        conv, reused = self.pool.take(request.prompt_ids, running)
         request.start(conv, reused)
         self.engine.stats.reused_tokens += reused
-        self._running.append(request)
 
     def _step(self) -> None:
         for request in self._running:
@@ -201,6 +209,8 @@ class Scheduler:
 
     def _prefill_chunk(self, requests: list[_Request]) -> None:
         (r,) = requests
+        if r.conv is None:
+            self._start(r)
         engine, seq = self.engine, r.conv.seq
         chunk = r.prompt_ids[r.cursor : r.cursor + engine.prefill_chunk]
         self.pool.make_room([(seq, len(chunk))])

@@ -31,21 +31,23 @@ class Forecast:
         limit = None if settings.ram_limit_gib is None else int(settings.ram_limit_gib * GIB)
         return replace(self.detected, ram=replace(self.detected.ram, limit_bytes=limit))
 
-    def request(self, settings: ModelSettings, context_tokens: int | None = None) -> PlanRequest:
+    def request(self, settings: ModelSettings, context_tokens: int | None = None, *, num_seqs: int = 1) -> PlanRequest:
+        """num_seqs: sequences generated at once, each with a whole context of KV cache (Serve's "Sequences")."""
         return PlanRequest(
             context_tokens=context_tokens or settings.context_tokens,
             kv_dtype=settings.kv_dtype,
             dtype=None,
             gpu_layers=settings.gpu_layers,
             block_size=self.block_size,
+            num_seqs=num_seqs,
         )
 
-    def plan(self, settings: ModelSettings):
-        return plan(self.info, self.request(settings), self.budgets(settings))
+    def plan(self, settings: ModelSettings, *, num_seqs: int = 1):
+        return plan(self.info, self.request(settings, num_seqs=num_seqs), self.budgets(settings))
 
-    def max_context(self, settings: ModelSettings) -> int:
+    def max_context(self, settings: ModelSettings, *, num_seqs: int = 1) -> int:
         """The largest context that fits with these settings (the slider's top)."""
-        return max_context(self.info, self.request(settings), self.budgets(settings))
+        return max_context(self.info, self.request(settings, num_seqs=num_seqs), self.budgets(settings))
 
     @property
     def model_max_tokens(self) -> int:

@@ -20,11 +20,13 @@ from .model_catalog import find_models
 from .model_settings import ModelSettings, load_model_settings, model_defaults, open_settings, save_model_settings
 from .remote_chooser import RemoteChooser
 from .remote_source import RemoteModel, ServerBook
+from .serve_settings import ServeSettings, load_serve_settings, restart_message, save_serve_settings
 from .settings_panel import SettingsPanel
 from .store import ConversationStore
 from .worker import EngineClient
 
 TITLE = "Stowage"
+RESTARTING = "Restarting the engine to listen as asked…"  # Serve's note while its change restarts the engine
 
 
 class MainWindow(QMainWindow):
@@ -41,6 +43,17 @@ class MainWindow(QMainWindow):
         self.loaded_remote: RemoteModel | None = None
         self.loaded_plan = None
         self._loading_plan = None
+        # Serve: what the user asks for, and what the loaded engine was started with (a difference restarts it)
+        self.serve_settings: ServeSettings = load_serve_settings(self.qsettings)
+        self.loaded_serve: ServeSettings | None = None
+        self._loading_serve: ServeSettings | None = None
+        # the forecast and settings of the plan loaded last: its plan again for other Serve sequences
+        self.loaded_forecast = self._loading_forecast = None
+        self._serve_timer = QTimer(self)  # one restart after a burst of changes (arrows on the port box)
+        self._serve_timer.setSingleShot(True)
+        self._serve_timer.setInterval(400)
+        self._serve_timer.timeout.connect(self._restart_for_serve)
+        self._serve_restarting = False  # the engine's unload is the start of Serve's restart, not the user's
         self.forecast: Forecast | None = None
         self.error_box: QMessageBox | None = None
         self.about_box: QMessageBox | None = None
@@ -101,7 +114,7 @@ class MainWindow(QMainWindow):
         self.remotes.failed.connect(self._remote_failed)
         panel.picker.server_requested.connect(self.add_server_dialog)
         panel.picker.forget_requested.connect(self._server_forgotten)
-        panel.serve.switched.connect(self._serve_switched)
+        panel.serve.changed.connect(self._serve_changed)
         panel.settings_changed.connect(self._settings_changed)
         panel.plan_changed.connect(self._plan_changed)
         panel.load_requested.connect(self.load)
@@ -130,7 +143,8 @@ class MainWindow(QMainWindow):
         for folder in self._remembered_folders():
             if Path(folder).is_dir():
                 panel.picker.add_folder(folder)
-        panel.serve.set_on(self.qsettings.value("serve", False) in (True, "true"))
+        panel.serve.set_settings(self.serve_settings)
+        panel.set_num_seqs(self.serve_settings.plan_seqs)
         # First run: the demo model (first in the list); later runs: the model used last.
         last = self.qsettings.value("last_model", "")
         first = panel.model_combo.itemData(1) if panel.model_combo.count() > 1 else None
@@ -270,16 +284,18 @@ class MainWindow(QMainWindow):
         plan = self.settings_panel.plan
         if plan is None or not plan.fits or self.model_dir is None:
             return
+        self._loading_forecast = (self.forecast, self.settings_panel.settings)
         self._start_load(self.model_dir, plan, "Starting")
 
     def _start_load(self, model_dir: str, plan, message: str) -> None:
-        self._loading_plan = plan
+        self._loading_plan, self._loading_serve = plan, self.serve_settings
         self.graph.predict(plan)
         self.settings_panel.show_loading(0.0, message)
-        self.client.load(model_dir, plan, threads=self.settings_panel.settings.cpu_threads)
+        self.client.load(model_dir, plan, threads=self.settings_panel.settings.cpu_threads, serve=self.serve_settings)
 
     def _loaded(self, model_dir: str, seconds: float) -> None:
         self.loaded_dir, self.loaded_plan = model_dir, self._loading_plan
+        self.loaded_serve, self.loaded_forecast = self._loading_serve, self._loading_forecast
         name = Path(model_dir).name
         self.setWindowTitle(f"{TITLE} — {name}")
         self.model_label.setText(f"{name} loaded")
@@ -292,8 +308,10 @@ class MainWindow(QMainWindow):
         self.plan_label.setToolTip(self.plan_label.text())
         self.chat.set_model_loaded(self.loaded_plan.context_tokens, name)
         self.chat.input.setFocus()
-        self.settings_panel.serve.set_endpoint(self.client.worker.endpoint, "The engine runs inside the app "
-                                               "(STOWAGE_ENGINE_PROCESS=0): it has no server to share.")
+        self.settings_panel.serve.set_endpoint(self.client.worker.endpoint, "" if self.client.worker.use_process else
+                                               "The engine runs inside the app (STOWAGE_ENGINE_PROCESS=0): it has "
+                                               "no server to share.")
+        self._serve_changed(self.serve_settings)  # changed while it loaded: started again as asked now
 
     def _remote_loaded(self, model: RemoteModel, seconds: float) -> None:
         self.loaded_remote = model
@@ -307,11 +325,37 @@ class MainWindow(QMainWindow):
         self.chat.input.setFocus()
         self.settings_panel.serve.set_endpoint(None, f"{model.model_id} is served by {model.host} already.")
 
-    def _serve_switched(self, on: bool) -> None:
-        self.qsettings.setValue("serve", on)
-        if not on and self.settings_panel.serve.endpoint is not None and self.loaded_dir is not None:
-            # The key was shown, maybe given out: a new engine with a new key is the only way to take it back.
-            self._start_load(self.loaded_dir, self.loaded_plan, "Restarting the engine with a new key")
+    # -- Serve -----------------------------------------------------------------------------------
+    def _serve_changed(self, settings: ServeSettings) -> None:
+        """Serve on or off, its port, address, sequences or key changed: kept, forecast, and the loaded engine
+        started again to listen as asked (a key that was given out stops working with it)."""
+        if settings != self.serve_settings:
+            save_serve_settings(self.qsettings, settings)
+            self.serve_settings = settings
+            self.settings_panel.set_num_seqs(settings.plan_seqs)
+        if self._serve_restart_needed():
+            self.settings_panel.serve.set_endpoint(None, RESTARTING)
+            self._serve_timer.start()
+
+    def _serve_restart_needed(self) -> bool:
+        return (self.loaded_dir is not None and self.client.worker.use_process
+                and self.loaded_serve.listening() != self.serve_settings.listening())
+
+    def _restart_for_serve(self) -> None:
+        """The same model and plan in a new engine listening as Serve says; other sequences are planned again."""
+        if not self._serve_restart_needed():
+            return
+        serve, plan = self.serve_settings, self.loaded_plan
+        if plan.num_seqs != serve.plan_seqs:
+            forecast, settings = self.loaded_forecast
+            plan = forecast.plan(settings, num_seqs=serve.plan_seqs)
+            if not plan.fits:  # the engine serves on as it was
+                self.settings_panel.serve.set_endpoint(
+                    None, f"{serve.plan_seqs} sequences do not fit: {plan.error} Lower Sequences or the context "
+                          "(then Load).")
+                return
+        self._serve_restarting = True
+        self._start_load(self.loaded_dir, plan, restart_message(self.loaded_serve, serve))
 
     def _load_failed(self, message: str) -> None:
         self.settings_panel.show_unloaded(message, error=True)
@@ -334,8 +378,10 @@ class MainWindow(QMainWindow):
 
     def _unloaded(self) -> None:
         self.stats.follow(None)
-        self.loaded_dir = self.loaded_plan = self.loaded_remote = None
-        self.settings_panel.serve.set_endpoint(None, "Load a model to serve it.")
+        self.loaded_dir = self.loaded_plan = self.loaded_remote = self.loaded_serve = None
+        self.settings_panel.serve.set_endpoint(None, RESTARTING
+                                               if self._serve_restarting else "Load a model to serve it.")
+        self._serve_restarting = False
         self.setWindowTitle(TITLE)
         self.model_label.setText("No model loaded")
         self.chat.set_model_loaded(0)

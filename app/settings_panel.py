@@ -57,6 +57,7 @@ class SettingsPanel(QWidget):
         super().__init__(parent)
         self.forecast: Forecast | None = None
         self.plan = None
+        self.num_seqs = 1  # sequences the forecast holds KV cache for (Serve's "Sequences" while it serves)
         self.settings = ModelSettings()
         self.defaults = ModelSettings()  # the chosen model's own sampling (generation_config.json)
         self.max_fit_tokens = 0
@@ -298,7 +299,7 @@ class SettingsPanel(QWidget):
     def _update_context_range(self) -> None:
         """The slider's top is the largest context that fits with the other settings as they are."""
         f = self.forecast
-        self.max_fit_tokens = f.max_context(self.settings)
+        self.max_fit_tokens = f.max_context(self.settings, num_seqs=self.num_seqs)
         self.context.set_range(self.max_fit_tokens, f.model_max_tokens, f.block_size)
         if self.max_fit_tokens <= 0:
             self.max_label.setText("No context fits with these settings")
@@ -307,8 +308,17 @@ class SettingsPanel(QWidget):
                 f"Fits up to {format_tokens(self.max_fit_tokens)} (model maximum {f.model_max_tokens:,})"
             )
 
+    def set_num_seqs(self, num_seqs: int) -> None:
+        """Forecast the KV cache of num_seqs sequences (each a whole context) from now on."""
+        if num_seqs == self.num_seqs:
+            return
+        self.num_seqs = num_seqs
+        if self.forecast is not None:
+            self._update_context_range()
+            self._replan()
+
     def _replan(self) -> None:
-        self.plan = self.forecast.plan(self.settings)
+        self.plan = self.forecast.plan(self.settings, num_seqs=self.num_seqs)
         self.plan_bar.set_bars(self.forecast.bars(self.plan, self.settings))
         if self.plan.fits:
             self.plan_message.setStyleSheet("color: #1b5e20;")

@@ -4,8 +4,8 @@ Only this module calls the engine's load/chat; every result comes back to the GU
 so no widget is ever touched from the worker thread. Cancelling uses threading.Event, which the GUI
 thread may set at any time.
 
-The engine runs in a child process (engine/engine_process.py: `stowage serve` on a loopback port with a private
-key): a crash of the engine (the out-of-memory killer, SIGBUS from a weights file changed under the model, a
+The engine runs in a child process (engine/engine_process.py: `stowage serve` on a private Unix socket, or where
+Serve asks, with a key): a crash of the engine (the out-of-memory killer, SIGBUS from a weights file changed under the model, a
 native fault) is then a failed reply, and the window, its chats and the partial reply stay; the next Load starts
 a fresh child, and Unload returns all of its memory at once. STOWAGE_ENGINE_PROCESS=0 runs the engine in this
 process instead (a developer's switch: one process to debug; docs/server.md, "How the app uses it").
@@ -35,6 +35,7 @@ from . import context_policy, remote_source
 from .remote_source import RemoteModel
 from .memory_stats import release_freed_memory
 from .replies import ChatRequest, Reply, ReplyStarted, describe_error, log_unexpected
+from .serve_settings import ServeSettings
 
 ENGINE_NICE = int(os.environ.get("STOWAGE_ENGINE_NICE", 10))  # how much lower than the GUI (0..19)
 ENGINE_PROCESS = os.environ.get("STOWAGE_ENGINE_PROCESS", "1") != "0"  # the engine in a child process
@@ -77,6 +78,8 @@ class EngineWorker(QObject):
         self.conversations: dict[int, object] = {}
         self.context_tokens = 0
         self.threads = 0  # set_threads
+        self.serve = ServeSettings()  # set_serve: where the next child listens
+        self.serving: ServeSettings | None = None  # what the running child serves others (None: nothing)
 
     @Slot()
     def lower_priority(self) -> None:
@@ -102,6 +105,11 @@ class EngineWorker(QObject):
     def set_threads(self, threads: int) -> None:
         """CPU threads for the next load (0: the cores the engine may use, less one for the window)."""
         self.threads = max(0, int(threads))
+
+    @Slot(object)
+    def set_serve(self, serve: ServeSettings) -> None:
+        """Where the next child listens: for other programs (Serve on), else privately."""
+        self.serve = serve
 
     def _use_threads(self) -> None:
         import torch
@@ -142,6 +150,7 @@ class EngineWorker(QObject):
             self.context_tokens = plan.context_tokens
         except Exception as e:
             self.engine, self.process, self.tokenizer, self.conversations = None, None, None, {}
+            self.serving = None
             release_freed_memory()
             if isinstance(e, GenerationCancelled) or cancel.is_set():
                 self.load_cancelled.emit()
@@ -157,10 +166,13 @@ class EngineWorker(QObject):
         tokenizer = read_tokenizer(model_dir)
         tokenizer.use_builtin_template(read_config(model_dir).model_type)  # as Engine does, so counts agree
         threads = self.threads or max(1, cpu_decode.default_threads() - 1)  # the GUI a core (lower_priority)
+        # the plan's sequences: Serve's while it serves (the forecast counted their KV cache), else the chat's one
         self.process = EngineProcess.start(
             model_dir, context_tokens=plan.context_tokens, dtype=request.dtype, kv_dtype=request.kv_dtype,
-            gpu_layers=request.gpu_layers, progress=progress, cancel=cancel,
-            env={"OMP_NUM_THREADS": str(threads), cpu_decode.THREADS_ENV: str(threads)}, nice=ENGINE_NICE)
+            gpu_layers=request.gpu_layers, progress=progress, cancel=cancel, parallel=plan.num_seqs,
+            env={"OMP_NUM_THREADS": str(threads), cpu_decode.THREADS_ENV: str(threads)}, nice=ENGINE_NICE,
+            **self.serve.listen())
+        self.serving = self.serve.listening()
         self.tokenizer = tokenizer
         try:  # the name other programs ask for (Serve): the engine's own, as its server says it
             self.served_model = self.process.server.models()[0]["id"]
@@ -195,8 +207,9 @@ class EngineWorker(QObject):
 
     @property
     def endpoint(self) -> tuple[str, str, str] | None:
-        """Where other programs reach the loaded engine's API: (base URL, key, model name); None in process."""
-        if self.process is None or self.process.server is None:
+        """Where other programs reach the loaded engine's API: (base URL, key, model name); None while it serves
+        only the app (in process, or a child on its private socket)."""
+        if self.process is None or self.process.server is None or self.serving is None:
             return None
         server = self.process.server
         return f"{server.base_url}/v1", server.api_key, self.served_model
@@ -217,7 +230,7 @@ class EngineWorker(QObject):
                 self.engine.close()
         finally:
             self.engine, self.process, self.tokenizer, self.conversations = None, None, None, {}
-            self.remote = self.remote_model = None
+            self.remote = self.remote_model = self.serving = None
             release_freed_memory()
             self.unloaded.emit()
 
@@ -318,6 +331,7 @@ class EngineClient(QObject):
     _inspect = Signal(str, object)
     _load = Signal(str, object, object)
     _threads = Signal(int)
+    _serve = Signal(object)
     _unload = Signal()
     _chat = Signal(object)
     _forget = Signal(int)
@@ -333,6 +347,7 @@ class EngineClient(QObject):
         self._inspect.connect(self.worker.inspect)
         self._load.connect(self.worker.load)
         self._threads.connect(self.worker.set_threads)
+        self._serve.connect(self.worker.set_serve)
         self._unload.connect(self.worker.unload)
         self._chat.connect(self.worker.chat)
         self._forget.connect(self.worker.forget)
@@ -346,10 +361,12 @@ class EngineClient(QObject):
     def inspect(self, model_dir: str, **budget_args) -> None:
         self._inspect.emit(model_dir, budget_args)
 
-    def load(self, model_dir: str, plan, *, threads: int = 0) -> None:
-        """Load with `threads` CPU threads (0: the cores the engine may use, less one for the window)."""
+    def load(self, model_dir: str, plan, *, threads: int = 0, serve: ServeSettings | None = None) -> None:
+        """Load with `threads` CPU threads (0: the cores the engine may use, less one for the window), the engine
+        listening as `serve` says (default: for the app alone)."""
         self._load_cancel = threading.Event()
         self._threads.emit(threads)
+        self._serve.emit(serve or ServeSettings())
         self._load.emit(model_dir, plan, self._load_cancel)
 
     def connect_remote(self, model: RemoteModel, api_key: str | None) -> None:

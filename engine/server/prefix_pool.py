@@ -51,7 +51,8 @@ class PrefixPool:
                 return conv, on_disk
             self.engine.release(conv)
             best, reuse, source, shared = self._in_memory(prompt_ids, running, wanted)  # some were evicted for it
-        if shared > reuse:
+        # on a tie, sharing keeps what the idle conversation holds past the prefix, which continuing it would drop
+        if shared > reuse or (shared and shared == reuse and best.num_tokens > reuse):
             conv = self.engine.new_conversation()
             return conv, self.engine.cache.share(conv.seq, source, shared)
         if best is None:

@@ -134,13 +134,9 @@ class ServeSwitch(QGroupBox):
 
 def _served_note(s: ServeSettings, local_url: str, url: str, model: str) -> str:
     where = ("This computer only." if not s.other_computers else
-             f"Other computers on the network too (this computer also at {local_url}; a firewall may have to "
-             "allow the port): anyone with the key can use the model.")
-    at_once = (f"{s.num_seqs} replies at once: the chat here and other programs do not wait for each other."
-               if s.num_seqs > 1 else "One reply at a time: the chat here and other programs wait for each other.")
-    return (f"Give the program this base URL and API key, and the model name \"{model}\". {where} {at_once} The key "
-            "stays the same between runs until New key; Serve off closes the port (the engine restarts on its "
-            "private socket).")
+             f"Other computers too (here also {local_url}; a firewall may have to allow the port).")
+    at_once = f"{s.num_seqs} replies at once." if s.num_seqs > 1 else "One reply at a time: the chat here waits."
+    return f"Model name \"{model}\". {where} {at_once} The key lasts until New key."
 
 
 def _copyable(name: str) -> QLineEdit:

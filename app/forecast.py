@@ -31,7 +31,8 @@ class Forecast:
         limit = None if settings.ram_limit_gib is None else int(settings.ram_limit_gib * GIB)
         return replace(self.detected, ram=replace(self.detected.ram, limit_bytes=limit))
 
-    def request(self, settings: ModelSettings, context_tokens: int | None = None, *, num_seqs: int = 1) -> PlanRequest:
+    def request(self, settings: ModelSettings, context_tokens: int | None = None, *,
+                num_seqs: int = 1) -> PlanRequest:
         """num_seqs: sequences generated at once, each with a whole context of KV cache (Serve's "Sequences")."""
         return PlanRequest(
             context_tokens=context_tokens or settings.context_tokens,

@@ -26,7 +26,7 @@ class ServeSwitch(QGroupBox):
 
     def __init__(self, parent=None):
         super().__init__("Serve", parent)
-        self.settings = ServeSettings()
+        self.settings = ServeSettings(api_key=new_key())  # until set_settings shows the one kept
         self.switch = QCheckBox("Serve the loaded model to other programs")
         self.switch.setToolTip("Programs that speak OpenAI's API reach the model at the URL with the key shown")
         self.port = QSpinBox()

@@ -70,8 +70,8 @@ class PrefixPool:
             if n > reuse:
                 best, reuse = conv, n
         # Continuing a conversation drops what it holds past the shared prefix: only when the prefix is at least half
-        # of it (a chat continued). A start token or a system prompt in common is shared instead: the other chat's
-        # history stays cached (the app's chats share their system prompt).
+        # of it (a chat continued). A system prompt in common is shared instead, its whole blocks, and the other
+        # chat's history stays cached (the app's chats share their system prompt).
         if best is not None and 2 * reuse < best.num_tokens:
             best, reuse = None, 0
         source, shared = None, 0
@@ -92,7 +92,9 @@ class PrefixPool:
     def make_room(self, growth: list[tuple[Sequence, int]]) -> None:
         """Evict idle conversations, least recently used first, until each sequence can grow by its tokens.
 
-        The plan holds a whole context for every running sequence, so evicting idle ones is always enough."""
+        The plan holds a whole context for every running sequence, so evicting idle ones is always enough: a block
+        that running sequences share is held once, which only lowers their use (an evicted conversation frees the
+        blocks no other sequence holds)."""
         cache = self.engine.cache
         if cache.can_fit(growth):
             return

@@ -220,6 +220,25 @@ def test_can_fit_knows_a_recycled_window_block_another_holds_does_not_come_back(
     assert cache.can_fit([(a, 4)])
 
 
+def test_can_fit_knows_the_last_of_two_sharers_to_recycle_a_window_block_hands_it_back():
+    cache = windowed_cache(num_seqs=2)  # the window group: 6 blocks
+    a, b, c = Sequence(), Sequence(), Sequence()
+    for _ in range(4):
+        grow(cache, a, 4)  # 16 tokens: a's window layers hold blocks 1..3
+    cache.share(b, a, 16)  # a chunk at 16 reads 11..19: b holds a's blocks 2 and 3
+    grow(cache, b, 4)
+    grow(cache, a, 4)  # a and b: blocks 2 and 3 shared, one of their own each
+    grow(cache, c, 4)
+    window = cache.groups[1].allocator
+    assert window.num_free == 1
+    # a decode step of both (reserved in this order): a's next block takes the free one, since b still holds the
+    # block a recycles; b's recycling then hands that block back, and b takes it
+    assert cache.can_fit([(a, 4), (b, 4)]) and not cache.can_fit([(a, 4), (b, 4), (c, 4)])
+    grow(cache, a, 4)
+    grow(cache, b, 4)
+    assert window.num_free == 0
+
+
 # -- the scheduler on a real tiny model --------------------------------------------------------------------------
 def test_requests_admitted_together_prefill_a_common_prefix_once(model_dir):
     engine = load(model_dir)

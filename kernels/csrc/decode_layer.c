@@ -995,35 +995,61 @@ static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
     }
 }
 
-static void attention(const model *m, const layer *l, scratch *s, const int32_t *block_table, int64_t position) {
+// The keys each lane attends, split so that all lanes' splits together keep every thread busy (none under 32
+// keys), and one parallel call over all of them: a batched step has as many attentions per layer as lanes.
+typedef struct {
+    attn_task *lane;  // [lanes]
+    int64_t first[MAX_LANES + 1];  // lane b's splits are units [first[b], first[b + 1])
+    int lanes;
+} attn_batch;
+
+static void attn_units(void *ctx, int64_t begin, int64_t end) {
+    attn_batch *t = ctx;
+    int b = 0;
+    for (int64_t u = begin; u < end; u++) {
+        while (u >= t->first[b + 1]) b++;
+        attn_chunk(&t->lane[b], u - t->first[b], u - t->first[b] + 1);
+    }
+}
+
+static void attention(const model *m, const layer *l, int lanes, const int32_t *const *block_tables,
+                      const int64_t *positions) {
     const int hd = m->head_dim;
-    attn_task t = {m, l, block_table, 0, position + 1, 1, 0, s};
-    if (l->window > 0 && position + 1 > l->window) t.lo = position + 1 - l->window;
-    int64_t n = t.hi - t.lo;
-    // enough splits for every thread, none under 32 keys
-    int64_t want = 2 * pool.num_threads;
-    if (n / 256 > want) want = n / 256;
-    if (want > n / 32) want = n / 32;
-    if (want > MAX_SPLITS) want = MAX_SPLITS;
-    if (want < 1) want = 1;
-    t.per_split = (n + want - 1) / want;
-    t.splits = (n + t.per_split - 1) / t.per_split;
-    parallel(attn_chunk, &t, t.splits, 1);
-    for (int h = 0; h < m->num_heads; h++) {  // merge the splits of each head
-        float top = -INFINITY, total = 0.0f, *out = s->attn + (int64_t)h * hd;
-        for (int64_t k = 0; k < t.splits; k++) {
-            float mx = s->part[(k * m->num_heads + h) * (hd + 2)];
-            if (mx > top) top = mx;
+    attn_task task[MAX_LANES];
+    attn_batch batch = {task, {0}, lanes};
+    const int64_t share = (2 * pool.num_threads + lanes - 1) / lanes;  // splits a lane needs to fill the threads
+    for (int b = 0; b < lanes; b++) {
+        attn_task *t = &task[b];
+        *t = (attn_task){m, l, block_tables[b], 0, positions[b] + 1, 1, 0, &LANES[b]};
+        if (l->window > 0 && positions[b] + 1 > l->window) t->lo = positions[b] + 1 - l->window;
+        int64_t n = t->hi - t->lo, want = share;
+        if (n / 256 > want) want = n / 256;
+        if (want > n / 32) want = n / 32;
+        if (want > MAX_SPLITS) want = MAX_SPLITS;
+        if (want < 1) want = 1;
+        t->per_split = (n + want - 1) / want;
+        t->splits = (n + t->per_split - 1) / t->per_split;
+        batch.first[b + 1] = batch.first[b] + t->splits;
+    }
+    parallel(attn_units, &batch, batch.first[lanes], 1);
+    for (int b = 0; b < lanes; b++) {
+        const scratch *s = &LANES[b];
+        for (int h = 0; h < m->num_heads; h++) {  // merge the splits of each head
+            float top = -INFINITY, total = 0.0f, *out = s->attn + (int64_t)h * hd;
+            for (int64_t k = 0; k < task[b].splits; k++) {
+                float mx = s->part[(k * m->num_heads + h) * (hd + 2)];
+                if (mx > top) top = mx;
+            }
+            memset(out, 0, (size_t)hd * 4);
+            for (int64_t k = 0; k < task[b].splits; k++) {
+                const float *p = s->part + (k * m->num_heads + h) * (hd + 2);
+                if (p[1] == 0.0f) continue;
+                float c = expf(p[0] - top);
+                total += p[1] * c;
+                axpy(out, c, p + 2, hd);
+            }
+            for (int i = 0; i < hd; i++) out[i] /= total;
         }
-        memset(out, 0, (size_t)hd * 4);
-        for (int64_t k = 0; k < t.splits; k++) {
-            const float *p = s->part + (k * m->num_heads + h) * (hd + 2);
-            if (p[1] == 0.0f) continue;
-            float c = expf(p[0] - top);
-            total += p[1] * c;
-            axpy(out, c, p + 2, hd);
-        }
-        for (int i = 0; i < hd; i++) out[i] /= total;
     }
 }
 
@@ -1075,9 +1101,9 @@ static void layer_step(const model *m, const layer *l, int lanes, const int32_t 
         int64_t slot = (int64_t)table[positions[b] / m->block_size] * m->block_size + positions[b] % m->block_size;
         store_row(l->k_cache, m->cache_type, slot * kvd, (int)kvd, l->k_scale, k);
         store_row(l->v_cache, m->cache_type, slot * kvd, (int)kvd, l->v_scale, v);
-        attention(m, l, s, table, positions[b]);
-        prepare(&ain[b], qd);
     }
+    attention(m, l, lanes, block_tables, positions);
+    for (int b = 0; b < lanes; b++) prepare(&ain[b], qd);
     matvecs(&l->o, NULL, NULL, ain, o, lanes);
     for (int b = 0; b < lanes; b++) {
         scratch *s = &LANES[b];

@@ -145,17 +145,33 @@ def test_batched_step_matches_torch_path(tmp_path, dtype, num_seqs, shape):
     # Sequences of different lengths (positions, partly filled blocks) in one step: each lane's logits equal the
     # torch batched step's, and lane b's equal what sequence b gets decoded alone.
     model_dir = make_model(tmp_path / "m", "llama", dtype=dtype, sliding_window=None, **shape)
-    plan = cpu_plan(model_dir, 256, num_seqs=num_seqs)
+    _batched_matches_torch_path(model_dir, [5 + 13 * b for b in range(num_seqs)], 256, TOLERANCE[dtype])
+
+
+def test_batched_attention_splits_long_contexts_over_threads(tmp_path):
+    # Contexts long enough that each lane's keys are split over the threads (one parallel call for all lanes'
+    # splits), merged per lane: the same logits as the torch path and as each sequence alone.
+    model_dir = make_model(tmp_path / "m", "llama", dtype=torch.bfloat16, sliding_window=None)
+    before = cpu_decode.current().decode_num_threads()
+    try:
+        assert cpu_decode.set_threads(3) == 3
+        _batched_matches_torch_path(model_dir, [300, 171, 450], 512, TOLERANCE[torch.bfloat16])
+    finally:
+        cpu_decode.set_threads(before)
+
+
+def _batched_matches_torch_path(model_dir, prompt_lengths: list[int], context: int, tolerance: float) -> None:
+    num_seqs = len(prompt_lengths)
+    plan = cpu_plan(model_dir, context, num_seqs=num_seqs)
     native, torch_path = Engine.load(model_dir, plan), Engine.load(model_dir, plan)
     torch_path.model._native_for = (torch_path.cache, None)
     assert native.model.native(native.cache) is not None and num_seqs <= cpu_decode.MAX_LANES
-    prompts = [[(i * 37 + 5 * b) % 500 + 3 for i in range(5 + 13 * b)] for b in range(num_seqs)]
+    prompts = [[(i * 37 + 5 * b) % 500 + 3 for i in range(n)] for b, n in enumerate(prompt_lengths)]
     seqs = {}
     for name, engine in (("native", native), ("torch", torch_path)):
         seqs[name] = [engine.new_conversation().seq for _ in prompts]
         for seq, prompt in zip(seqs[name], prompts):
             engine.model.forward(prompt, seq, engine.cache)
-    tolerance = TOLERANCE[dtype]
     for step in range(6):
         tokens = [(11 * step + 3 * b) % 500 + 3 for b in range(num_seqs)]
         a = native.model.decode_step(tokens, seqs["native"], native.cache)

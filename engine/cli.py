@@ -49,10 +49,11 @@ def _sampling(args) -> SamplingParams:
 def _start(args, context_tokens: int):
     """The engine in its child process; the child plans first (a shortage is its one-line refusal, before anything
     is allocated), and its loading progress goes to stderr so stdout stays the generated text (or the JSON) alone."""
-    from .engine_process import EngineProcess
+    from .engine_process import CAN_UNIX, EngineProcess
 
+    # on a private Unix socket where there are such sockets (Linux, macOS), so no other user can reach it
     return EngineProcess.start(args.model_dir, context_tokens=context_tokens, dtype=args.dtype,
-                               kv_dtype=args.kv_dtype, progress=write_progress)
+                               kv_dtype=args.kv_dtype, progress=write_progress, unix=CAN_UNIX)
 
 
 def run_generate(args) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import attention_ops, cpu_decode, cpu_gemv
+from kernels import attention_ops, cpu_decode, cpu_gemv, cpu_matmul
 from kernels.quant_linear import QuantizedWeight
 
 from .config import ModelConfig
@@ -53,6 +53,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.
     if x.shape[0] == 1 and weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16 \
             and x.device.type == "cpu" and cpu_gemv.is_available():  # built once, at the first decode step
         return cpu_gemv.gemv(x, weight, bias)
+    if cpu_matmul.applies(x, weight):  # a prefill chunk where torch's 16-bit product is slow: fp32 on widened tiles
+        return cpu_matmul.mm(x, weight, bias)
     # mm/addmm beat F.linear for bf16 on the CPU (measured: ~15%, decode and prefill), same on CUDA.
     return torch.mm(x, weight.t()) if bias is None else torch.addmm(bias, x, weight.t())
 

@@ -3,7 +3,8 @@
 The attention scratch is the kernel's own statement (`workspace_bytes` of the ops `kernels.attention_ops`
 picks for the device), so the forecast follows whichever implementation will run there. The rest follows
 what engine/model.py allocates; docs/planner.md derives each term. GGUF matrices computed tile by tile add the
-largest scratch one of their products states (kernels/quant_linear.py workspace_bytes, docs/gguf.md).
+largest scratch one of their products states (kernels/quant_linear.py workspace_bytes, docs/gguf.md), and so do
+16-bit weights multiplied on widened fp32 tiles where the CPU's 16-bit products are slow (kernels/cpu_matmul.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from types import ModuleType
 
 import torch
 
-from kernels import cpu_attention, cpu_decode
+from kernels import cpu_attention, cpu_decode, cpu_matmul
 
 from ..config import ModelConfig
 from ..gguf_model import Matrices
@@ -34,10 +35,12 @@ class Workspace:
     logits_bytes: int = 0  # the last position's logits, on the head's device
     overhead_bytes: int = 0  # the backend's own: CUDA context, cuBLAS, CPU kernel scratch
     dequant_bytes: int = 0  # the largest tile scratch of a product on quantized (GGUF) weights
+    widened_bytes: int = 0  # the largest scratch of a product on 16-bit weights widened to fp32 tiles (CPU prefill)
 
     @property
     def total_bytes(self) -> int:
-        return self.activations_bytes + self.logits_bytes + self.overhead_bytes + self.dequant_bytes
+        return (self.activations_bytes + self.logits_bytes + self.overhead_bytes + self.dequant_bytes
+                + self.widened_bytes)
 
 
 def attention_bytes(config: ModelConfig, attention: ModuleType, *, context_tokens: int, chunk: int,
@@ -120,4 +123,16 @@ def device_workspace(config: ModelConfig, attention: ModuleType, *, device_type:
     dequant = 0 if matrices is None else matrices.workspace_bytes(
         dtype, converts, runs_layers=runs_layers, holds_head=holds_head, holds_embed=holds_embed,
         num_tokens=min(chunk, context_tokens), num_seqs=num_seqs)
-    return Workspace(activations, logits, overhead, dequant)
+    widened = widened_bytes(config, chunk=min(chunk, context_tokens), dtype=dtype) \
+        if device_type == "cpu" and runs_layers and matrices is None else 0
+    return Workspace(activations, logits, overhead, dequant, widened)
+
+
+def widened_bytes(config: ModelConfig, *, chunk: int, dtype: torch.dtype) -> int:
+    """A layer's largest widened-tile scratch for a prefill chunk (kernels/cpu_matmul.py), where it runs: the
+    head multiplies only the last position's row, which is never widened."""
+    if dtype not in cpu_matmul.widened_dtypes():
+        return 0
+    h, q, kv, inter = (config.hidden_size, config.num_heads * config.head_dim,
+                       config.num_kv_heads * config.head_dim, config.intermediate_size)
+    return cpu_matmul.workspace_bytes(chunk, [(h, q), (h, kv), (q, h), (h, inter), (inter, h)])

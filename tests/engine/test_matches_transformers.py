@@ -81,3 +81,30 @@ def test_prefix_reuse_gives_the_same_tokens_as_recomputing(model_dir):
     assert second.reused_tokens >= first.prompt_tokens
     assert second.prefilled_tokens == second.prompt_tokens - second.reused_tokens
     assert second.prefilled_tokens < fresh.prefilled_tokens
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_widened_prefill_matches_transformers_in_16_bits(tmp_path, monkeypatch, dtype):
+    # A chunk of 16-bit weights multiplied on widened fp32 tiles (kernels/cpu_matmul.py, what CPUs without fast
+    # 16-bit products run): the logits of transformers on the same weights in the same dtype, and torch's own.
+    from kernels import cpu_matmul
+
+    model_dir = make_model(tmp_path / "m", "llama", dtype=dtype, initializer_range=0.2)
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    ids = Engine.load(model_dir, cpu_plan(model_dir, 256)).tokenizer.encode(PROMPTS[1])
+    assert len(ids) >= cpu_matmul.MIN_ROWS
+    with torch.no_grad():
+        theirs = reference(torch.tensor([ids])).logits[0].float()
+    logits = {}
+    for widen in ("1", "0"):
+        monkeypatch.setenv(cpu_matmul.WIDEN_ENV, widen)
+        engine = Engine.load(model_dir, cpu_plan(model_dir, 256, prefill_chunk=64))
+        logits[widen] = engine.model.forward(ids, engine.new_conversation().seq, engine.cache, all_logits=True)
+    scale, eps = theirs.abs().max(), torch.finfo(dtype).eps
+    assert scale > 1.0
+    err = {k: ((v - theirs).abs().max() / scale).item() for k, v in logits.items()}  # bf16 ~0.07, f16 ~0.009
+    # 16-bit activations round at every op, in another order than transformers' (engine: fp32 attention): the
+    # widened product stays as close to transformers as torch's own, and within a few units of its last place of it
+    assert err["1"] <= err["0"] + 4 * eps
+    assert ((logits["1"] - logits["0"]).abs().max() / scale).item() < 4 * eps  # bf16 ~0.009, f16 ~0.0009
+    assert (logits["1"].argmax(-1) == theirs.argmax(-1)).float().mean() > 0.9

@@ -72,6 +72,7 @@ def test_without_context_plans_the_largest_that_fits(model_dir, capsys, monkeypa
 
     args = ("--kv-dtype", "fp16", "--ram-budget", "32GiB", "--gpu-layers", 0)
     monkeypatch.setenv("STOWAGE_NATIVE_DECODE", "0")  # the reference's workspace, as test_planner.py works it out
+    monkeypatch.setenv("STOWAGE_WIDEN_MATMUL", "0")  # for a CPU of fast 16-bit products, as test_planner.py does
     cpu_decode.selected_isa.cache_clear()
     try:
         status, d = plan_json(capsys, model_dir, *args)

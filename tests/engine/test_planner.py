@@ -26,13 +26,16 @@ Workspace (engine/planning/workspace.py; c = 512 tokens, a = 2 bytes, T = 32,768
     + 4,194,304 + 769,536 + 33,554,432 = 111,918,592
 Budgets: GPU free - max(512 MiB, 2%); RAM available - max(1 GiB, 5%). 16 GiB RAM -> 16,106,127,360.
 The tests below plan the CPU with the reference's formula (the native library switched off); the last one
-checks the native kernel's.
+checks the native kernel's. They plan for a CPU whose 16-bit products run at speed (no widened tiles):
+  widened tiles (kernels/cpu_matmul.py, c = 512): the chunk in fp32, a tile of fp32 rows (1 MiB: 64 rows of
+    4,096; 16 rows of 14,336) and its fp32 output; the largest is down's, 4 x (512 x 14,336 + 16 x 14,336
+    + 512 x 16) = 30,310,400
 """
 
 import pytest
 
 from engine.planning.budgets import given_budgets
-from kernels import cpu_decode
+from kernels import cpu_decode, cpu_matmul
 from engine.errors import InsufficientMemoryError
 from engine.planning.inspect import inspect
 from engine.planning.plan import PlanRequest, check, max_context, plan
@@ -56,6 +59,12 @@ DECODE_SCRATCH = 1_332_224 + 36_866 + 4_608 + 36_864
 CPU_WS_NATIVE = 111_918_592 + DECODE_SCRATCH
 RAM_16 = 16 * GiB - GiB
 REQUEST = PlanRequest(32768, kv_dtype="float16")
+WIDENED = 30_310_400
+
+
+@pytest.fixture(autouse=True)
+def fast_16_bit_products(monkeypatch):
+    monkeypatch.setenv(cpu_matmul.WIDEN_ENV, "0")  # the figures above, whichever CPU runs the tests
 
 
 @pytest.fixture(autouse=True)
@@ -157,6 +166,17 @@ def test_no_gpu(info):
     # -> 116,432 (whole blocks of 16)
     assert max_context(info, REQUEST, budgets) == 116_432
     assert p.max_context_tokens == 116_432
+
+
+def test_widened_16_bit_products_charge_their_tiles(info, monkeypatch):
+    # where the CPU's 16-bit products are slow, a prefill chunk's products run on widened fp32 tiles: the CPU
+    # that runs layers pays the largest one's scratch on top of the same workspace
+    budgets = given_budgets([], 32 * GiB)
+    monkeypatch.setenv(cpu_matmul.WIDEN_ENV, "1")
+    (cpu,) = plan(info, REQUEST, budgets).devices
+    assert cpu.workspace.widened_bytes == WIDENED
+    assert cpu.workspace_bytes == CPU_WS + WIDENED
+    assert plan(info, REQUEST.with_context(8), budgets).devices[0].workspace.widened_bytes == 0  # 8 tokens
 
 
 def test_a_context_that_fits_nowhere(info):

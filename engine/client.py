@@ -3,7 +3,7 @@ llama.cpp's server, Ollama. Models, and streaming chat or completions as an iter
 
 A Stowage server adds what OpenAI's API lacks under the extension field "stowage" of its chunks (prefill
 progress, the reply's token ids and timings; engine/server/responses.py) and under /stowage/ (plan, memory,
-unload); other servers simply lack them, and the figures are then measured here.
+the models it may load and the load itself, unload); other servers simply lack them, and the figures are then measured here.
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from dataclasses import dataclass
 
 import httpx
 
-from .errors import InsufficientMemoryError, InvalidArgumentError, RemoteError, StowageError
+from .errors import GenerationCancelled, InsufficientMemoryError, InvalidArgumentError, RemoteError, StowageError
 from .generation import GenerationResult
 from .sampler import SamplingParams
 from .server import UNIX_SCHEME
 
 Progress = Callable[[int, int], None]  # prompt tokens read so far, of the whole prompt
+LoadProgress = Callable[[str, int, int], None]  # a load's stage, and bytes of the model loaded of all of them
 CONNECT_SECONDS = 10.0
 CANCEL_POLL_SECONDS = 0.1  # how soon a cancel ends a read that waits on a silent server
 
@@ -97,6 +98,53 @@ class RemoteServer:
     def memory(self) -> dict:
         """A Stowage server's memory report per plan device, and its process id."""
         return self._get("/stowage/memory")
+
+    def available_models(self) -> list[dict]:
+        """The models a Stowage server may load (GET /stowage/models): each "id", "format", "size_bytes"."""
+        return self._get("/stowage/models")["data"]
+
+    def load(self, model: str, *, context: int | None = None, parallel: int | None = None, dtype: str | None = None,
+             kv_dtype: str | None = None, progress: LoadProgress | None = None,
+             cancel: threading.Event | None = None) -> dict:
+        """Have a Stowage server serve `model` (an id of available_models()) instead of its model; the model object
+        it serves then, with "parallel" and "plan" (its summary). progress(stage, done, total) follows the load.
+
+        cancel.set() closes the stream, which cancels the load: the server then serves no model, and this raises
+        GenerationCancelled. A plan that does not fit is InsufficientMemoryError, with the planner's message."""
+        fields = {"context": context, "parallel": parallel, "dtype": dtype, "kv_dtype": kv_dtype}
+        body = {"model": model, **{k: v for k, v in fields.items() if v is not None}}
+        try:
+            with self._http.stream("POST", "/stowage/load", json=body) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise self.refused(response)
+                with _shut_on(cancel, response):
+                    for event in _chunks(response.iter_lines()):
+                        if cancel is not None and cancel.is_set():
+                            break
+                        if "loaded" in event:
+                            return event["loaded"]
+                        if "error" in event:
+                            raise self._load_failed(event["error"])
+                        if progress is not None:
+                            progress(event["stage"], event["done"], event["total"])
+        except httpx.TransportError as e:
+            if cancel is None or not cancel.is_set():
+                raise self.unreachable(e) from None
+        if cancel is not None and cancel.is_set():
+            raise GenerationCancelled(f"loading {model} was cancelled; {self.base_url} serves no model now")
+        raise RemoteError(f"{self.base_url} ended the load of {model} without saying whether it loaded")
+
+    @staticmethod
+    def _load_failed(error) -> StowageError:
+        message = error.get("message", str(error)) if isinstance(error, dict) else str(error)
+        code = error.get("code") if isinstance(error, dict) else None
+        if code == "insufficient_memory":
+            return InsufficientMemoryError(message)
+        if code == "cancelled":
+            return GenerationCancelled(message)
+        invalid = isinstance(error, dict) and error.get("type") == "invalid_request_error"
+        return InvalidArgumentError(message) if invalid else RemoteError(message)
 
     def unload(self) -> None:
         """Ask a Stowage server to stop; its process then exits and returns all its memory."""

@@ -1,17 +1,19 @@
 """The OpenAI-compatible HTTP API (Starlette): routes, limits, bearer-key auth, streaming over server-sent events.
 
 Handlers only validate, tokenize and wait: the scheduler thread does all the engine's work and hands events
-back through the event loop. Nothing a request says can reach the filesystem: the model is fixed at start.
+back through the event loop. Nothing a request says can reach the filesystem: a load names a model by the id
+this machine lists it under (engine/discovery.py), never by a path.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import gc
 import json
+import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 
 from starlette.applications import Starlette
@@ -21,22 +23,27 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..errors import InvalidArgumentError, ModelFormatError, StowageError
+from ..errors import (GenerationCancelled, InsufficientMemoryError, InvalidArgumentError, ModelFormatError,
+                      StowageError)
 from ..generation import GenerationResult, TokenEvent
-from ..planning.report import to_dict
-from .responses import Reply, model_object, sse
-from .schemas import ApiError, CompletionRequest, parse_chat, parse_completion
+from ..planning.report import summary, to_dict
+from .responses import Reply, listed_model, model_object, sse
+from .schemas import ApiError, CompletionRequest, LoadRequest, parse_chat, parse_completion, parse_load
 from .scheduler import PrefillProgress, Scheduler, ServerBusyError
+from .serving import Served, Serving
+
+log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 << 20  # a full 128k-token context is ~0.5 MB of text; JSON escapes may double it
 MAX_HEAD_BYTES = 16 << 10  # the request's headers, all together
 RETRY_AFTER_SECONDS = "1"
 
 
-def create_app(scheduler: Scheduler, *, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+def create_app(serving: Serving | Scheduler, *, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
                on_unload: Callable[[], None] | None = None) -> Starlette:
-    """The ASGI app over a started scheduler (which owns the engine); `POST /stowage/unload` calls on_unload."""
-    api = _Api(scheduler, max_body_bytes, on_unload)
+    """The ASGI app over what a server serves (or one started scheduler, which owns its engine, served without
+    loads); `POST /stowage/unload` calls on_unload."""
+    api = _Api(serving if isinstance(serving, Serving) else Serving.of(serving), max_body_bytes, on_unload)
     routes = [
         Route("/health", api.health),
         Route("/v1/models", api.models),
@@ -47,6 +54,8 @@ def create_app(scheduler: Scheduler, *, api_key: str | None = None, max_body_byt
         Route("/stowage/plan", api.plan),
         Route("/stowage/memory", api.memory),
         Route("/stowage/unload", api.unload, methods=["POST"]),
+        Route("/stowage/models", api.listed_models),
+        Route("/stowage/load", api.load, methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error})
     return _HeadLimit(_BearerAuth(app, api_key) if api_key else app)
@@ -110,49 +119,61 @@ class _Events:
 class _CancelWhenDone(StreamingResponse):
     """A stream that cancels its request however it ends: finished, failed, or the client gone."""
 
-    def __init__(self, content, cancel: threading.Event):
+    def __init__(self, content, cancel: threading.Event, on_end: Callable[[], None] = lambda: None):
         super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        self.cancel = cancel
+        self.cancel, self.on_end = cancel, on_end
 
     async def __call__(self, scope, receive, send):
         try:
             await super().__call__(scope, receive, send)
         finally:
             self.cancel.set()
+            self.on_end()
 
 
 class _Api:
-    def __init__(self, scheduler: Scheduler, max_body_bytes: int, on_unload: Callable[[], None] | None):
-        self.scheduler = scheduler
-        self.engine = scheduler.engine
+    def __init__(self, serving: Serving, max_body_bytes: int, on_unload: Callable[[], None] | None):
+        self.serving = serving
         self.max_body_bytes = max_body_bytes
         self.on_unload = on_unload
-        self.created = int(time.time())
-        # fixed once loaded (the KV cache is allocated whole), and read here rather than from the event loop
-        # while the scheduler thread runs the engine
-        self.memory_report = self.engine.memory_report()
 
-    @property
-    def context_tokens(self) -> int:
-        return self.engine.cache.max_tokens
+    def _served(self) -> Served:
+        """The model served now; 503 while none is (a load runs, or the last one failed or was cancelled)."""
+        served = self.serving.current
+        if served is not None:
+            return served
+        loading = self.serving.loading
+        if loading is not None:
+            raise ApiError(503, f"no model is loaded: {loading!r:.80} is loading (POST /stowage/load); retry once it "
+                                "is loaded", type="server_error", code="model_not_loaded",
+                           headers={"Retry-After": RETRY_AFTER_SECONDS})
+        raise ApiError(503, "no model is loaded: load one with POST /stowage/load (GET /stowage/models lists them)",
+                       type="server_error", code="model_not_loaded")
 
     async def health(self, request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok"})
+        if self.serving.current is not None:
+            return JSONResponse({"status": "ok"})
+        # up, but nothing to serve: 503 as llama.cpp's server says while it loads
+        status = "loading" if self.serving.loading is not None else "no model is loaded"
+        return JSONResponse({"status": status}, status_code=503)
 
     async def models(self, request: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [model_object(self.engine.name, self.created,
-                                                                     self.context_tokens)]})
+        served = self.serving.current
+        data = [model_object(served.name, served.created, served.context_tokens)] if served is not None else []
+        return JSONResponse({"object": "list", "data": data})
 
     async def model(self, request: Request) -> JSONResponse:
-        self._check_model(request.path_params["model_id"])
-        return JSONResponse(model_object(self.engine.name, self.created, self.context_tokens))
+        served = self._served()
+        self._check_model(served, request.path_params["model_id"])
+        return JSONResponse(model_object(served.name, served.created, served.context_tokens))
 
     async def plan(self, request: Request) -> JSONResponse:
-        return JSONResponse(to_dict(self.engine.plan))
+        return JSONResponse(to_dict(self._served().engine.plan))
 
     async def memory(self, request: Request) -> JSONResponse:
         # the process id: the app's graphs measure this process, where the engine's memory is
-        return JSONResponse({"pid": os.getpid(), "devices": self.memory_report})
+        served = self.serving.current
+        return JSONResponse({"pid": os.getpid(), "devices": served.memory_report if served is not None else {}})
 
     async def unload(self, request: Request) -> JSONResponse:
         if self.on_unload is None:
@@ -161,23 +182,96 @@ class _Api:
         self.on_unload()  # the server stops after answering; the process's exit returns all its memory
         return JSONResponse({"status": "unloading"}, status_code=202)
 
+    async def listed_models(self, request: Request) -> JSONResponse:
+        self._check_loads()
+        models = await run_in_threadpool(self.serving.models)  # reads the models folders and GGUF headers
+        return JSONResponse({"object": "list", "data": [listed_model(m) for m in models]})
+
+    async def load(self, request: Request):
+        self._check_loads()
+        req = parse_load(await self._body(request))
+        cancel = threading.Event()
+        if not self.serving.begin_load(req.model, cancel):
+            raise ApiError(409, f"a load is running already ({self.serving.loading!r:.80}); wait for its stream to "
+                                "end, or close that stream to cancel it", code="load_in_progress")
+        try:
+            found = await run_in_threadpool(self.serving.find, req.model)
+        except BaseException:
+            self.serving.end_load()
+            raise
+        if found is None:
+            self.serving.end_load()
+            raise ApiError(404, f"The model {req.model!r:.80} is not one this machine lists (GET /stowage/models "
+                                "lists them: the Stowage models folder, the Hugging Face cache, LM Studio, Ollama)",
+                           param="model", code="model_not_found")
+        events = _Events(keep_tokens=True)
+        threading.Thread(target=self._load, args=(found, req, events.emit, cancel), name="stowage-load",
+                         daemon=True).start()
+        return _CancelWhenDone(self._load_stream(events), cancel)
+
+    def _load(self, found, req: LoadRequest, emit: Callable[[object], None], cancel: threading.Event) -> None:
+        """The load's worker thread: its progress, then the model loaded or the error, as events."""
+        total = found.size_bytes
+
+        def send(event: dict) -> None:
+            try:
+                emit(event)
+            except RuntimeError:  # the event loop is closed: the server is stopping
+                cancel.set()
+
+        def report(fraction: float, stage: str) -> None:
+            send({"stage": stage, "done": round(fraction * total), "total": total})
+
+        try:
+            served = self.serving.load(found, req, report, cancel)
+            send({"loaded": {**model_object(served.name, served.created, served.context_tokens),
+                             "parallel": served.scheduler.max_running, "plan": summary(served.engine.plan)}})
+        except GenerationCancelled as e:
+            send(ApiError(499, str(e), code="cancelled").body())
+        except (InsufficientMemoryError, InvalidArgumentError, ModelFormatError) as e:  # the planner's own message
+            send(ApiError(400, str(e), code="insufficient_memory" if isinstance(e, InsufficientMemoryError)
+                          else None).body())
+        except Exception as e:  # a bug, or a StowageError of a kind above none of these
+            if not isinstance(e, StowageError):
+                log.exception("loading %s failed", found.name)
+            send(ApiError(500, f"loading {found.name} failed: {e}", type="server_error").body())
+        finally:
+            gc.collect()  # what a failed load had allocated, held in cycles through its traceback
+
+    @staticmethod
+    async def _load_stream(events: _Events):
+        while True:
+            event = await events.queue.get()
+            yield sse(event)
+            if "stage" not in event:
+                yield sse("[DONE]")
+                return
+
+    def _check_loads(self) -> None:
+        if self.serving.defaults is None:
+            raise ApiError(404, "this server does not load models over HTTP (it was not started by `stowage serve`)",
+                           code="not_found")
+
     async def chat_completions(self, request: Request):
         req = parse_chat(await self._body(request))
-        self._check_model(req.model)
-        ids = await run_in_threadpool(self._tokenize, self.engine.tokenizer.apply_chat_template, list(req.messages))
-        return await self._complete(request, req, ids, chat=True)
+        served = self._served()
+        self._check_model(served, req.model)
+        tokenizer = served.engine.tokenizer
+        ids = await run_in_threadpool(self._tokenize, tokenizer.apply_chat_template, list(req.messages))
+        return await self._complete(request, served, req, ids, chat=True)
 
     async def completions(self, request: Request):
         req = parse_completion(await self._body(request))
-        self._check_model(req.model)
+        served = self._served()
+        self._check_model(served, req.model)
         if isinstance(req.prompt, str):
-            ids = await run_in_threadpool(self._tokenize, self.engine.tokenizer.encode, req.prompt)
+            ids = await run_in_threadpool(self._tokenize, served.engine.tokenizer.encode, req.prompt)
         else:
             ids = list(req.prompt)
-            vocab = self.engine.config.vocab_size
+            vocab = served.engine.config.vocab_size
             if not all(0 <= t < vocab for t in ids):
                 raise ApiError(400, f"prompt: token ids must be in [0, {vocab})", param="prompt")
-        return await self._complete(request, req, ids, chat=False)
+        return await self._complete(request, served, req, ids, chat=False)
 
     # -- the parts -----------------------------------------------------------------------------
     async def _body(self, request: Request) -> dict:
@@ -199,9 +293,10 @@ class _Api:
             raise ApiError(400, "the request body must be a JSON object")
         return data
 
-    def _check_model(self, model: str | None) -> None:
-        if model is not None and model != self.engine.name:
-            raise ApiError(404, f"The model {model!r:.80} does not exist: this server serves {self.engine.name!r} "
+    @staticmethod
+    def _check_model(served: Served, model: str | None) -> None:
+        if model is not None and model != served.name:
+            raise ApiError(404, f"The model {model!r:.80} does not exist: this server serves {served.name!r} "
                                 "(GET /v1/models)", param="model", code="model_not_found")
 
     @staticmethod
@@ -211,10 +306,12 @@ class _Api:
         except (InvalidArgumentError, ModelFormatError) as e:  # text that is not UTF-8; the template refusing
             raise ApiError(400, str(e), param="messages" if isinstance(arg, list) else "prompt") from None
 
-    async def _complete(self, request: Request, req: CompletionRequest, ids: list[int], *, chat: bool):
-        room = self.context_tokens - len(ids)
+    async def _complete(self, request: Request, served: Served, req: CompletionRequest, ids: list[int], *,
+                        chat: bool):
+        context = served.context_tokens
+        room = context - len(ids)
         if not ids or room < 1:
-            raise ApiError(400, f"This model's maximum context length is {self.context_tokens:,} tokens, and your "
+            raise ApiError(400, f"This model's maximum context length is {context:,} tokens, and your "
                                 f"{'messages take' if chat else 'prompt takes'} {len(ids):,} tokens (at least one must be "
                                 "left for the reply); shorten them, or serve with a larger --context",
                            param="messages" if chat else "prompt", code="context_length_exceeded")
@@ -222,17 +319,23 @@ class _Api:
         # "context_full" (OpenAI's "length"), and a reply of exactly max_tokens that also fills it says "length"
         sampling = req.sampling(req.max_tokens or room)
         events, cancel = _Events(keep_tokens=req.stream), threading.Event()
+        served.track(cancel)  # a swap cancels it; it then ends with its final event
         try:
-            self.scheduler.submit(ids, sampling, events.emit, cancel)
+            served.scheduler.submit(ids, sampling, events.emit, cancel)
         except ServerBusyError as e:
+            served.untrack(cancel)
             raise ApiError(503, str(e), type="server_error", code="server_busy",
                            headers={"Retry-After": RETRY_AFTER_SECONDS}) from None
-        except StowageError as e:  # shutting down
+        except StowageError as e:  # shutting down, or the model is being replaced
+            served.untrack(cancel)
             raise ApiError(503, str(e), type="server_error") from None
-        reply = Reply(self.engine.name, chat=chat, include_usage=req.include_usage)
+        reply = Reply(served.name, chat=chat, include_usage=req.include_usage)
         if req.stream:
-            return _CancelWhenDone(self._stream(reply, events), cancel)
-        result = await self._wait(request, events, cancel)
+            return _CancelWhenDone(self._stream(reply, events), cancel, lambda: served.untrack(cancel))
+        try:
+            result = await self._wait(request, events, cancel)
+        finally:
+            served.untrack(cancel)
         if result is None:  # nobody is listening; 499 as nginx logs a client that closed its request
             return Response(status_code=499)
         return JSONResponse(reply.whole(result))

@@ -18,7 +18,7 @@ from kernels import cpu_decode
 
 from ..defaults import DEFAULT_CONTEXT
 from ..dtypes import COMPUTE, KV
-from ..errors import InsufficientMemoryError, InvalidArgumentError, StowageError
+from ..errors import InvalidArgumentError, StowageError
 from ..units import format_bytes
 from ..kv_store import KV_DIR_ENV
 from ..planning.cli import _gpu_layers, _size
@@ -83,6 +83,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="disk space for the KV cache of conversations evicted from memory, read back when they "
                         f"resume instead of prefilled again (in ${KV_DIR_ENV} or the user cache dir; default "
                         "min(4GiB, 10%% of the free disk); 0: off)")
+    p.add_argument("--models-dir", type=Path, default=None,
+                   help="Stowage's models folder, among the places whose models POST /stowage/load may load "
+                        "(default: the one the desktop app uses; `stowage list` shows them all)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the process that started this one ends (an app running its engine as a child)")
     p.set_defaults(func=run_serve)
@@ -90,9 +93,10 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from ..discovery import Places, default_models_dir
     from ..engine import Engine
-    from ..planning import plan_for
     from ..planning.report import summary
+    from .serving import LoadDefaults, plan_serving
 
     for name, least in (("context", 1), ("parallel", 1), ("max_queue", 0)):
         value = getattr(args, name)
@@ -105,22 +109,12 @@ def run_serve(args: argparse.Namespace) -> int:
     cpu_decode.use_default_threads()  # the cores it may use, or the CLI's --threads
     if args.exit_with_parent:
         _exit_with_parent()
-    if args.context is None:
-        from ..formats import read_config
-
-        args.context = min(DEFAULT_CONTEXT, read_config(args.model_dir).max_position_embeddings)
     # Planned against this machine first: a shortage is an error before anything is allocated.
-    try:
-        plan = plan_for(args.model_dir, args.context, dtype=args.dtype, kv_dtype=args.kv_dtype,
-                        gpu_layers=args.gpu_layers, num_seqs=args.parallel, kv_disk_budget=args.kv_disk_budget)
-    except InsufficientMemoryError as e:
-        if args.parallel == 1:
-            raise
-        raise InsufficientMemoryError(f"{e} With --parallel {args.parallel}, each sequence holds a whole context "
-                                      "of KV cache: fewer sequences need less.") from None
-    if args.parallel > plan.prefill_chunk:  # the planner charges a decode step's activations as a chunk's
-        raise InvalidArgumentError(f"--parallel {args.parallel} is more than the prefill chunk of "
-                                   f"{plan.prefill_chunk} tokens; serve at most that many sequences")
+    plan = plan_serving(args.model_dir, args.context, parallel=args.parallel, dtype=args.dtype,
+                        kv_dtype=args.kv_dtype, gpu_layers=args.gpu_layers, kv_disk_budget=args.kv_disk_budget)
+    defaults = LoadDefaults(Places.default(args.models_dir or default_models_dir()), parallel=args.parallel,
+                            max_queue=args.max_queue, gpu_layers=args.gpu_layers,
+                            kv_disk_budget=args.kv_disk_budget)
     # a taken port or socket path fails before the load
     sock = (listen_unix(args.unix) if args.unix is not None else
             listen(args.host or DEFAULT_HOST, DEFAULT_PORT if args.port is None else args.port,
@@ -133,7 +127,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except BaseException:
         close_listener(sock)
         raise
-    serve(engine, sock, parallel=args.parallel, max_queue=args.max_queue, api_key=api_key)
+    serve(engine, sock, defaults, api_key=api_key)
     return 0
 
 
@@ -239,13 +233,17 @@ def base_url(sock: socket.socket) -> str:
     return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
 
-def serve(engine, sock: socket.socket, *, parallel: int, max_queue: int, api_key: str | None) -> None:
-    """Run the API on sock until interrupted; prints the base URL (or `unix:PATH`) on stdout once it is listening."""
+def serve(engine, sock: socket.socket, defaults, *, api_key: str | None) -> None:
+    """Run the API on sock until interrupted, engine first (POST /stowage/load replaces it with a model `defaults`
+    lists); prints the base URL (or `unix:PATH`) on stdout once it is listening."""
     from .scheduler import Scheduler
+    from .serving import Served, Serving
 
-    scheduler = Scheduler(engine, max_running=parallel, max_waiting=max_queue).start()
+    parallel = defaults.parallel
+    serving = Serving(Served(engine.name, Scheduler(engine, max_running=parallel,
+                                                    max_waiting=defaults.max_queue).start()), defaults)
     url = base_url(sock)
-    server = http_server(scheduler, api_key=api_key)
+    server = http_server(serving, api_key=api_key)
     print(url, flush=True)  # the one line on stdout: a parent process reads the port from it
     api = url if url.startswith(UNIX_SCHEME) else f"{url}/v1"
     sys.stderr.write(f"serving {engine.name} at {api} ({parallel} x {engine.cache.max_tokens:,}-token "
@@ -255,23 +253,26 @@ def serve(engine, sock: socket.socket, *, parallel: int, max_queue: int, api_key
     except KeyboardInterrupt:  # uvicorn shuts down gracefully on Ctrl-C / SIGTERM, then raises the signal again
         pass
     finally:
-        scheduler.close()
-        engine.close()
+        serving.close()
         close_listener(sock, url)
 
 
-def http_server(scheduler, *, api_key: str | None):
-    """The uvicorn server of the API over a started scheduler; `.run(sockets=[...])` serves."""
+def http_server(serving, *, api_key: str | None):
+    """The uvicorn server of the API over a Serving (or a started scheduler); `.run(sockets=[...])` serves."""
     import uvicorn
 
     from .app import MAX_HEAD_BYTES, create_app
+    from .serving import Serving
+
+    serving = serving if isinstance(serving, Serving) else Serving.of(serving)
+    scheduler = serving.current.scheduler  # the connection limit is the first model's, kept across loads
 
     def unload() -> None:  # POST /stowage/unload: stop serving; run_serve then frees the engine and returns
         server.should_exit = True
 
     # h11 (whatever else is installed) with its buffer bound at the app's head limit; connections past
     # limit_concurrency get uvicorn's 503 before they cost anything
-    config = uvicorn.Config(create_app(scheduler, api_key=api_key, on_unload=unload), log_level="warning",
+    config = uvicorn.Config(create_app(serving, api_key=api_key, on_unload=unload), log_level="warning",
                             http="h11", h11_max_incomplete_event_size=MAX_HEAD_BYTES, timeout_graceful_shutdown=5,
                             limit_concurrency=4 * (scheduler.max_running + scheduler.max_waiting) + 32)
     server = uvicorn.Server(config)

@@ -1,4 +1,4 @@
-"""What the API answers, shaped as OpenAI's: completion objects, stream chunks, usage, the model list."""
+"""What the API answers, shaped as OpenAI's: completion objects, stream chunks, usage, the model lists."""
 
 from __future__ import annotations
 
@@ -82,3 +82,9 @@ class Reply:
 def model_object(name: str, created: int, context_tokens: int) -> dict:
     # max_model_len as vLLM names it: clients read the context from it
     return {"id": name, "object": "model", "created": created, "owned_by": "stowage", "max_model_len": context_tokens}
+
+
+def listed_model(model) -> dict:
+    """A model this machine lists (a discovery.FoundModel), as GET /stowage/models shows it: its id, never its path."""
+    return {"id": model.name, "object": "model", "format": model.format, "size_bytes": model.size_bytes,
+            "quant": model.quant, "source": model.source}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..dtypes import COMPUTE, KV
 from ..errors import InvalidArgumentError
 from ..sampler import MAX_SEED, SamplingParams
 
@@ -114,6 +115,35 @@ def parse_completion(body: dict) -> CompletionRequest:
     max_tokens = _max_tokens(body, None)
     return CompletionRequest(prompt=prompt, max_tokens=COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens,
                              **_common(body))
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """A validated POST /stowage/load: a model this machine lists (its id, never a path) and how to plan it."""
+
+    model: str
+    context: int | None = None  # None: DEFAULT_CONTEXT or the model's maximum, as at start
+    parallel: int | None = None  # None: the server's --parallel
+    dtype: str | None = None
+    kv_dtype: str | None = None
+
+
+LOAD_FIELDS = {"model", "context", "parallel", "dtype", "kv_dtype"}
+
+
+def parse_load(body: dict) -> LoadRequest:
+    """A /stowage/load body, validated; ApiError (400) naming the first field that is wrong."""
+    _check_fields(body, LOAD_FIELDS)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("model", "model must be the id of a model this machine lists (GET /stowage/models)")
+    counts = {key: _number(body, key, None, lambda v: v >= 1, "an integer >= 1", integer=True)
+              for key in ("context", "parallel")}
+    for key, names in (("dtype", COMPUTE), ("kv_dtype", KV)):
+        value = body.get(key)
+        if value is not None and not (isinstance(value, str) and value in names):
+            raise _bad(key, f"{key} must be one of {', '.join(names)}; got {value!r:.40}")
+    return LoadRequest(model, **counts, dtype=body.get("dtype"), kv_dtype=body.get("kv_dtype"))
 
 
 def _check_fields(body: dict, known: set[str]) -> None:

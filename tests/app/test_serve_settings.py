@@ -1,29 +1,15 @@
 """Serve's settings: a port, other computers, sequences and a key that lasts, kept in QSettings; each change restarts
 the app's engine child with them (real children on the tiny model, the official openai client)."""
 
-import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
+from processes import TIMEOUT_S, free_port, openai_client
 
 from app.model_settings import open_settings
 from app.serve_settings import ServeSettings, lan_address, load_serve_settings, save_serve_settings, url_for_others
-
-TIMEOUT_S = 60
-
-
-def client(url, key):
-    return openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=TIMEOUT_S,
-                         http_client=httpx.Client(trust_env=False))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def restart(qtbot, window, change):
     """Make a change to Serve and wait for the engine child it restarts."""
@@ -83,7 +69,7 @@ def test_each_setting_restarts_the_engine_with_it_and_is_remembered(app_driver, 
     assert two_kv == window.loaded_plan.kv_bytes
 
     def ask(prompt):
-        reply = client(url, key).chat.completions.create(
+        reply = openai_client(url, key).chat.completions.create(
             model=tiny_model_dir.name, messages=[{"role": "user", "content": prompt}], max_tokens=16, temperature=0)
         return reply.choices[0].finish_reason
 
@@ -101,8 +87,8 @@ def test_each_setting_restarts_the_engine_with_it_and_is_remembered(app_driver, 
     new_key = serve.key.text()
     assert new_key != key and window.qsettings.value("serve_key") == new_key
     with pytest.raises(openai.AuthenticationError):
-        client(url, key).models.list()
-    assert client(url, new_key).models.list().data[0].id == tiny_model_dir.name
+        openai_client(url, key).models.list()
+    assert openai_client(url, new_key).models.list().data[0].id == tiny_model_dir.name
 
     # other computers: every address, the key required; this machine still reaches it on loopback
     process = restart(qtbot, window, serve.others.click)
@@ -110,7 +96,7 @@ def test_each_setting_restarts_the_engine_with_it_and_is_remembered(app_driver, 
     address = lan_address()
     assert serve.url.text() == (f"http://{address}:{port}/v1" if address else url)
     assert "Other computers" in serve.note.text()
-    assert client(serve.url.text(), new_key).models.list().data[0].id == tiny_model_dir.name
+    assert openai_client(serve.url.text(), new_key).models.list().data[0].id == tiny_model_dir.name
     with httpx.Client(trust_env=False) as plain:
         assert plain.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401
 

@@ -1,26 +1,11 @@
 """The Serve switch: another program (the official openai client) reaches the app's engine at the shown URL with the
 shown key, and is refused without it; off, the engine listens for the app alone on its private Unix socket."""
 
-import socket
 
 import httpx
 import openai
 import pytest
-
-TIMEOUT_S = 60
-
-
-def client(url, key):
-    # trust_env=False: a proxy from the environment must not stand between the test and 127.0.0.1
-    return openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=TIMEOUT_S,
-                         http_client=httpx.Client(trust_env=False))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+from processes import TIMEOUT_S, free_port, openai_client
 
 def wait_restarted(qtbot, window, old_pid):
     """Until a new engine child answers (Serve's changes restart it) and the window shows it loaded."""
@@ -49,11 +34,11 @@ def test_serve_on_restarts_the_engine_at_the_port_with_the_kept_key_and_off_clos
     url, key = serve.url.text(), serve.key.text()
     assert url == f"http://127.0.0.1:{port}/v1" and key == window.qsettings.value("serve_key") and len(key) >= 32
     assert f'"{tiny_model_dir.name}"' in serve.note.text()
-    reply = client(url, key).chat.completions.create(
+    reply = openai_client(url, key).chat.completions.create(
         model=tiny_model_dir.name, messages=[{"role": "user", "content": "Hello"}], max_tokens=4, temperature=0)
     assert reply.choices[0].message.content and reply.usage.completion_tokens >= 1
     with pytest.raises(openai.AuthenticationError):  # 401
-        client(url, "not-the-key").models.list()
+        openai_client(url, "not-the-key").models.list()
     with httpx.Client(trust_env=False) as plain:  # no key at all
         assert plain.get(url + "/models").status_code == 401
     # the app's own chat still works beside the other program
@@ -67,7 +52,7 @@ def test_serve_on_restarts_the_engine_at_the_port_with_the_kept_key_and_off_clos
     wait_restarted(qtbot, window, old_pid)
     assert worker.process.server.base_url.startswith("unix:") and worker.endpoint is None
     with pytest.raises(openai.APIConnectionError):
-        client(url, key).models.list()
+        openai_client(url, key).models.list()
     assert window.qsettings.value("serve") in (False, "false")
     assert window.qsettings.value("serve_key") == key  # the key lasts: the same when Serve is on again
 
@@ -85,5 +70,5 @@ def test_the_switch_is_remembered_and_shows_the_next_engine_at_once(app_driver, 
     assert serve.is_on and serve.port.value() == 0 and serve.key.text() == key and not serve.url.isVisible()
     app_driver.load(again)
     assert serve.url.isVisible() and serve.url.text().startswith("http://127.0.0.1:")
-    (model,) = client(serve.url.text(), key).models.list().data
+    (model,) = openai_client(serve.url.text(), key).models.list().data
     assert model.id == tiny_model_dir.name

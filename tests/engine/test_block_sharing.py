@@ -6,6 +6,7 @@ import threading
 import pytest
 import torch
 from factory import cpu_plan, make_model
+from scheduler_log import Log
 
 from engine.engine import Engine
 from engine.generation import GenerationResult, TokenEvent
@@ -39,36 +40,10 @@ def window_dir(request, tmp_path_factory):
     return make_model(tmp_path_factory.mktemp(request.param), arch, **overrides)
 
 
-TIMEOUT = 60  # seconds a test waits for the scheduler before failing instead of hanging
 
 
 def greedy(n):
     return SamplingParams(temperature=0, max_tokens=n)
-
-
-class Log:
-    """Every event of every request, in order (as tests/engine/test_server_batching.py logs them)."""
-
-    def __init__(self):
-        self.events: list[tuple[str, object]] = []
-        self.done = {}
-        self._all_done = threading.Condition()
-
-    def emitter(self, name, then=None):
-        def emit(event):
-            with self._all_done:
-                self.events.append((name, event))
-                if isinstance(event, (GenerationResult, Exception)):
-                    self.done[name] = event
-                    self._all_done.notify_all()
-            if then is not None:
-                then(event)
-        return emit
-
-    def wait(self, *names):
-        with self._all_done:
-            assert self._all_done.wait_for(lambda: all(n in self.done for n in names), TIMEOUT), self.done
-        return [self.done[n] for n in names]
 
 
 def record_prefills(engine):

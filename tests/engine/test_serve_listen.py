@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
+from processes import free_port, openai_client
 from factory import make_model
 
 from engine.client import RemoteServer
@@ -28,18 +29,6 @@ HELLO = [{"role": "user", "content": "Hello"}]
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return make_model(tmp_path_factory.mktemp("listen") / "model", "llama", initializer_range=0.2)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def openai_client(base_url, key, **http):
-    # trust_env=False: a proxy from the environment must not stand between the test and the server
-    return openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=TIMEOUT,
-                         http_client=httpx.Client(trust_env=False, **http))
 
 
 # -- a chosen port, a key given by the caller ----------------------------------------------------

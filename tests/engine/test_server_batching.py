@@ -5,14 +5,14 @@ import threading
 import pytest
 import torch
 from factory import cpu_plan, make_model
+from scheduler_log import Log
 
 from engine.engine import Engine
-from engine.generation import GenerationResult, TokenEvent
+from engine.generation import GenerationResult
 from engine.kv_cache import Sequence
 from engine.sampler import SamplingParams
 from engine.server.scheduler import Scheduler
 
-TIMEOUT = 60  # seconds a test waits for the scheduler before failing instead of hanging
 
 
 @pytest.fixture(scope="module")
@@ -33,34 +33,6 @@ def greedy(n):
 def alone(engine, prompt_ids, n):
     """Token ids of a greedy reply by the engine's own single-sequence path (engine.generate)."""
     return engine.generate(engine.new_conversation(), prompt_ids, greedy(n)).run().token_ids
-
-
-class Log:
-    """Every event of every request, in the order the scheduler thread emitted them."""
-
-    def __init__(self):
-        self.events: list[tuple[str, object]] = []
-        self.done = {}
-        self._all_done = threading.Condition()
-
-    def emitter(self, name, then=None):
-        def emit(event):
-            with self._all_done:
-                self.events.append((name, event))
-                if not isinstance(event, TokenEvent):
-                    self.done[name] = event
-                    self._all_done.notify_all()
-            if then is not None:
-                then(event)
-        return emit
-
-    def wait(self, *names):
-        with self._all_done:
-            assert self._all_done.wait_for(lambda: all(n in self.done for n in names), TIMEOUT), self.done
-        return [self.done[n] for n in names]
-
-    def order(self):
-        return [name for name, e in self.events if isinstance(e, TokenEvent)]
 
 
 def record_calls(engine):

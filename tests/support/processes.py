@@ -1,6 +1,10 @@
-"""Processes the tests start, seen from outside: whether one still runs."""
+"""Processes and servers the tests start, seen from outside: whether one still runs, a port to give one, a client."""
 
 from __future__ import annotations
+
+import socket
+
+TIMEOUT_S = 60  # seconds a client waits for a test's server
 
 
 def alive(pid: int) -> bool:
@@ -10,3 +14,20 @@ def alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def free_port() -> int:
+    """A loopback port nothing listened on a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def openai_client(base_url: str, key: str, **http):
+    """The official client, no retries; `http`: httpx.Client options (a Unix socket's transport)."""
+    import httpx
+    import openai
+
+    # trust_env=False: a proxy from the environment must not stand between the test and the server
+    return openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=TIMEOUT_S,
+                         http_client=httpx.Client(trust_env=False, **http))

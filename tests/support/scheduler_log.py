@@ -1,0 +1,37 @@
+"""A record of what the server's scheduler emits, for tests that drive engine/server/scheduler.py directly."""
+
+from __future__ import annotations
+
+import threading
+
+from engine.generation import GenerationResult, TokenEvent
+
+TIMEOUT = 60  # seconds a test waits for the scheduler before failing instead of hanging
+
+
+class Log:
+    """Every event of every request, in the order the scheduler thread emitted them."""
+
+    def __init__(self):
+        self.events: list[tuple[str, object]] = []
+        self.done = {}
+        self._all_done = threading.Condition()
+
+    def emitter(self, name, then=None):
+        def emit(event):
+            with self._all_done:
+                self.events.append((name, event))
+                if isinstance(event, (GenerationResult, Exception)):  # a request's last event
+                    self.done[name] = event
+                    self._all_done.notify_all()
+            if then is not None:
+                then(event)
+        return emit
+
+    def wait(self, *names):
+        with self._all_done:
+            assert self._all_done.wait_for(lambda: all(n in self.done for n in names), TIMEOUT), self.done
+        return [self.done[n] for n in names]
+
+    def order(self):
+        return [name for name, e in self.events if isinstance(e, TokenEvent)]

@@ -148,6 +148,17 @@ def test_batched_step_matches_torch_path(tmp_path, dtype, num_seqs, shape):
     _batched_matches_torch_path(model_dir, [5 + 13 * b for b in range(num_seqs)], 256, TOLERANCE[dtype])
 
 
+# 1,601 gate/up rows: an odd count, so a two-row pass of the batched bf16 dots ends on one row; the down product's
+# rows of 1,601 are wider than 8 lanes' inputs may take in L1 (lanes go 4 at a time) and end in a 1-column tail.
+WIDE_ODD = dict(hidden_size=64, intermediate_size=1601)
+
+
+@pytest.mark.parametrize("num_seqs", [2, 5, 9])  # lanes of one pass of 4; one of 8; 8 + 1 (and 4 + 4 + 1 for down)
+def test_batched_bf16_passes_over_wide_and_odd_rows(tmp_path, num_seqs):
+    model_dir = make_model(tmp_path / "m", "llama", dtype=torch.bfloat16, sliding_window=None, **WIDE_ODD)
+    _batched_matches_torch_path(model_dir, [5 + 13 * b for b in range(num_seqs)], 256, TOLERANCE[torch.bfloat16])
+
+
 def test_batched_attention_splits_long_contexts_over_threads(tmp_path):
     # Contexts long enough that each lane's keys are split over the threads (one parallel call for all lanes'
     # splits), merged per lane: the same logits as the torch path and as each sequence alone.

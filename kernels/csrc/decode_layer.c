@@ -381,9 +381,14 @@ static void parallel(task_fn fn, void *ctx, int64_t total, int64_t grain) {
 }
 
 // Use `n` threads (the caller included) from now on; 1: everything on the calling thread.
+// One call at a time into the pool and the lanes' scratch, which are the process's: two engines decoding on two
+// threads (or a prefill beside a decode) would otherwise share the pool's job slots and each other's scratch.
+static pthread_mutex_t CALLS = PTHREAD_MUTEX_INITIALIZER;
+
 int decode_set_threads(int n) {
     if (n < 1) n = 1;
     if (n > MAX_THREADS) n = MAX_THREADS;
+    pthread_mutex_lock(&CALLS);
     stop_pool();
     pool.num_threads = n;
     for (int i = 0; i < n - 1; i++)
@@ -392,6 +397,7 @@ int decode_set_threads(int n) {
             break;
         }
     atomic_store(&pool.started, 1);
+    pthread_mutex_unlock(&CALLS);
     return pool.num_threads;
 }
 
@@ -1173,7 +1179,7 @@ static void store_h(const scratch *s, void *h, int32_t type, int64_t n) {
 // already reserved in every table), h [lanes, hidden] in h_type read and replaced by the output;
 // block_tables[b * num_layers + l]: sequence b's block table for layer l. Returns 0; -1 when the scratch cannot
 // be allocated or lanes is out of range.
-int decode_layers_batch(const model *m, int first, int last, int lanes, void *h, int32_t h_type,
+static int layers_batch(const model *m, int first, int last, int lanes, void *h, int32_t h_type,
                         const int64_t *positions, const int32_t *const *block_tables) {
     if (lanes < 1 || lanes > MAX_LANES || ensure_scratch(m, lanes) != 0) return -1;
     const int64_t row_bytes = (int64_t)m->hidden * (h_type == W_F32 ? 4 : 2);
@@ -1187,6 +1193,14 @@ int decode_layers_batch(const model *m, int first, int last, int lanes, void *h,
     return 0;
 }
 
+int decode_layers_batch(const model *m, int first, int last, int lanes, void *h, int32_t h_type,
+                        const int64_t *positions, const int32_t *const *block_tables) {
+    pthread_mutex_lock(&CALLS);
+    int r = layers_batch(m, first, last, lanes, h, h_type, positions, block_tables);
+    pthread_mutex_unlock(&CALLS);
+    return r;
+}
+
 // decode_layers_batch for one sequence: block_tables[l] is its table for layer l.
 int decode_layers(const model *m, int first, int last, void *h, int32_t h_type, int64_t position,
                   const int32_t *const *block_tables) {
@@ -1195,7 +1209,7 @@ int decode_layers(const model *m, int first, int last, void *h, int32_t h_type, 
 
 // logits [lanes, vocab] float32 = head . norm(h[b]) for h [lanes, hidden]; softcap 0: none. Each head row is read
 // once for all lanes.
-int decode_head_batch(const model *m, int lanes, const void *h, int32_t h_type, const vector *norm,
+static int head_batch(const model *m, int lanes, const void *h, int32_t h_type, const vector *norm,
                       const matrix *head, float softcap, float *logits) {
     if (lanes < 1 || lanes > MAX_LANES || ensure_scratch(m, lanes) != 0) return -1;
     const int64_t row_bytes = (int64_t)m->hidden * (h_type == W_F32 ? 4 : 2);
@@ -1213,6 +1227,14 @@ int decode_head_batch(const model *m, int lanes, const void *h, int32_t h_type, 
     if (softcap > 0.0f)
         for (int64_t i = 0; i < lanes * head->rows; i++) logits[i] = tanhf(logits[i] / softcap) * softcap;
     return 0;
+}
+
+int decode_head_batch(const model *m, int lanes, const void *h, int32_t h_type, const vector *norm,
+                      const matrix *head, float softcap, float *logits) {
+    pthread_mutex_lock(&CALLS);
+    int r = head_batch(m, lanes, h, h_type, norm, head, softcap, logits);
+    pthread_mutex_unlock(&CALLS);
+    return r;
 }
 
 int decode_head(const model *m, const void *h, int32_t h_type, const vector *norm, const matrix *head,
@@ -1409,6 +1431,8 @@ int attention_prefill(const void *query, int32_t q_type, int64_t n, int64_t star
     // smaller tiles when there are too few units for the threads
     while (t.tile > 1 && num_kv_heads * ((n + t.tile - 1) / t.tile) < 4 * pool.num_threads) t.tile /= 2;
     t.num_tiles = (n + t.tile - 1) / t.tile;
+    pthread_mutex_lock(&CALLS);
     parallel(prefill_chunk, &t, num_kv_heads * t.num_tiles, 1);
+    pthread_mutex_unlock(&CALLS);
     return 0;
 }

@@ -239,3 +239,38 @@ def test_a_second_model_of_other_dimensions_gets_its_own_scratch_layout(tmp_path
         b = torch_path.model.decode_step([5, 6, 7], seqs["torch"], torch_path.cache)
         err = ((a - b).abs().amax(dim=-1) / b.abs().amax(dim=-1)).max().item()
         assert err < TOLERANCE[torch.float32], f"{model_dir.name}: relative logit error {err:.3g}"
+
+
+def test_two_engines_decoding_on_two_threads_at_once(tmp_path):
+    # The native pool and the lanes' scratch are the process's: two engines of other dimensions decoding at the same
+    # time on two threads (ctypes lets go of the GIL in the calls) get the logits each gets alone.
+    import threading
+
+    engines = [Engine.load(d, cpu_plan(d, 256, num_seqs=3)) for d in (
+        make_model(tmp_path / "a", "llama", dtype=torch.float32, sliding_window=None),
+        make_model(tmp_path / "b", "llama", dtype=torch.float32, sliding_window=None, **ODD_ROWS))]
+    prompts = [[(i * 37 + 5 * b) % 500 + 3 for i in range(20 + 9 * b)] for b in range(3)]
+
+    def run(engine, out):
+        seqs = [engine.new_conversation().seq for _ in prompts]
+        for seq, prompt in zip(seqs, prompts):
+            engine.model.forward(prompt, seq, engine.cache)
+        for step in range(12):
+            out.append(engine.model.decode_step([(7 * step + b) % 500 + 3 for b in range(3)], seqs, engine.cache))
+            out.append(engine.model.forward([step + 3], seqs[0], engine.cache))  # one lane: decode_layers
+        for seq in seqs:
+            engine.cache.release(seq)
+
+    alone = [[], []]
+    for engine, out in zip(engines, alone):
+        run(engine, out)
+    together = [[], []]
+    threads = [threading.Thread(target=run, args=(e, out), daemon=True) for e, out in zip(engines, together)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a decode thread hung"
+    for a, b in zip(alone, together):
+        assert len(a) == len(b) == 24
+        assert all(torch.equal(x, y) for x, y in zip(a, b))

@@ -928,10 +928,13 @@ static inline void block_scores(float *sc, const float *q, int group, const void
 #endif
 }
 
-// The cache lines of [p, p + bytes) on their way into the core's cache: a block's keys and values lie together
-// (all KV heads of a block), but the next block is anywhere, where the hardware prefetcher cannot follow.
+// The cache lines of [p, p + bytes) on their way into the core's L2: a block's keys and values lie together (all
+// KV heads of a block), but the next block is anywhere, where the hardware prefetcher cannot follow. Into L2, not
+// L1: a block's lines at once filled L1's few miss buffers, and the prefetches themselves stalled (Zen 4, 360m
+// shape, one sequence at a 3,000-token context: a token 47.7 -> 38.3 ms, the loads of keys and values had held
+// half of attn_chunk's samples; 8 sequences at 400 tokens: a step 51.9 -> 44.9 ms).
 static inline void prefetch_range(const void *p, int64_t bytes) {
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)p + b, 0, 3);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)p + b, 0, 2);
 }
 
 // One unit = one split of the keys, for every head: the running maximum, sum and weighted values of each query
@@ -939,7 +942,7 @@ static inline void prefetch_range(const void *p, int64_t bytes) {
 // together, so the cache is one sequential stream (a head at a time, its rows strided by the other heads',
 // read it at a fraction of the bandwidth), and the next block is prefetched while this one is summed.
 #ifndef PREFETCH_BYTES
-#define PREFETCH_BYTES 32768
+#define PREFETCH_BYTES 65536
 #endif
 static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
     attn_task *t = ctx;
@@ -952,11 +955,13 @@ static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
 #else
     const int vec = 0;
 #endif
-    // blocks prefetched ahead: two (measured: one, two and three alike), while their keys and values stay well
-    // inside the core's L1 (48 KiB here); larger blocks (many KV heads) are long enough streams for the hardware
+    // blocks prefetched ahead: two while their keys and values take a small part of L2 (measured: one, two and three
+    // alike; four slower), else one (the 1.7b shape's blocks of 32 KV heads, 128 KiB with the values: 151 -> 133 ms
+    // a token at a 1,500-token context, where none were prefetched before)
     const int64_t block_bytes = (int64_t)bs * kvh * hd * elem;
     int64_t ahead = PREFETCH_BYTES / (2 * block_bytes);
     if (ahead > 2) ahead = 2;
+    if (ahead < 1) ahead = 1;
     float scores[MAX_GROUP * 64];  // [group][keys of a block]: blocks are read 64 tokens at most at a time
     for (int64_t split = begin; split < end; split++) {
         int64_t t0 = t->lo + split * t->per_split, t1 = t0 + t->per_split < t->hi ? t0 + t->per_split : t->hi;

@@ -265,15 +265,22 @@ def http_server(serving, *, api_key: str | None):
     from .serving import Serving
 
     serving = serving if isinstance(serving, Serving) else Serving.of(serving)
-    scheduler = serving.current.scheduler  # the connection limit is the first model's, kept across loads
 
     def unload() -> None:  # POST /stowage/unload: stop serving; run_serve then frees the engine and returns
         server.should_exit = True
 
     # h11 (whatever else is installed) with its buffer bound at the app's head limit; connections past
-    # limit_concurrency get uvicorn's 503 before they cost anything
+    # limit_concurrency get uvicorn's 503 before they cost anything. The limit follows the model served: a load
+    # with another `parallel` sets it anew (uvicorn reads it from the config at each new connection).
     config = uvicorn.Config(create_app(serving, api_key=api_key, on_unload=unload), log_level="warning",
                             http="h11", h11_max_incomplete_event_size=MAX_HEAD_BYTES, timeout_graceful_shutdown=5,
-                            limit_concurrency=4 * (scheduler.max_running + scheduler.max_waiting) + 32)
+                            limit_concurrency=connection_limit(serving.current.scheduler))
+    serving.on_loaded = lambda served: setattr(config, "limit_concurrency", connection_limit(served.scheduler))
     server = uvicorn.Server(config)
     return server
+
+
+def connection_limit(scheduler) -> int:
+    """The connections a server takes at once: room for every running and waiting request, a stream and a retry
+    each, and some for /health, /v1/models and loads."""
+    return 4 * (scheduler.max_running + scheduler.max_waiting) + 32

@@ -111,6 +111,7 @@ class Serving:
         self.loading: str | None = None  # the id of the model a load is loading
         self._lock = threading.Lock()
         self._cancel: threading.Event | None = None  # the running load's
+        self.on_loaded: Callable[[Served], None] | None = None  # told of each model a load made current
 
     @classmethod
     def of(cls, scheduler: Scheduler) -> "Serving":
@@ -162,6 +163,8 @@ class Serving:
             engine = Engine.load(found.path, plan, progress=report, cancel=cancel)
             scheduler = Scheduler(engine, max_running=plan.num_seqs, max_waiting=defaults.max_queue).start()
             self.current = Served(found.name, scheduler)
+            if self.on_loaded is not None:
+                self.on_loaded(self.current)
             return self.current
         finally:
             self.end_load()

@@ -236,3 +236,39 @@ def test_no_model_is_a_503_on_every_model_endpoint(server, remote):
     with pytest.raises(RemoteError, match="503"):
         remote.plan()
     remote.load("alpha", context=128)
+
+
+def test_the_connection_limit_follows_a_load_with_more_sequences(server, remote):
+    # uvicorn answers 503 past 4 x (running + waiting) + 32 connections: 100 for --parallel 1 and the default
+    # queue of 16, 128 once a load serves 8 sequences. Idle connections fill the first limit, not the second.
+    import socket
+    from urllib.parse import urlsplit
+
+    from engine.server.cli import DEFAULT_MAX_QUEUE
+
+    address = (urlsplit(server).hostname, urlsplit(server).port)
+
+    def health_with_idle_connections(count):
+        idle = [socket.create_connection(address, timeout=TIMEOUT) for _ in range(count)]
+        try:
+            time.sleep(0.2)  # the server takes them in before the request below
+            return httpx.get(f"{server}/health", timeout=TIMEOUT).status_code
+        finally:
+            for s in idle:
+                s.close()
+            wait_health(server, "ok")
+
+    def load(**plan):  # on a connection of its own, closed after: a kept-alive one would count too
+        r = RemoteServer(server, KEY)
+        try:
+            return r.load("alpha", context=128, **plan)
+        finally:
+            r.close()
+
+    load()
+    remote.close()
+    first = 4 * (1 + DEFAULT_MAX_QUEUE) + 32
+    assert health_with_idle_connections(first) == 503
+    assert load(parallel=8)["parallel"] == 8
+    assert health_with_idle_connections(first) == 200
+    load()  # back to one sequence, as the other tests expect

@@ -380,11 +380,11 @@ static void parallel(task_fn fn, void *ctx, int64_t total, int64_t grain) {
     }
 }
 
-// Use `n` threads (the caller included) from now on; 1: everything on the calling thread.
 // One call at a time into the pool and the lanes' scratch, which are the process's: two engines decoding on two
 // threads (or a prefill beside a decode) would otherwise share the pool's job slots and each other's scratch.
 static pthread_mutex_t CALLS = PTHREAD_MUTEX_INITIALIZER;
 
+// Use `n` threads (the caller included) from now on; 1: everything on the calling thread.
 int decode_set_threads(int n) {
     if (n < 1) n = 1;
     if (n > MAX_THREADS) n = MAX_THREADS;

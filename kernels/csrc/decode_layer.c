@@ -980,7 +980,7 @@ static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
             // head's share at each head (all at once stalled on the core's outstanding misses)
             const char *pk = NULL, *pv = NULL;
             int64_t share = 0;
-            for (int64_t b = pos / bs + 1; ahead > 0 && b <= pos / bs + ahead && b * bs < t1; b++) {
+            for (int64_t b = pos / bs + 1; b <= pos / bs + ahead && b * bs < t1; b++) {
                 if (pos != t0 && b < pos / bs + ahead) continue;
                 const int64_t at = (int64_t)t->block_table[b] * block_bytes,
                               bytes = (b * bs + bs < t1 ? bs : t1 - b * bs) * kvh * hd * elem;

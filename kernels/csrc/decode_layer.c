@@ -1421,6 +1421,8 @@ static void prefill_chunk(void *ctx, int64_t begin, int64_t end) {
     }
 }
 
+#include "prefill_bf16.h"
+
 // out [n, num_heads, head_dim] (out_type) for queries [n, num_heads, head_dim] (q_type) at positions start.. of
 // one sequence, against its cache through block_table (softcap 0: none; window 0: the whole context).
 int attention_prefill(const void *query, int32_t q_type, int64_t n, int64_t start, const void *k_cache,
@@ -1430,14 +1432,20 @@ int attention_prefill(const void *query, int32_t q_type, int64_t n, int64_t star
     if (head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads) return -1;
     const int group = num_heads / num_kv_heads;
     if (group > PF_STATES) return -1;
+    task_fn chunk = prefill_chunk;
+    int states = PF_STATES;
+#if defined(__AVX512BF16__)
+    if (q_type == W_BF16 && cache_type == W_BF16 && softcap == 0.0f && head_dim % 16 == 0 && group <= PB_STATES)
+        chunk = prefill_chunk_bf16, states = PB_STATES;
+#endif
     prefill_task t = {query, q_type, cache_type, out_type, n, start, k_cache, v_cache, k_scale, v_scale, scale,
-                      softcap, block_table, num_heads, num_kv_heads, head_dim, block_size, window, PF_STATES / group, 0,
+                      softcap, block_table, num_heads, num_kv_heads, head_dim, block_size, window, states / group, 0,
                       out};
     // smaller tiles when there are too few units for the threads
     while (t.tile > 1 && num_kv_heads * ((n + t.tile - 1) / t.tile) < 4 * pool.num_threads) t.tile /= 2;
     t.num_tiles = (n + t.tile - 1) / t.tile;
     pthread_mutex_lock(&CALLS);
-    parallel(prefill_chunk, &t, num_kv_heads * t.num_tiles, 1);
+    parallel(chunk, &t, num_kv_heads * t.num_tiles, 1);
     pthread_mutex_unlock(&CALLS);
     return 0;
 }

@@ -31,6 +31,13 @@ CASES = [  # heads, kv heads, head_dim, new tokens, start, window, softcap
     (4, 2, 16, 5, 200, 64, 50.0),       # window and Gemma 2's soft-cap
     (2, 1, 256, 3, 10, None, None),     # Gemma's wide heads
     (128, 1, 16, 2, 5, None, None),     # more query heads per KV head than a tile holds: the reference serves
+    # shapes of the bf16 kernel (prefill_bf16.h): states of a tile in one or two vectors of 16, heads of 16-wide
+    # tails, windows across tiles
+    (15, 5, 64, 300, 0, None, None),    # SmolLM2-360M's heads, a whole prompt: many tiles, the last partly filled
+    (32, 32, 64, 70, 33, None, None),   # no grouping: 32 queries a tile
+    (12, 2, 80, 45, 29, None, None),    # rows of 80: two pairs of vectors and a tail of 16
+    (16, 1, 128, 40, 500, 100, None),   # 16 heads a KV head: 2 queries a tile, a window
+    (6, 2, 48, 64, 0, 7, None),         # a window shorter than a cache block
 ]
 
 
@@ -46,6 +53,15 @@ def test_prefill_matches_the_reference(heads, kv_heads, head_dim, n, start, wind
     assert ours.dtype == dtype and ours.shape == ref.shape
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(ours.float(), ref.float(), atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("block_size", [8, 32])
+def test_prefill_over_other_block_sizes_matches_the_reference(block_size):
+    k, v, table = _cache(230, 2, 64, torch.bfloat16, block_size=block_size, seed=5)
+    q = torch.randn(100, 6, 64, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    args = (q, k, v, table, 130, 64 ** -0.5, 1.0, 1.0)
+    torch.testing.assert_close(cpu_attention.prefill_attention(*args).float(),
+                               reference.prefill_attention(*args).float(), atol=2e-2, rtol=2e-2)
 
 
 def test_batched_decode_matches_the_reference():

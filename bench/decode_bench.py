@@ -10,7 +10,7 @@ the median of --runs fresh processes; token ids are fed directly, greedy, EOS of
   long      decode tok/s after a --long-token context, as a fraction of decode after the short prompt (135m);
   busy      decode at 2 threads with one competing busy process (`python -c 'while 1: pass'`) started by
             this script and stopped after (360m).
-Ratios are Stowage / peer. Takes about 20-30 minutes on 2 cores.
+Ratios are Stowage / peer; the engines' runs of a case alternate (measure). Takes about 20-30 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -104,10 +104,18 @@ def work_transformers(model_dir: Path, threads: int, prompt: int, decode: int) -
 WORKERS = {"stowage": work_stowage, "llama_cpp": work_llama_cpp, "transformers": work_transformers}
 
 
-def measure(backend: str, path: Path, threads: int, prompt: int, decode: int, runs: int) -> dict:
-    args = ["--worker", backend, "--path", str(path), "--threads", str(threads), "--prompt", str(prompt),
-            "--decode", str(decode)]
-    return common.medians([common.run_worker(HERE, args, threads=threads, timeout=1800) for _ in range(runs)])
+def measure(cases: dict[str, tuple[str, Path, int, int]], threads: int, runs: int) -> dict[str, dict]:
+    """Medians over `runs` fresh processes of each case (name: backend, path, prompt, decode tokens).
+
+    The cases' runs alternate (a, b, a, b, ...): on a machine whose speed drifts over minutes (a VM beside busy
+    neighbours), runs of one engine after the other's would put the drift into the ratio."""
+    results: dict[str, list[dict]] = {name: [] for name in cases}
+    for _ in range(runs):
+        for name, (backend, path, prompt, decode) in cases.items():
+            args = ["--worker", backend, "--path", str(path), "--threads", str(threads), "--prompt", str(prompt),
+                    "--decode", str(decode)]
+            results[name].append(common.run_worker(HERE, args, threads=threads, timeout=1800))
+    return {name: common.medians(r) for name, r in results.items()}
 
 
 class Busy:
@@ -160,9 +168,12 @@ def main(argv=None) -> None:
     for shape in shapes:
         prompt = SHORT_PROMPT.get(shape, PROMPT)
         for threads in thread_counts:
-            s = measure("stowage", models[shape], threads, prompt, DECODE, args.runs)
-            l = measure("llama_cpp", ggufs[shape], threads, prompt, DECODE, args.runs)
-            t = measure("transformers", models[shape], threads, prompt, 16, args.runs) if shape != "1.7b" else {}
+            cases = {"stowage": ("stowage", models[shape], prompt, DECODE),
+                     "llama_cpp": ("llama_cpp", ggufs[shape], prompt, DECODE)}
+            if shape != "1.7b":
+                cases["transformers"] = ("transformers", models[shape], prompt, 16)
+            got = measure(cases, threads, args.runs)
+            s, l, t = got["stowage"], got["llama_cpp"], got.get("transformers", {})
             kernels = s.get("kernels", kernels)
             rows.append(f"| {shape} | {threads} | {prompt} | {fmt(s['decode_tok_s'])} | {fmt(l['decode_tok_s'])} | "
                         f"**{ratio(s['decode_tok_s'], l['decode_tok_s'])}** | {fmt(t.get('decode_tok_s'))} | "
@@ -174,9 +185,9 @@ def main(argv=None) -> None:
         threads = max(thread_counts)
         fractions = {}
         for backend, path in (("stowage", models[LONG_SHAPE]), ("llama_cpp", ggufs[LONG_SHAPE])):
-            short = measure(backend, path, threads, PROMPT, DECODE, args.runs)["decode_tok_s"]
-            long = measure(backend, path, threads, args.long, 32, args.runs)["decode_tok_s"]
-            fractions[backend] = (short, long)
+            got = measure({"short": (backend, path, PROMPT, DECODE), "long": (backend, path, args.long, 32)},
+                          threads, args.runs)
+            fractions[backend] = (got["short"]["decode_tok_s"], got["long"]["decode_tok_s"])
         extra += ["", f"Decode after a {args.long:,}-token context ({LONG_SHAPE}, {threads} threads), as a fraction of "
                       f"decode after {PROMPT}:", "",
                   "| | after 512 | after long | fraction |", "|---|---|---|---|"]
@@ -186,8 +197,9 @@ def main(argv=None) -> None:
     if not args.no_busy and BUSY_SHAPE in shapes:
         threads = max(thread_counts)
         with Busy():
-            s = measure("stowage", models[BUSY_SHAPE], threads, PROMPT, DECODE, args.runs)
-            l = measure("llama_cpp", ggufs[BUSY_SHAPE], threads, PROMPT, DECODE, args.runs)
+            got = measure({"stowage": ("stowage", models[BUSY_SHAPE], PROMPT, DECODE),
+                           "llama_cpp": ("llama_cpp", ggufs[BUSY_SHAPE], PROMPT, DECODE)}, threads, args.runs)
+            s, l = got["stowage"], got["llama_cpp"]
         extra += ["", f"With one busy process on the machine ({BUSY_SHAPE}, {threads} threads): Stowage "
                       f"{fmt(s['decode_tok_s'])} tok/s, llama.cpp {fmt(l['decode_tok_s'])}: "
                       f"**{ratio(s['decode_tok_s'], l['decode_tok_s'])}**."]
@@ -197,7 +209,7 @@ def main(argv=None) -> None:
         f"{' --no-busy' if args.no_busy else ''} --write-docs` on {datetime.date.today()}, "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average before: {load}; "
         f"engine {commit} (source {digest}); Stowage's CPU decode step: {kernels}. Medians of {args.runs} fresh "
-        f"processes; random bf16 weights of the named shapes, the same weights in every engine (bf16 GGUF for "
+        f"processes, the engines' runs alternating; random bf16 weights of the named shapes, the same weights in every engine (bf16 GGUF for "
         f"llama.cpp); {DECODE} decode tokens (transformers: 16).", "",
         "| shape | threads | prompt | Stowage decode tok/s | llama.cpp | Stowage / llama.cpp | transformers | "
         "Stowage prefill tok/s | llama.cpp | transformers | Stowage / transformers |",

@@ -19,6 +19,12 @@
 
 static const uint16_t PB_ZERO_ROW[MAX_HEAD_DIM];  // the keys and values past a step's end
 
+static inline int32_t pb_pair(const uint16_t *row, int p) {  // dimensions 2p and 2p + 1 as one word
+    int32_t w;
+    memcpy(&w, row + 2 * p, 4);
+    return w;
+}
+
 static inline __m512i pb_index(int first, int second) {  // words k of a to 2k and k of b to 2k + 1 (+ offsets)
     uint16_t idx[32];
     for (int k = 0; k < 16; k++) idx[2 * k] = (uint16_t)(first + k), idx[2 * k + 1] = (uint16_t)(second + k);
@@ -26,7 +32,7 @@ static inline __m512i pb_index(int first, int second) {  // words k of a to 2k a
 }
 
 // Scores of 4 keys against NV vectors of states: s[v][j] = sum over pairs of q . k (float32)
-static inline __attribute__((always_inline)) void pb_scores4(const uint32_t *qt, const uint32_t *const *krow,
+static inline __attribute__((always_inline)) void pb_scores4(const uint32_t *qt, const uint16_t *const *krow,
                                                              int pairs, const int nv, __m512 s[2][4]) {
     __m512 a[2][4];
     for (int v = 0; v < nv; v++)
@@ -35,7 +41,7 @@ static inline __attribute__((always_inline)) void pb_scores4(const uint32_t *qt,
         __m512bh q0 = (__m512bh)_mm512_loadu_si512(qt + p * PB_STATES), q1 = q0;
         if (nv > 1) q1 = (__m512bh)_mm512_loadu_si512(qt + p * PB_STATES + 16);
         for (int i = 0; i < 4; i++) {
-            __m512bh kb = (__m512bh)_mm512_set1_epi32((int)krow[i][p]);
+            __m512bh kb = (__m512bh)_mm512_set1_epi32(pb_pair(krow[i], p));
             a[0][i] = _mm512_dpbf16_ps(a[0][i], kb, q0);
             if (nv > 1) a[1][i] = _mm512_dpbf16_ps(a[1][i], kb, q1);
         }
@@ -50,7 +56,7 @@ static inline __attribute__((always_inline)) void pb_values(float *acc, int hd, 
                                                             const int ns, const int nd) {
     __m512 a[4][4];
     for (int s = 0; s < ns; s++) {
-        __m512 cs = _mm512_set1_ps(c[s * 1]);
+        __m512 cs = _mm512_set1_ps(c[s]);
         for (int i = 0; i < nd; i++) a[s][i] = _mm512_mul_ps(_mm512_loadu_ps(acc + s * hd + 16 * i), cs);
     }
     for (int jp = 0; jp < npairs; jp++) {
@@ -87,7 +93,7 @@ static void prefill_chunk_bf16(void *ctx, int64_t begin, int64_t end) {
     prefill_task *t = ctx;
     const int hd = t->head_dim, kvh = t->num_kv_heads, group = t->num_heads / kvh, bs = t->block_size;
     const int pairs = hd / 2;
-    // on the thread's stack (at most 113 KiB at MAX_HEAD_DIM)
+    // on the thread's stack (about 115 KiB at MAX_HEAD_DIM)
     uint32_t qt[MAX_HEAD_DIM / 2 * PB_STATES], vt[PB_KEYS / 2 * MAX_HEAD_DIM], pp[PB_KEYS / 2 * PB_STATES];
     float acc[PB_STATES * MAX_HEAD_DIM], c[PB_STATES];
     int32_t qpos_lanes[PB_STATES];
@@ -101,9 +107,8 @@ static void prefill_chunk_bf16(void *ctx, int64_t begin, int64_t end) {
         const int nv = states > 16 ? 2 : 1;
         for (int i = 0; i < PB_STATES; i++) {
             if (i < states) {
-                const uint32_t *row = (const uint32_t *)(query + ((t0 + i / group) * t->num_heads + kh * group +
-                                                                  i % group) * hd);
-                for (int p = 0; p < pairs; p++) qt[p * PB_STATES + i] = row[p];
+                const uint16_t *row = query + ((t0 + i / group) * t->num_heads + kh * group + i % group) * hd;
+                for (int p = 0; p < pairs; p++) qt[p * PB_STATES + i] = (uint32_t)pb_pair(row, p);
                 qpos_lanes[i] = (int32_t)(t->start + t0 + i / group);
             } else {
                 for (int p = 0; p < pairs; p++) qt[p * PB_STATES + i] = 0;
@@ -127,10 +132,10 @@ static void prefill_chunk_bf16(void *ctx, int64_t begin, int64_t end) {
             if (cnt > PB_KEYS) cnt = PB_KEYS;
             if (cnt > last_q + 1 - pos) cnt = (int)(last_q + 1 - pos);
             const int64_t first = ((int64_t)t->block_table[pos / bs] * bs + pos % bs) * kvh + kh;
-            const uint32_t *krow[PB_KEYS];
+            const uint16_t *krow[PB_KEYS];
             const uint16_t *vrow[PB_KEYS];
             for (int j = 0; j < PB_KEYS; j++) {
-                krow[j] = (const uint32_t *)(j < cnt ? kc + (first + (int64_t)j * kvh) * hd : PB_ZERO_ROW);
+                krow[j] = j < cnt ? kc + (first + (int64_t)j * kvh) * hd : PB_ZERO_ROW;
                 vrow[j] = j < cnt ? vc + (first + (int64_t)j * kvh) * hd : PB_ZERO_ROW;
             }
             const int npairs = (cnt + 1) / 2;

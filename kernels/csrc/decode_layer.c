@@ -1434,7 +1434,8 @@ int attention_prefill(const void *query, int32_t q_type, int64_t n, int64_t star
     task_fn chunk = prefill_chunk;
     int states = PF_STATES;
 #if defined(__AVX512BF16__)
-    if (q_type == W_BF16 && cache_type == W_BF16 && softcap == 0.0f && head_dim % 16 == 0 && group <= PB_STATES)
+    if (q_type == W_BF16 && (cache_type == W_BF16 || cache_type == CACHE_FP8) && softcap == 0.0f &&
+        head_dim % 16 == 0 && group <= PB_STATES)
         chunk = prefill_chunk_bf16, states = PB_STATES;
 #endif
     prefill_task t = {query, q_type, cache_type, out_type, n, start, k_cache, v_cache, k_scale, v_scale, scale,

@@ -1,5 +1,5 @@
-// Chunked prefill attention for bf16 queries over a bf16 paged cache, on AVX512-BF16: included by decode_layer.c
-// after its generic prefill (prefill_task, store_scalar, vexp), which serves every other case.
+// Chunked prefill attention for bf16 queries over a bf16 or fp8 (e4m3) paged cache, on AVX512-BF16: included by
+// decode_layer.c after its generic prefill (prefill_task, store_scalar, vexp), which serves every other case.
 //
 // The same units as the generic kernel (a KV head and a tile of queries; its (query, head) pairs are "states"),
 // the cache read in place a step of at most 16 keys at a time, online softmax. What differs is where the
@@ -10,7 +10,8 @@
 //   softmax lane-wise per state: no horizontal maximum or sum;
 //   p V     lanes are dimensions: p rounded to bf16 pairs of keys (as torch's flash attention rounds it for its
 //           product with V), V's rows of the step interleaved in pairs once per step.
-// Sums are float32 throughout; the products are exact. The result differs from the generic kernel's by p's
+// An fp8 cache's rows of a step are widened to bf16 first (exactly: every e4m3 value is a bf16 value; the
+// scales multiply the scores and the output). Sums are float32 throughout; the products are exact. The result differs from the generic kernel's by p's
 // rounding (relative 2^-9 per weight) and the order of the sums.
 
 #if defined(__AVX512BF16__)
@@ -18,6 +19,23 @@
 #define PB_KEYS 16    // keys per step
 
 static const uint16_t PB_ZERO_ROW[MAX_HEAD_DIM];  // the keys and values past a step's end
+
+// n (a multiple of 16) e4m3fn bytes to bf16: sign, exponent rebiased from 7 to 127, mantissa shifted; the
+// subnormals (exponent 0: m 2^-9) from a table of their 8 values
+static inline void pb_fp8_row(const uint8_t *src, uint16_t *dst, int n) {
+    const __m256i subnormals = _mm256_setr_epi16(0, 0x3B00, 0x3B80, 0x3BC0, 0x3C00, 0x3C20, 0x3C40, 0x3C60, 0, 0, 0,
+                                                 0, 0, 0, 0, 0);
+    for (int i = 0; i < n; i += 16) {
+        const __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(src + i)));
+        const __m256i normal = _mm256_add_epi16(_mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x7f)), 4),
+                                                _mm256_set1_epi16(0x3C00));
+        const __m256i small = _mm256_permutexvar_epi16(_mm256_and_si256(x, _mm256_set1_epi16(7)), subnormals);
+        const __mmask16 sub = _mm256_cmpeq_epi16_mask(_mm256_and_si256(x, _mm256_set1_epi16(0x78)),
+                                                      _mm256_setzero_si256());
+        const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x80)), 8);
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm256_or_si256(_mm256_mask_blend_epi16(sub, normal, small), sign));
+    }
+}
 
 static inline int32_t pb_pair(const uint16_t *row, int p) {  // dimensions 2p and 2p + 1 as one word
     int32_t w;
@@ -93,13 +111,15 @@ static void prefill_chunk_bf16(void *ctx, int64_t begin, int64_t end) {
     prefill_task *t = ctx;
     const int hd = t->head_dim, kvh = t->num_kv_heads, group = t->num_heads / kvh, bs = t->block_size;
     const int pairs = hd / 2;
-    // on the thread's stack (about 115 KiB at MAX_HEAD_DIM)
+    // on the thread's stack (about 147 KiB at MAX_HEAD_DIM)
     uint32_t qt[MAX_HEAD_DIM / 2 * PB_STATES], vt[PB_KEYS / 2 * MAX_HEAD_DIM], pp[PB_KEYS / 2 * PB_STATES];
+    uint16_t kwide[PB_KEYS * MAX_HEAD_DIM], vwide[PB_KEYS * MAX_HEAD_DIM];  // an fp8 step's rows in bf16
     float acc[PB_STATES * MAX_HEAD_DIM], c[PB_STATES];
     int32_t qpos_lanes[PB_STATES];
     const __m512i lo_idx = pb_index(0, 32), hi_idx = pb_index(16, 48), pair_idx = pb_index(0, 16);
     const float scale = t->scale * t->k_scale;
     const uint16_t *query = t->query, *kc = t->k_cache, *vc = t->v_cache;
+    const int fp8 = t->cache_type == CACHE_FP8;
     for (int64_t unit = begin; unit < end; unit++) {
         const int kh = (int)(unit / t->num_tiles);
         const int64_t t0 = (unit % t->num_tiles) * t->tile, t1 = t0 + t->tile < t->n ? t0 + t->tile : t->n;
@@ -135,8 +155,16 @@ static void prefill_chunk_bf16(void *ctx, int64_t begin, int64_t end) {
             const uint16_t *krow[PB_KEYS];
             const uint16_t *vrow[PB_KEYS];
             for (int j = 0; j < PB_KEYS; j++) {
-                krow[j] = j < cnt ? kc + (first + (int64_t)j * kvh) * hd : PB_ZERO_ROW;
-                vrow[j] = j < cnt ? vc + (first + (int64_t)j * kvh) * hd : PB_ZERO_ROW;
+                const int64_t at = (first + (int64_t)j * kvh) * hd;
+                if (j >= cnt) {
+                    krow[j] = vrow[j] = PB_ZERO_ROW;
+                } else if (fp8) {
+                    pb_fp8_row((const uint8_t *)t->k_cache + at, kwide + j * hd, hd);
+                    pb_fp8_row((const uint8_t *)t->v_cache + at, vwide + j * hd, hd);
+                    krow[j] = kwide + j * hd, vrow[j] = vwide + j * hd;
+                } else {
+                    krow[j] = kc + at, vrow[j] = vc + at;
+                }
             }
             const int npairs = (cnt + 1) / 2;
             for (int jp = 0; jp < npairs; jp++) {  // V's rows 2jp and 2jp + 1 interleaved: vt[jp][d] is their pair

@@ -64,6 +64,20 @@ def test_prefill_over_other_block_sizes_matches_the_reference(block_size):
                                reference.prefill_attention(*args).float(), atol=2e-2, rtol=2e-2)
 
 
+def test_prefill_reads_every_fp8_value_exactly():
+    # one query at position 0 sees one key: its output is that key's value row, every e4m3 byte but the two NaNs
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes[codes & 0x7F == 0x7F] = 0
+    v = torch.zeros(2, 16, 1, 256, dtype=torch.uint8)
+    v[1, 0, 0] = codes
+    v = v.view(torch.float8_e4m3fn)
+    k = torch.zeros_like(v)
+    q = torch.randn(1, 4, 256, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    out = cpu_attention.prefill_attention(q, k, v, torch.tensor([1], dtype=torch.int32), 0, 0.0625, 1.0, 1.0)
+    want = codes.view(torch.float8_e4m3fn).float()
+    assert torch.equal(out.float(), want.expand(4, 256)[None])
+
+
 def test_batched_decode_matches_the_reference():
     k, v, _ = _cache(400, 2, 32, torch.bfloat16, seed=3)
     lens = torch.tensor([1, 17, 160, 399], dtype=torch.int32)

@@ -209,8 +209,8 @@ def main(argv=None) -> None:
         f"{' --no-busy' if args.no_busy else ''} --write-docs` on {datetime.date.today()}, "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average before: {load}; "
         f"engine {commit} (source {digest}); Stowage's CPU decode step: {kernels}. Medians of {args.runs} fresh "
-        f"processes, the engines' runs alternating; random bf16 weights of the named shapes, the same weights in every engine (bf16 GGUF for "
-        f"llama.cpp); {DECODE} decode tokens (transformers: 16).", "",
+        f"processes, the engines' runs alternating; random bf16 weights of the named shapes, the same weights in "
+        f"every engine (bf16 GGUF for llama.cpp); {DECODE} decode tokens (transformers: 16).", "",
         "| shape | threads | prompt | Stowage decode tok/s | llama.cpp | Stowage / llama.cpp | transformers | "
         "Stowage prefill tok/s | llama.cpp | transformers | Stowage / transformers |",
         "|---|---|---|---|---|---|---|---|---|---|---|", *rows, *extra, "",

@@ -11,8 +11,8 @@
 //   p V     lanes are dimensions: p rounded to bf16 pairs of keys (as torch's flash attention rounds it for its
 //           product with V), V's rows of the step interleaved in pairs once per step.
 // An fp8 cache's rows of a step are widened to bf16 first (exactly: every e4m3 value is a bf16 value; the
-// scales multiply the scores and the output). Sums are float32 throughout; the products are exact. The result differs from the generic kernel's by p's
-// rounding (relative 2^-9 per weight) and the order of the sums.
+// scales multiply the scores and the output). Sums are float32 throughout; the products are exact. The result
+// differs from the generic kernel's by p's rounding (relative 2^-9 per weight) and the order of the sums.
 
 #if defined(__AVX512BF16__)
 #define PB_STATES 32  // states per unit: two vectors of 16 lanes

@@ -1293,29 +1293,59 @@ static void store_scalar(void *p, int32_t type, int64_t i, float v) {
     }
 }
 
+// What a unit reads: KV head kh's queries [t0, t1) of the chunk (states: (query, head) pairs, state i being query
+// t0 + i / group and head kh * group + i % group) and the keys at positions [lo, last_q].
+typedef struct {
+    int kh, states;
+    int64_t t0, t1, lo, last_q;
+} prefill_unit;
+
+static inline prefill_unit unit_of(const prefill_task *t, int64_t unit) {
+    prefill_unit u;
+    u.kh = (int)(unit / t->num_tiles);
+    u.t0 = (unit % t->num_tiles) * t->tile, u.t1 = u.t0 + t->tile < t->n ? u.t0 + t->tile : t->n;
+    u.states = (int)(u.t1 - u.t0) * (t->num_heads / t->num_kv_heads);
+    const int64_t first_q = t->start + u.t0;
+    u.last_q = t->start + u.t1 - 1;
+    u.lo = t->window > 0 && first_q + 1 > t->window ? first_q + 1 - t->window : 0;
+    return u;
+}
+
+// Offset (in elements) of state i's row in the queries and the output
+static inline int64_t state_row(const prefill_task *t, const prefill_unit *u, int i) {
+    const int group = t->num_heads / t->num_kv_heads;
+    return ((u->t0 + i / group) * t->num_heads + u->kh * group + i % group) * t->head_dim;
+}
+
+// The keys of the step from pos: within its cache block, at most `most`, none past last_q; *first is the cache row
+// (in rows of head_dim) of the first one's KV head, the next ones num_kv_heads rows apart.
+static inline int step_keys(const prefill_task *t, const prefill_unit *u, int64_t pos, int most, int64_t *first) {
+    const int bs = t->block_size;
+    int cnt = bs - (int)(pos % bs);
+    if (cnt > most) cnt = most;
+    if (cnt > u->last_q + 1 - pos) cnt = (int)(u->last_q + 1 - pos);
+    *first = ((int64_t)t->block_table[pos / bs] * bs + pos % bs) * t->num_kv_heads + u->kh;
+    return cnt;
+}
+
 static void prefill_chunk(void *ctx, int64_t begin, int64_t end) {
     prefill_task *t = ctx;
-    const int hd = t->head_dim, kvh = t->num_kv_heads, group = t->num_heads / kvh, bs = t->block_size;
+    const int hd = t->head_dim, kvh = t->num_kv_heads, group = t->num_heads / kvh;
     // on the thread's stack (at most 320 KiB): a call allocates nothing but its output
     float q[PF_STATES * MAX_HEAD_DIM], acc[PF_STATES * MAX_HEAD_DIM], kt[MAX_HEAD_DIM * PF_KEYS];
     float vrows[PF_KEYS][MAX_HEAD_DIM], m[PF_STATES], l[PF_STATES], s[PF_STATES][PF_KEYS];
     for (int64_t unit = begin; unit < end; unit++) {
-        const int kh = (int)(unit / t->num_tiles);
-        const int64_t t0 = (unit % t->num_tiles) * t->tile, t1 = t0 + t->tile < t->n ? t0 + t->tile : t->n;
-        const int states = (int)(t1 - t0) * group;  // state i: query t0 + i / group, head kh * group + i % group
+        const prefill_unit u = unit_of(t, unit);
+        const int states = u.states;
         for (int i = 0; i < states; i++) {
-            int64_t row = ((t0 + i / group) * t->num_heads + kh * group + i % group) * hd;
+            const int64_t row = state_row(t, &u, i);
             for (int d = 0; d < hd; d++) q[i * hd + d] = load_scalar(t->query, t->q_type, row + d) * t->scale;
             m[i] = -INFINITY, l[i] = 0.0f;
             memset(acc + i * hd, 0, (size_t)hd * 4);
         }
-        const int64_t first_q = t->start + t0, last_q = t->start + t1 - 1;
-        int64_t lo = t->window > 0 && first_q + 1 > t->window ? first_q + 1 - t->window : 0;
-        for (int64_t pos = lo; pos <= last_q;) {
-            int cnt = bs - (int)(pos % bs);
-            if (cnt > PF_KEYS) cnt = PF_KEYS;
-            if (cnt > last_q + 1 - pos) cnt = (int)(last_q + 1 - pos);
-            int64_t first = ((int64_t)t->block_table[pos / bs] * bs + pos % bs) * kvh + kh;
+        for (int64_t pos = u.lo; pos <= u.last_q;) {
+            int64_t first;
+            const int cnt = step_keys(t, &u, pos, PF_KEYS, &first);
             for (int j = 0; j < PF_KEYS; j++) {  // K transposed: kt[d][j]; V rows as float32
                 if (j < cnt) {
                     float krow[MAX_HEAD_DIM];
@@ -1327,7 +1357,7 @@ static void prefill_chunk(void *ctx, int64_t begin, int64_t end) {
                 }
             }
             for (int i = 0; i < states; i++) {
-                const int64_t qp = t->start + t0 + i / group;
+                const int64_t qp = t->start + u.t0 + i / group;
                 if (pos > qp) continue;  // every key of the step is after this query
                 const float *qi = q + i * hd;
                 float *si = s[i];
@@ -1382,7 +1412,7 @@ static void prefill_chunk(void *ctx, int64_t begin, int64_t end) {
             }
             // acc += p V: each output vector stays in a register over the step's keys
             for (int i = 0; i < states; i++) {
-                if (pos > t->start + t0 + i / group) continue;
+                if (pos > t->start + u.t0 + i / group) continue;
                 float *ai = acc + i * hd;
                 const float *pi = s[i];
                 int d = 0;
@@ -1413,7 +1443,7 @@ static void prefill_chunk(void *ctx, int64_t begin, int64_t end) {
             pos += cnt;
         }
         for (int i = 0; i < states; i++) {
-            int64_t row = ((t0 + i / group) * t->num_heads + kh * group + i % group) * hd;
+            const int64_t row = state_row(t, &u, i);
             float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
             for (int d = 0; d < hd; d++) store_scalar(t->out, t->out_type, row + d, acc[i * hd + d] * inv);
         }

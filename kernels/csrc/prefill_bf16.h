@@ -109,7 +109,7 @@ static void pb_values_states(float *acc, int hd, const float *c, const uint32_t 
 
 static void prefill_chunk_bf16(void *ctx, int64_t begin, int64_t end) {
     prefill_task *t = ctx;
-    const int hd = t->head_dim, kvh = t->num_kv_heads, group = t->num_heads / kvh, bs = t->block_size;
+    const int hd = t->head_dim, kvh = t->num_kv_heads, group = t->num_heads / kvh;
     const int pairs = hd / 2;
     // on the thread's stack (about 147 KiB at MAX_HEAD_DIM)
     uint32_t qt[MAX_HEAD_DIM / 2 * PB_STATES], vt[PB_KEYS / 2 * MAX_HEAD_DIM], pp[PB_KEYS / 2 * PB_STATES];
@@ -121,15 +121,13 @@ static void prefill_chunk_bf16(void *ctx, int64_t begin, int64_t end) {
     const uint16_t *query = t->query, *kc = t->k_cache, *vc = t->v_cache;
     const int fp8 = t->cache_type == CACHE_FP8;
     for (int64_t unit = begin; unit < end; unit++) {
-        const int kh = (int)(unit / t->num_tiles);
-        const int64_t t0 = (unit % t->num_tiles) * t->tile, t1 = t0 + t->tile < t->n ? t0 + t->tile : t->n;
-        const int states = (int)(t1 - t0) * group;  // state i: query t0 + i / group, head kh * group + i % group
-        const int nv = states > 16 ? 2 : 1;
+        const prefill_unit u = unit_of(t, unit);
+        const int states = u.states, nv = states > 16 ? 2 : 1;
         for (int i = 0; i < PB_STATES; i++) {
             if (i < states) {
-                const uint16_t *row = query + ((t0 + i / group) * t->num_heads + kh * group + i % group) * hd;
+                const uint16_t *row = query + state_row(t, &u, i);
                 for (int p = 0; p < pairs; p++) qt[p * PB_STATES + i] = (uint32_t)pb_pair(row, p);
-                qpos_lanes[i] = (int32_t)(t->start + t0 + i / group);
+                qpos_lanes[i] = (int32_t)(t->start + u.t0 + i / group);
             } else {
                 for (int p = 0; p < pairs; p++) qt[p * PB_STATES + i] = 0;
                 qpos_lanes[i] = -1;  // sees no key
@@ -145,13 +143,9 @@ static void prefill_chunk_bf16(void *ctx, int64_t begin, int64_t end) {
                                     : _mm512_set1_epi32(INT32_MIN);
             m[v] = _mm512_set1_ps(-1e30f), l[v] = _mm512_setzero_ps();  // finite: exp(m - m') never sees inf - inf
         }
-        const int64_t first_q = t->start + t0, last_q = t->start + t1 - 1;
-        int64_t lo = t->window > 0 && first_q + 1 > t->window ? first_q + 1 - t->window : 0;
-        for (int64_t pos = lo; pos <= last_q;) {
-            int cnt = bs - (int)(pos % bs);
-            if (cnt > PB_KEYS) cnt = PB_KEYS;
-            if (cnt > last_q + 1 - pos) cnt = (int)(last_q + 1 - pos);
-            const int64_t first = ((int64_t)t->block_table[pos / bs] * bs + pos % bs) * kvh + kh;
+        for (int64_t pos = u.lo; pos <= u.last_q;) {
+            int64_t first;
+            const int cnt = step_keys(t, &u, pos, PB_KEYS, &first);
             const uint16_t *krow[PB_KEYS];
             const uint16_t *vrow[PB_KEYS];
             for (int j = 0; j < PB_KEYS; j++) {
@@ -229,7 +223,7 @@ static void prefill_chunk_bf16(void *ctx, int64_t begin, int64_t end) {
             _mm512_storeu_ps(inv + 16 * v, _mm512_maskz_div_ps(some, _mm512_set1_ps(t->v_scale), lv));
         }
         for (int i = 0; i < states; i++) {
-            const int64_t row = ((t0 + i / group) * t->num_heads + kh * group + i % group) * hd;
+            const int64_t row = state_row(t, &u, i);
             for (int d = 0; d < hd; d++) store_scalar(t->out, t->out_type, row + d, acc[i * hd + d] * inv[i]);
         }
     }

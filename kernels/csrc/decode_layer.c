@@ -936,6 +936,29 @@ static inline void prefetch_range(const void *p, int64_t bytes) {
     for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)p + b, 0, 2);
 }
 
+// [k, k + bytes) and [v, v + bytes) loaded in memory order (the values discarded). A step's keys are then read a KV
+// head at a time, rows strided by the other heads' (360m shape: 128 of every 640 bytes); from memory that pattern
+// streamed at half the rate of a sequential one, from L1 it costs nothing. Zen 4, 2 threads, builds alternating in
+// one process: 360m shape at a 512-token context, a token 4-5% faster (26.0 -> 24.7 ms), at 2,500 ~3%; the 135m and
+// 1.7b shapes alike.
+static inline void load_in_order(const void *k, const void *v, int64_t bytes) {
+    const char *a = k, *b = v;
+#if defined(VEC_LANES) && VEC_LANES == 16
+    __m512i x = _mm512_setzero_si512();
+    for (int64_t i = 0; i + 64 <= bytes; i += 64)
+        x = _mm512_or_si512(x, _mm512_or_si512(_mm512_loadu_si512(a + i), _mm512_loadu_si512(b + i)));
+    __asm__ volatile("" : : "v"(x));
+#elif defined(VEC_LANES)
+    __m256i x = _mm256_setzero_si256();
+    for (int64_t i = 0; i + 32 <= bytes; i += 64)
+        x = _mm256_or_si256(x, _mm256_or_si256(_mm256_loadu_si256((const __m256i *)(a + i)),
+                                               _mm256_loadu_si256((const __m256i *)(b + i))));
+    __asm__ volatile("" : : "x"(x));
+#else
+    (void)a, (void)b, (void)bytes;
+#endif
+}
+
 // One unit = one split of the keys, for every head: the running maximum, sum and weighted values of each query
 // head (flash decoding), a cache block of keys at a time; merged afterwards. All KV heads of a block are read
 // together, so the cache is one sequential stream (a head at a time, its rows strided by the other heads',
@@ -990,6 +1013,8 @@ static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
                     prefetch_range(pv, bytes);
                 }
             }
+            load_in_order((const char *)t->l->k_cache + slot * kvh * hd * elem,
+                          (const char *)t->l->v_cache + slot * kvh * hd * elem, (int64_t)cnt * kvh * hd * elem);
             for (int kh = 0; kh < kvh; kh++) {
                 if (share) {
                     prefetch_range(pk + kh * share, share);

@@ -48,8 +48,8 @@ def quant_gemv(isa: str) -> NativeLibrary:
 
 def decode_layer(isa: str) -> NativeLibrary:
     """kernels/cpu_decode.py's decode step."""
-    return NativeLibrary(f"decode_layer_{isa}", ("decode_layer.c", "prefill_bf16.h", "bf16.h", "quant_dots.h",
-                                                 "quant_blocks.h", "quant_x86.h"),
+    return NativeLibrary(f"decode_layer_{isa}", ("decode_layer.c", "prefill_lanes.h", "prefill_bf16.h", "bf16.h",
+                                                 "quant_dots.h", "quant_blocks.h", "quant_x86.h"),
                          ("-O3", "-ffp-contract=off", "-shared", "-fPIC", "-pthread", *ISAS[isa][0]), ("-lm",),
                          frozenset(ISAS[isa][1]))
 

@@ -1475,6 +1475,7 @@ static void prefill_chunk(void *ctx, int64_t begin, int64_t end) {
     }
 }
 
+#include "prefill_lanes.h"
 #include "prefill_bf16.h"
 
 // out [n, num_heads, head_dim] (out_type) for queries [n, num_heads, head_dim] (q_type) at positions start.. of
@@ -1488,6 +1489,9 @@ int attention_prefill(const void *query, int32_t q_type, int64_t n, int64_t star
     if (group > PF_STATES) return -1;
     task_fn chunk = prefill_chunk;
     int states = PF_STATES;
+#ifdef VEC_LANES
+    if (softcap == 0.0f && start + n < (1 << 24)) chunk = prefill_chunk_lanes;  // positions exact as float32 lanes
+#endif
 #if defined(__AVX512BF16__)
     if (q_type == W_BF16 && (cache_type == W_BF16 || cache_type == CACHE_FP8) && softcap == 0.0f &&
         head_dim % 16 == 0 && group <= PB_STATES)

@@ -41,9 +41,12 @@ CASES = [  # heads, kv heads, head_dim, new tokens, start, window, softcap
 ]
 
 
+DTYPES = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
+          (torch.bfloat16, torch.float8_e4m3fn)]
+
+
 @pytest.mark.parametrize("heads,kv_heads,head_dim,n,start,window,softcap", CASES)
-@pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
-                                               (torch.float16, torch.float16), (torch.bfloat16, torch.float8_e4m3fn)])
+@pytest.mark.parametrize("dtype,cache_dtype", DTYPES)
 def test_prefill_matches_the_reference(heads, kv_heads, head_dim, n, start, window, softcap, dtype, cache_dtype):
     k, v, table = _cache(start + n, kv_heads, head_dim, cache_dtype)
     q = (torch.randn(n, heads, head_dim, generator=torch.Generator().manual_seed(1))).to(dtype)
@@ -53,6 +56,26 @@ def test_prefill_matches_the_reference(heads, kv_heads, head_dim, n, start, wind
     assert ours.dtype == dtype and ours.shape == ref.shape
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(ours.float(), ref.float(), atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("isa", list(cpu_decode.ISAS))
+def test_prefill_at_every_instruction_set_matches_the_reference(monkeypatch, isa):
+    # each level's kernels (AVX2 and AVX-512: prefill_lanes.h; AVX512-BF16: prefill_bf16.h too; scalar: the
+    # generic loop) over the cases above, each dtype pair
+    if isa not in cpu_decode.supported_isas():
+        pytest.skip(f"this CPU has no {isa}")
+    monkeypatch.setenv("STOWAGE_DECODE_ISA", isa)
+    cpu_decode.selected_isa.cache_clear()
+    try:
+        if cpu_decode.current() is None:
+            pytest.skip(f"the {isa} library cannot be built here")
+        assert cpu_decode.current().decode_isa().decode() == isa
+        for case in CASES:
+            for dtype, cache_dtype in DTYPES:
+                test_prefill_matches_the_reference(*case, dtype, cache_dtype)
+    finally:
+        monkeypatch.undo()
+        cpu_decode.selected_isa.cache_clear()
 
 
 @pytest.mark.parametrize("block_size", [8, 32])

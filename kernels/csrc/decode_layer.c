@@ -1293,7 +1293,7 @@ int decode_type_id(const char *name) { return block_type_id(name); }
 // A chunk of n new queries (their K/V already written) attends causally to the cache, read in place through the
 // block table: no gathered copy of the context, no dense mask, no scores matrix. Units are (KV head, tile of
 // queries); a unit keeps the running maximum, sum and output of each (query, head) of its tile and goes through
-// its keys a cache block at a time, the block's keys transposed once so the scores of 16 keys are one vector.
+// its keys a step of at most 16 (within one cache block) at a time, online softmax.
 
 #define PF_STATES 64  // (query, head) pairs per unit
 #define PF_KEYS 16    // keys per step
@@ -1353,6 +1353,8 @@ static inline int step_keys(const prefill_task *t, const prefill_unit *u, int64_
     return cnt;
 }
 
+// The portable kernel: the scalar build's, and past 2^24 positions (which float32 lanes cannot hold exactly).
+// Vector builds run prefill_lanes.h (and prefill_bf16.h where AVX512-BF16 is).
 static void prefill_chunk(void *ctx, int64_t begin, int64_t end) {
     prefill_task *t = ctx;
     const int hd = t->head_dim, kvh = t->num_kv_heads, group = t->num_heads / kvh;
@@ -1386,26 +1388,11 @@ static void prefill_chunk(void *ctx, int64_t begin, int64_t end) {
                 if (pos > qp) continue;  // every key of the step is after this query
                 const float *qi = q + i * hd;
                 float *si = s[i];
-#ifdef VEC_LANES
-                for (int c = 0; c < PF_KEYS; c += VEC_LANES) {
-                    vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
-                    int d = 0;
-                    for (; d + 4 <= hd; d += 4) {
-                        a0 = vfma(vset(qi[d]), vload(kt + d * PF_KEYS + c), a0);
-                        a1 = vfma(vset(qi[d + 1]), vload(kt + (d + 1) * PF_KEYS + c), a1);
-                        a2 = vfma(vset(qi[d + 2]), vload(kt + (d + 2) * PF_KEYS + c), a2);
-                        a3 = vfma(vset(qi[d + 3]), vload(kt + (d + 3) * PF_KEYS + c), a3);
-                    }
-                    for (; d < hd; d++) a0 = vfma(vset(qi[d]), vload(kt + d * PF_KEYS + c), a0);
-                    vstore(si + c, _vadd(_vadd(a0, a1), _vadd(a2, a3)));
-                }
-#else
                 for (int j = 0; j < PF_KEYS; j++) {
                     float x = 0.0f;
                     for (int d = 0; d < hd; d++) x += qi[d] * kt[d * PF_KEYS + j];
                     si[j] = x;
                 }
-#endif
                 // the keys of this step the query sees: causal, and within its window
                 const int jhi = qp - pos + 1 < cnt ? (int)(qp - pos + 1) : cnt;
                 int jlo = 0;
@@ -1427,42 +1414,13 @@ static void prefill_chunk(void *ctx, int64_t begin, int64_t end) {
                 }
                 for (int j = 0; j < PF_KEYS; j++) si[j] = j >= jlo && j < jhi ? si[j] - m[i] : -200.0f;
                 exp_inplace(si, PF_KEYS);  // exp(-200) is 0: keys it does not see weigh nothing
-#ifdef VEC_LANES
-                vf sum = vzero();
-                for (int j = 0; j < PF_KEYS; j += VEC_LANES) sum = _vadd(sum, vload(si + j));
-                l[i] += vsum(sum);
-#else
                 for (int j = jlo; j < jhi; j++) l[i] += si[j];
-#endif
             }
-            // acc += p V: each output vector stays in a register over the step's keys
-            for (int i = 0; i < states; i++) {
+            for (int i = 0; i < states; i++) {  // acc += p V
                 if (pos > t->start + u.t0 + i / group) continue;
                 float *ai = acc + i * hd;
                 const float *pi = s[i];
-                int d = 0;
-#ifdef VEC_LANES
-                for (; d + 4 * VEC_LANES <= hd; d += 4 * VEC_LANES) {  // four independent sums in flight
-                    vf a0 = vload(ai + d), a1 = vload(ai + d + VEC_LANES), a2 = vload(ai + d + 2 * VEC_LANES),
-                       a3 = vload(ai + d + 3 * VEC_LANES);
-                    for (int j = 0; j < cnt; j++) {
-                        const vf p = vset(pi[j]);
-                        const float *v = vrows[j] + d;
-                        a0 = vfma(p, vload(v), a0);
-                        a1 = vfma(p, vload(v + VEC_LANES), a1);
-                        a2 = vfma(p, vload(v + 2 * VEC_LANES), a2);
-                        a3 = vfma(p, vload(v + 3 * VEC_LANES), a3);
-                    }
-                    vstore(ai + d, a0), vstore(ai + d + VEC_LANES, a1), vstore(ai + d + 2 * VEC_LANES, a2),
-                        vstore(ai + d + 3 * VEC_LANES, a3);
-                }
-                for (; d + VEC_LANES <= hd; d += VEC_LANES) {
-                    vf a = vload(ai + d);
-                    for (int j = 0; j < cnt; j++) a = vfma(vset(pi[j]), vload(vrows[j] + d), a);
-                    vstore(ai + d, a);
-                }
-#endif
-                for (; d < hd; d++)
+                for (int d = 0; d < hd; d++)
                     for (int j = 0; j < cnt; j++) ai[d] += pi[j] * vrows[j][d];
             }
             pos += cnt;
@@ -1490,7 +1448,7 @@ int attention_prefill(const void *query, int32_t q_type, int64_t n, int64_t star
     task_fn chunk = prefill_chunk;
     int states = PF_STATES;
 #ifdef VEC_LANES
-    if (softcap == 0.0f && start + n < (1 << 24)) chunk = prefill_chunk_lanes;  // positions exact as float32 lanes
+    if (start + n < (1 << 24)) chunk = prefill_chunk_lanes;  // positions exact as float32 lanes
 #endif
 #if defined(__AVX512BF16__)
     if (q_type == W_BF16 && (cache_type == W_BF16 || cache_type == CACHE_FP8) && softcap == 0.0f &&

@@ -1,6 +1,6 @@
 // Chunked prefill attention in float32 with the unit's states in vector lanes: included by decode_layer.c after its
 // generic prefill, on every vector build (AVX2, AVX-512); the CPUs with AVX512-BF16 run prefill_bf16.h for bf16
-// queries over bf16/fp8 caches, the soft-cap keeps the generic kernel.
+// queries over bf16/fp8 caches without a soft-cap.
 //
 // The same units as the generic kernel (a KV head and a tile of queries: its (query, head) pairs are "states"), the
 // cache read in place a step of at most 16 keys at a time, each row widened to float32 once per step, online
@@ -9,8 +9,9 @@
 //           dimension d is broadcast from its widened row; no K is transposed per step;
 //   softmax lane-wise per state: the running maximum and sum are vectors, no horizontal maximum or sum;
 //   p V     lanes are dimensions, as in the generic kernel, each state's weights read from its lane of the scores.
-// The generic kernel transposed K element by element at every step of every unit and ran the softmax per state
-// in scalar loops. Sums are float32 as there; the result differs from it by the order of the sums.
+// The generic kernel (now the scalar build's) transposed K element by element at every step of every unit and ran
+// the softmax per state in scalar loops. Sums are float32 as there; the result differs from it by the order of the
+// sums. Gemma 2's soft-cap goes lane by lane through tanhf, as there.
 
 #ifdef VEC_LANES
 #define PL_VECS (PF_STATES / VEC_LANES)  // vectors of states in a unit
@@ -91,6 +92,14 @@ static void prefill_chunk_lanes(void *ctx, int64_t begin, int64_t end) {
             while (v0 < nv - 1 && qpos_lanes[v0 * VEC_LANES + VEC_LANES - 1] < (float)pos) v0++;
             for (int j = 0; j < cnt; j += 4)
                 for (int v = v0; v < nv; v += 2) pl_scores4(qt, krow + j, hd, v, v + 1 < nv, s, j);
+            if (t->softcap > 0.0f)  // Gemma 2: cap * tanh(score / cap), lane by lane as the generic kernel has it
+                for (int v = v0; v < nv; v++)
+                    for (int j = 0; j < cnt; j++) {
+                        float x[VEC_LANES];
+                        vstore(x, s[j][v]);
+                        for (int i = 0; i < VEC_LANES; i++) x[i] = tanhf(x[i] / t->softcap) * t->softcap;
+                        s[j][v] = vload(x);
+                    }
             for (int v = v0; v < nv; v++) {
                 vf top = vset(-INFINITY);
                 for (int j = 0; j < cnt; j++) {

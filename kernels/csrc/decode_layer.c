@@ -795,6 +795,37 @@ static inline vf vexp(vf x) {
 }
 #endif
 
+#ifdef VEC_LANES
+// the sums of a, b, c and d's lanes, in that order: one reduction tree for four vectors (13 instructions on
+// AVX-512 where four reductions of one vector each take 32)
+static inline __m128 vsum4(vf a, vf b, vf c, vf d) {
+#if VEC_LANES == 16
+    const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b)),
+                 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d)),
+                 y = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));  // per 128 bits: a b c d
+    const __m256 z = _mm256_add_ps(_mm512_castps512_ps256(y),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y), 1)));
+#else
+    const __m256 ab = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b)),
+                 cd = _mm256_add_ps(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d)),
+                 z = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+#endif
+    return _mm_add_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps(z, 1));
+}
+
+static inline float vmax_all(vf a) {
+#if VEC_LANES == 16
+    return _mm512_reduce_max_ps(a);
+#else
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+#endif
+}
+#endif
+
 static inline void exp_inplace(float *x, int n) {
     int i = 0;
 #ifdef VEC_LANES
@@ -891,7 +922,7 @@ static inline void block_scores(float *sc, const float *q, int group, const void
                 a2 = vfma(qi, KEY_AT(o + 2 * stride + i), a2);
                 a3 = vfma(qi, KEY_AT(o + 3 * stride + i), a3);
             }
-            sc[j] = vsum(a0), sc[j + 1] = vsum(a1), sc[j + 2] = vsum(a2), sc[j + 3] = vsum(a3);
+            _mm_storeu_ps(sc + j, vsum4(a0, a1, a2, a3));
         }
         for (; j < cnt; j++) {
             vf a0 = vzero();
@@ -915,10 +946,12 @@ static inline void block_scores(float *sc, const float *q, int group, const void
                 a2 = vfma(vload(q2 + i), k, a2);
                 a3 = vfma(vload(q3 + i), k, a3);
             }
-            s0[j] = vsum(a0);
-            if (ng > 1) s0[64 + j] = vsum(a1);
-            if (ng > 2) s0[128 + j] = vsum(a2);
-            if (ng > 3) s0[192 + j] = vsum(a3);
+            float four[4];
+            _mm_storeu_ps(four, vsum4(a0, a1, a2, a3));
+            s0[j] = four[0];
+            if (ng > 1) s0[64 + j] = four[1];
+            if (ng > 2) s0[128 + j] = four[2];
+            if (ng > 3) s0[192 + j] = four[3];
         }
     }
 #undef KEY_AT
@@ -957,6 +990,48 @@ static inline void load_in_order(const void *k, const void *v, int64_t bytes) {
 #else
     (void)a, (void)b, (void)bytes;
 #endif
+}
+
+// One head's scores of a block's `cnt` keys (sc: room for 64) into their weights exp(score - max), and its running
+// maximum, sum and weighted values p = [max, sum, acc[hd]] brought up to date. Vector builds take whole vectors,
+// the keys past cnt at -inf (weight 0): the maximum and the sum were scalar chains, one add waiting on the last.
+static inline void block_softmax(float *sc, int cnt, const model *m, float *p, int hd) {
+    if (m->attn_softcap > 0.0f)
+        for (int j = 0; j < cnt; j++) sc[j] = tanhf(sc[j] * m->attn_scale / m->attn_softcap) * m->attn_softcap;
+    else
+        for (int j = 0; j < cnt; j++) sc[j] *= m->attn_scale;
+    float top = p[0], sum = 0.0f;
+#ifdef VEC_LANES
+    const int whole = (cnt + VEC_LANES - 1) / VEC_LANES * VEC_LANES;
+    for (int j = cnt; j < whole; j++) sc[j] = -INFINITY;
+    vf vt = vset(-INFINITY);
+    for (int j = 0; j < whole; j += VEC_LANES) vt = vmaxv(vt, vload(sc + j));
+    const float block_top = vmax_all(vt);
+    top = block_top > top ? block_top : top;
+#else
+    for (int j = 0; j < cnt; j++) top = sc[j] > top ? sc[j] : top;
+#endif
+    if (top > p[0]) {  // a new maximum: rescale what was summed so far
+        float c = expf(p[0] - top);
+        p[1] *= c;
+        for (int i = 0; i < hd; i++) p[2 + i] *= c;
+        p[0] = top;
+    }
+#ifdef VEC_LANES
+    vf vs = vzero();
+    const vf neg_top = vset(-top);
+    for (int j = 0; j < whole; j += VEC_LANES) {
+        const vf e = vexp(_vadd(vload(sc + j), neg_top));  // exp(-inf) = 0
+        vstore(sc + j, e);
+        vs = _vadd(vs, e);
+    }
+    sum = vsum(vs);
+#else
+    for (int j = 0; j < cnt; j++) sc[j] -= top;
+    exp_inplace(sc, cnt);
+    for (int j = 0; j < cnt; j++) sum += sc[j];
+#endif
+    p[1] += sum;
 }
 
 // One unit = one split of the keys, for every head: the running maximum, sum and weighted values of each query
@@ -1030,22 +1105,7 @@ static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
                         for (int j = 0; j < cnt; j++)
                             scores[g * 64 + j] = key_dot(qh + (int64_t)g * hd, t->l->k_cache, type,
                                                          (first + (int64_t)j * kvh) * hd, hd, t->l->k_scale);
-                for (int g = 0; g < group; g++) {
-                    float *sc = scores + g * 64, *p = part + g * (hd + 2), top = p[0];
-                    for (int j = 0; j < cnt; j++) sc[j] *= m->attn_scale;
-                    if (m->attn_softcap > 0.0f)
-                        for (int j = 0; j < cnt; j++) sc[j] = tanhf(sc[j] / m->attn_softcap) * m->attn_softcap;
-                    for (int j = 0; j < cnt; j++) top = sc[j] > top ? sc[j] : top;
-                    if (top > p[0]) {  // a new maximum: rescale what was summed so far
-                        float c = expf(p[0] - top);
-                        p[1] *= c;
-                        for (int i = 0; i < hd; i++) p[2 + i] *= c;
-                        p[0] = top;
-                    }
-                    for (int j = 0; j < cnt; j++) sc[j] -= top;
-                    exp_inplace(sc, cnt);
-                    for (int j = 0; j < cnt; j++) p[1] += sc[j];
-                }
+                for (int g = 0; g < group; g++) block_softmax(scores + g * 64, cnt, m, part + g * (hd + 2), hd);
                 block_values(part + 2, hd + 2, scores, group, t->l->v_cache, type, vec, first * hd,
                              (int64_t)kvh * hd, cnt, hd, t->l->v_scale);
             }

@@ -841,66 +841,102 @@ static inline float key_dot(const float *q, const void *cache, int32_t type, int
     return dot(q, row, n);
 }
 
-// acc[g] += p[g] v for the `group` heads, v read where it lies in the cache
+// acc[g] += p[g] v for the `group` heads, v widened from its cache row (caches of no whole vectors, fp8)
 static inline void value_axpy(float *acc, int64_t acc_stride, const float *p, int64_t p_stride, int group,
-                              const void *cache, int32_t type, int vec, int64_t offset, int n, float scale) {
-    (void)vec;
-#ifdef VEC_LANES
-    if (vec) {
-        for (int i = 0; i < n; i += VEC_LANES) {
-            vf v = type == W_BF16  ? vload_bf16((const uint16_t *)cache + offset + i)
-                   : type == W_F16 ? vload_f16((const uint16_t *)cache + offset + i)
-                                   : vload((const float *)cache + offset + i);
-            for (int g = 0; g < group; g++) {
-                float *a = acc + g * acc_stride + i;
-                vstore(a, vfma(vset(p[g * p_stride]), v, vload(a)));
-            }
-        }
-        return;
-    }
-#endif
+                              const void *cache, int32_t type, int64_t offset, int n, float scale) {
     float row[MAX_HEAD_DIM];
     load_row(cache, type, offset, n, scale, row);
     for (int g = 0; g < group; g++) axpy(acc + g * acc_stride, p[g * p_stride], row, n);
 }
 
-// acc[g] += sum_j p[g][j] v_j over a block's `cnt` values (v_j at offset + j * stride), p: [group][64]. Each output
-// vector stays in a register across the block's values: accumulating in memory, one value at a time, stalled on
-// every store (the rows of acc are not vector-aligned).
+#ifdef VEC_LANES
+// one vector of a bf16, f16 or f32 cache row from element o, as float32
+static inline vf cache_vec(const void *cache, int32_t type, int64_t o) {
+    return type == W_BF16  ? vload_bf16((const uint16_t *)cache + o)
+           : type == W_F16 ? vload_f16((const uint16_t *)cache + o)
+                           : vload((const float *)cache + o);
+}
+
+// acc[h] += sum_j p[h][j] v_j for ng (1-4, a constant where it is inlined) heads: p: [ng][64], acc rows acc_stride
+// apart. Each output vector stays in a register across the block's values: accumulating in memory, one value at a
+// time, stalled on every store (the rows of acc are not vector-aligned). A head past ng costs nothing (it was
+// computed and dropped: a quarter of the products for groups of three).
+static inline __attribute__((always_inline)) void values_heads(float *acc, int64_t acc_stride, const float *p,
+                                                               const void *cache, int32_t type, int64_t offset,
+                                                               int64_t stride, int cnt, int n, const int ng) {
+    float *c0 = acc, *c1 = acc + acc_stride, *c2 = acc + 2 * acc_stride, *c3 = acc + 3 * acc_stride;
+    for (int i = 0; i < n; i += VEC_LANES) {  // named sums: an array would be spilled
+        vf a0 = vload(c0 + i), a1 = vzero(), a2 = vzero(), a3 = vzero();
+        if (ng > 1) a1 = vload(c1 + i);
+        if (ng > 2) a2 = vload(c2 + i);
+        if (ng > 3) a3 = vload(c3 + i);
+        for (int j = 0; j < cnt; j++) {
+            const int64_t o = offset + j * stride + i;
+            const vf v = cache_vec(cache, type, o);
+            a0 = vfma(vset(p[j]), v, a0);
+            if (ng > 1) a1 = vfma(vset(p[64 + j]), v, a1);
+            if (ng > 2) a2 = vfma(vset(p[128 + j]), v, a2);
+            if (ng > 3) a3 = vfma(vset(p[192 + j]), v, a3);
+        }
+        vstore(c0 + i, a0);
+        if (ng > 1) vstore(c1 + i, a1);
+        if (ng > 2) vstore(c2 + i, a2);
+        if (ng > 3) vstore(c3 + i, a3);
+    }
+}
+#endif
+
+// acc[g] += sum_j p[g][j] v_j over a block's `cnt` values (v_j at offset + j * stride), p: [group][64], four heads
+// at a time
 static inline void block_values(float *acc, int64_t acc_stride, const float *p, int group, const void *cache,
                                 int32_t type, int vec, int64_t offset, int64_t stride, int cnt, int n, float scale) {
 #ifdef VEC_LANES
     if (vec) {
         for (int g0 = 0; g0 < group; g0 += 4) {
-            const int ng = group - g0 < 4 ? group - g0 : 4;
-            const float *p0 = p + g0 * 64, *p1 = p0 + (ng > 1) * 64, *p2 = p0 + (ng > 2) * 128,
-                        *p3 = p0 + (ng > 3) * 192;  // heads past the group repeat the first, never stored
-            float *c0 = acc + g0 * acc_stride, *c1 = c0 + (ng > 1) * acc_stride, *c2 = c0 + (ng > 2) * 2 * acc_stride,
-                  *c3 = c0 + (ng > 3) * 3 * acc_stride;
-            for (int i = 0; i < n; i += VEC_LANES) {  // four sums in registers (named: an array would be spilled)
-                vf a0 = vload(c0 + i), a1 = vload(c1 + i), a2 = vload(c2 + i), a3 = vload(c3 + i);
-                for (int j = 0; j < cnt; j++) {
-                    const int64_t o = offset + j * stride + i;
-                    vf v = type == W_BF16  ? vload_bf16((const uint16_t *)cache + o)
-                           : type == W_F16 ? vload_f16((const uint16_t *)cache + o)
-                                           : vload((const float *)cache + o);
-                    a0 = vfma(vset(p0[j]), v, a0);
-                    a1 = vfma(vset(p1[j]), v, a1);
-                    a2 = vfma(vset(p2[j]), v, a2);
-                    a3 = vfma(vset(p3[j]), v, a3);
-                }
-                vstore(c0 + i, a0);  // (a head past the group computed the first's sums again: same values)
-                if (ng > 3) vstore(c3 + i, a3);
-                if (ng > 2) vstore(c2 + i, a2);
-                if (ng > 1) vstore(c1 + i, a1);
+            float *a = acc + g0 * acc_stride;
+            const float *pg = p + g0 * 64;
+            switch (group - g0) {
+            case 1: values_heads(a, acc_stride, pg, cache, type, offset, stride, cnt, n, 1); break;
+            case 2: values_heads(a, acc_stride, pg, cache, type, offset, stride, cnt, n, 2); break;
+            case 3: values_heads(a, acc_stride, pg, cache, type, offset, stride, cnt, n, 3); break;
+            default: values_heads(a, acc_stride, pg, cache, type, offset, stride, cnt, n, 4);
             }
         }
         return;
     }
 #endif
     for (int j = 0; j < cnt; j++)
-        value_axpy(acc, acc_stride, p + j, 64, group, cache, type, vec, offset + j * stride, n, scale);
+        value_axpy(acc, acc_stride, p + j, 64, group, cache, type, offset + j * stride, n, scale);
 }
+
+#ifdef VEC_LANES
+// sc[h][j] = q_h . key_j for ng (1-4, a constant where it is inlined) heads of one KV head, q_h n apart, sc: [ng][64]:
+// the heads' sums share each key vector loaded (and converted) and are independent chains
+static inline __attribute__((always_inline)) void scores_heads(float *sc, const float *q, const void *cache,
+                                                               int32_t type, int64_t offset, int64_t stride, int cnt,
+                                                               int n, const int ng) {
+    for (int j = 0; j < cnt; j++) {
+        const int64_t o = offset + j * stride;
+        vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+        for (int i = 0; i < n; i += VEC_LANES) {
+            const vf k = cache_vec(cache, type, o + i);
+            a0 = vfma(vload(q + i), k, a0);
+            if (ng > 1) a1 = vfma(vload(q + n + i), k, a1);
+            if (ng > 2) a2 = vfma(vload(q + 2 * n + i), k, a2);
+            if (ng > 3) a3 = vfma(vload(q + 3 * n + i), k, a3);
+        }
+        if (ng == 1) {
+            sc[j] = vsum(a0);
+            continue;
+        }
+        float four[4];
+        _mm_storeu_ps(four, vsum4(a0, a1, a2, a3));
+        sc[j] = four[0], sc[64 + j] = four[1];
+        if (ng > 2) sc[128 + j] = four[2];
+        if (ng > 3) sc[192 + j] = four[3];
+    }
+}
+#endif
 
 // sc[g][j] = q_g . key_j for the `group` query heads of a KV head over a block's `cnt` keys (key_j at offset +
 // j * stride), sc: [group][64]. Four heads' sums at a time share each key vector loaded (and converted), and are
@@ -908,8 +944,7 @@ static inline void block_values(float *acc, int64_t acc_stride, const float *p, 
 static inline void block_scores(float *sc, const float *q, int group, const void *cache, int32_t type,
                                 int64_t offset, int64_t stride, int cnt, int n) {
 #ifdef VEC_LANES
-#define KEY_AT(o) (type == W_BF16 ? vload_bf16((const uint16_t *)cache + (o)) \
-                   : type == W_F16 ? vload_f16((const uint16_t *)cache + (o)) : vload((const float *)cache + (o)))
+#define KEY_AT(o) cache_vec(cache, type, (o))
     if (group == 1) {
         int j = 0;
         for (; j + 4 <= cnt; j += 4) {
@@ -932,26 +967,13 @@ static inline void block_scores(float *sc, const float *q, int group, const void
         return;
     }
     for (int g0 = 0; g0 < group; g0 += 4) {
-        const int ng = group - g0 < 4 ? group - g0 : 4;
-        const float *q0 = q + (int64_t)g0 * n, *q1 = q0 + (ng > 1) * n, *q2 = q0 + (ng > 2) * 2 * n,
-                    *q3 = q0 + (ng > 3) * 3 * n;  // heads past the group repeat the first, never stored
-        float *s0 = sc + g0 * 64;
-        for (int j = 0; j < cnt; j++) {
-            const int64_t o = offset + j * stride;
-            vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
-            for (int i = 0; i < n; i += VEC_LANES) {
-                vf k = KEY_AT(o + i);
-                a0 = vfma(vload(q0 + i), k, a0);
-                a1 = vfma(vload(q1 + i), k, a1);
-                a2 = vfma(vload(q2 + i), k, a2);
-                a3 = vfma(vload(q3 + i), k, a3);
-            }
-            float four[4];
-            _mm_storeu_ps(four, vsum4(a0, a1, a2, a3));
-            s0[j] = four[0];
-            if (ng > 1) s0[64 + j] = four[1];
-            if (ng > 2) s0[128 + j] = four[2];
-            if (ng > 3) s0[192 + j] = four[3];
+        const float *qg = q + (int64_t)g0 * n;
+        float *sg = sc + g0 * 64;
+        switch (group - g0) {
+        case 1: scores_heads(sg, qg, cache, type, offset, stride, cnt, n, 1); break;
+        case 2: scores_heads(sg, qg, cache, type, offset, stride, cnt, n, 2); break;
+        case 3: scores_heads(sg, qg, cache, type, offset, stride, cnt, n, 3); break;
+        default: scores_heads(sg, qg, cache, type, offset, stride, cnt, n, 4);
         }
     }
 #undef KEY_AT

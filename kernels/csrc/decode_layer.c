@@ -944,7 +944,6 @@ static inline __attribute__((always_inline)) void scores_heads(float *sc, const 
 static inline void block_scores(float *sc, const float *q, int group, const void *cache, int32_t type,
                                 int64_t offset, int64_t stride, int cnt, int n) {
 #ifdef VEC_LANES
-#define KEY_AT(o) cache_vec(cache, type, (o))
     if (group == 1) {
         int j = 0;
         for (; j + 4 <= cnt; j += 4) {
@@ -952,16 +951,17 @@ static inline void block_scores(float *sc, const float *q, int group, const void
             vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
             for (int i = 0; i < n; i += VEC_LANES) {
                 vf qi = vload(q + i);
-                a0 = vfma(qi, KEY_AT(o + i), a0);
-                a1 = vfma(qi, KEY_AT(o + stride + i), a1);
-                a2 = vfma(qi, KEY_AT(o + 2 * stride + i), a2);
-                a3 = vfma(qi, KEY_AT(o + 3 * stride + i), a3);
+                a0 = vfma(qi, cache_vec(cache, type, o + i), a0);
+                a1 = vfma(qi, cache_vec(cache, type, o + stride + i), a1);
+                a2 = vfma(qi, cache_vec(cache, type, o + 2 * stride + i), a2);
+                a3 = vfma(qi, cache_vec(cache, type, o + 3 * stride + i), a3);
             }
             _mm_storeu_ps(sc + j, vsum4(a0, a1, a2, a3));
         }
         for (; j < cnt; j++) {
             vf a0 = vzero();
-            for (int i = 0; i < n; i += VEC_LANES) a0 = vfma(vload(q + i), KEY_AT(offset + j * stride + i), a0);
+            for (int i = 0; i < n; i += VEC_LANES)
+                a0 = vfma(vload(q + i), cache_vec(cache, type, offset + j * stride + i), a0);
             sc[j] = vsum(a0);
         }
         return;
@@ -976,7 +976,6 @@ static inline void block_scores(float *sc, const float *q, int group, const void
         default: scores_heads(sg, qg, cache, type, offset, stride, cnt, n, 4);
         }
     }
-#undef KEY_AT
 #else
     (void)q, (void)group, (void)cache, (void)type, (void)offset, (void)stride, (void)cnt, (void)n, (void)sc;
 #endif

@@ -59,7 +59,8 @@ static void prefill_chunk_lanes(void *ctx, int64_t begin, int64_t end) {
         for (int i = 0; i < nv * VEC_LANES; i++) {
             if (i < states) {
                 const int64_t row = state_row(t, &u, i);
-                for (int d = 0; d < hd; d++) qt[d * PF_STATES + i] = load_scalar(t->query, t->q_type, row + d) * t->scale;
+                for (int d = 0; d < hd; d++)
+                    qt[d * PF_STATES + i] = load_scalar(t->query, t->q_type, row + d) * t->scale;
                 qpos_lanes[i] = (float)(t->start + u.t0 + i / group);  // exact: positions below 2^24
             } else {
                 for (int d = 0; d < hd; d++) qt[d * PF_STATES + i] = 0.0f;

@@ -12,6 +12,7 @@ import torch
 
 from engine.engine import Engine
 from factory import cpu_plan, make_model
+from isa import native_isa
 from kernels import cpu_decode
 
 pytestmark = pytest.mark.skipif(cpu_decode.current() is None,
@@ -119,20 +120,10 @@ def test_gguf_block_types(tmp_path):
 
 @pytest.mark.parametrize("isa", list(cpu_decode.ISAS))
 def test_every_instruction_set(tmp_path, monkeypatch, isa):
-    if isa not in cpu_decode.supported_isas():
-        pytest.skip(f"this CPU has no {isa}")
-    monkeypatch.setenv("STOWAGE_DECODE_ISA", isa)
-    cpu_decode.selected_isa.cache_clear()
-    try:
-        if cpu_decode.current() is None:
-            pytest.skip(f"the {isa} library cannot be built here")
-        assert cpu_decode.current().decode_isa().decode() == isa
+    with native_isa(monkeypatch, isa):
         model_dir = make_model(tmp_path / "m", "llama", dtype=torch.bfloat16, head_dim=24)  # rows of 24: no whole vectors
         native, torch_path = _engines(model_dir, 256)
         _compare(native, torch_path, [(i * 13) % 500 + 3 for i in range(50)], 20, TOLERANCE[torch.bfloat16])
-    finally:
-        monkeypatch.undo()
-        cpu_decode.selected_isa.cache_clear()
 
 
 ODD_ROWS = dict(hidden_size=72, intermediate_size=150)  # rows of 72 and 150: a part-vector tail in every product

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from isa import native_isa
 from kernels import cpu_attention, cpu_decode, reference
 
 pytestmark = pytest.mark.skipif(cpu_decode.current() is None, reason="no native library here (no C compiler)")
@@ -62,20 +63,10 @@ def test_prefill_matches_the_reference(heads, kv_heads, head_dim, n, start, wind
 def test_prefill_at_every_instruction_set_matches_the_reference(monkeypatch, isa):
     # each level's kernels (AVX2 and AVX-512: prefill_lanes.h; AVX512-BF16: prefill_bf16.h too; scalar: the
     # generic loop) over the cases above, each dtype pair
-    if isa not in cpu_decode.supported_isas():
-        pytest.skip(f"this CPU has no {isa}")
-    monkeypatch.setenv("STOWAGE_DECODE_ISA", isa)
-    cpu_decode.selected_isa.cache_clear()
-    try:
-        if cpu_decode.current() is None:
-            pytest.skip(f"the {isa} library cannot be built here")
-        assert cpu_decode.current().decode_isa().decode() == isa
+    with native_isa(monkeypatch, isa):
         for case in CASES:
             for dtype, cache_dtype in DTYPES:
                 test_prefill_matches_the_reference(*case, dtype, cache_dtype)
-    finally:
-        monkeypatch.undo()
-        cpu_decode.selected_isa.cache_clear()
 
 
 @pytest.mark.parametrize("block_size", [8, 32])

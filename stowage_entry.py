@@ -11,10 +11,10 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args:
-        from app.main import main as gui_main
+        from stowage.app.main import main as gui_main
 
         return gui_main()
-    from engine.cli import main as engine_main
+    from stowage.engine.cli import main as engine_main
 
     return engine_main(args)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.defaults import BLOCK_SIZE
-from engine.planning.budgets import Budgets
-from engine.planning.inspect import ModelInfo
-from engine.planning.plan import PlanRequest, max_context, plan
+from stowage.engine.defaults import BLOCK_SIZE
+from stowage.engine.planning.budgets import Budgets
+from stowage.engine.planning.inspect import ModelInfo
+from stowage.engine.planning.plan import PlanRequest, max_context, plan
 
 from .model_settings import ModelSettings
 from .plan_bar import DeviceBar

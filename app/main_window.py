@@ -8,7 +8,7 @@ from pathlib import Path
 from PySide6.QtCore import QByteArray, Qt, QTimer
 from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QSizePolicy, QSplitter
 
-from engine.planning.report import summary
+from stowage.engine.planning.report import summary
 
 from .chat_panel import ChatPanel
 from .conversation_list import ConversationList

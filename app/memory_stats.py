@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import psutil
 
-from engine.gpus import NvmlGpus
+from stowage.engine.planning.gpus import NvmlGpus
 
 
 @dataclass(frozen=True)

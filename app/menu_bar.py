@@ -78,7 +78,7 @@ def app_version() -> str:
 
 def cpu_decode_state() -> str:
     """What runs the CPU decode step, once the engine has loaded its library (never built from the GUI thread)."""
-    from kernels import cpu_decode
+    from stowage.kernels import cpu_decode
 
     if cpu_decode.library.cache_info().currsize == 0:
         return "not loaded yet (with the first model)"

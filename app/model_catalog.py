@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from engine.discovery import Places, discover, is_model_dir
+from stowage.engine.formats.discovery import Places, discover, is_model_dir
 
 from . import paths
 

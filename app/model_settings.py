@@ -39,7 +39,7 @@ class ModelSettings:
     cpu_threads: int = 0  # 0: the cores the engine may use, less one for the window (kernels/cpu_decode.py)
 
     def sampling_params(self):
-        from engine.sampler import SamplingParams
+        from stowage.engine.runtime.sampler import SamplingParams
 
         return SamplingParams(
             temperature=self.temperature,

@@ -8,7 +8,7 @@ from PySide6.QtCore import QRectF, QSize
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
-from engine.units import format_bytes
+from stowage.engine.units import format_bytes
 
 SEGMENTS = (  # (attribute, legend, colour)
     ("weights_bytes", "weights", QColor("#4e79a7")),

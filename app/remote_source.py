@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 
 from PySide6.QtCore import QObject, QSettings, QThread, Signal, Slot
 
-from engine.client import RemoteServer
-from engine.defaults import DEFAULT_CONTEXT
-from engine.errors import InvalidArgumentError, RemoteError, StowageError
+from stowage.engine.process.client import RemoteServer
+from stowage.engine.defaults import DEFAULT_CONTEXT
+from stowage.engine.errors import InvalidArgumentError, RemoteError, StowageError
 
 ASK_SECONDS = 10.0  # how long a server may take to list its models before it counts as not answering
 SETTINGS_KEY = "remote_servers"

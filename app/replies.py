@@ -7,7 +7,7 @@ import threading
 import traceback
 from dataclasses import dataclass, field
 
-from engine.errors import StowageError
+from stowage.engine.errors import StowageError
 
 from . import context_policy
 

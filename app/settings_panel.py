@@ -23,8 +23,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.planning.report import summary
-from engine.units import format_bytes, format_tokens
+from stowage.engine.planning.report import summary
+from stowage.engine.units import format_bytes, format_tokens
 
 from . import context_policy
 from .context_control import ContextControl

@@ -23,13 +23,13 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 # Imported here, on the GUI thread before the window shows, not lazily in the engine thread: an import
 # holds the GIL and the import lock for hundreds of milliseconds (tokenizers, jinja2, kernels), and
 # the GUI would freeze on them during the first load.
-from engine.planning.budgets import detect_budgets
-from engine.engine import Engine
-from engine.engine_process import EngineProcess
-from engine.errors import EngineCrashedError, GenerationCancelled
-from engine.formats import read_config, read_tokenizer
-from engine.planning.inspect import inspect
-from kernels import cpu_decode
+from stowage.engine.planning.budgets import detect_budgets
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.process.engine_process import EngineProcess
+from stowage.engine.errors import EngineCrashedError, GenerationCancelled
+from stowage.engine.formats.source import read_config, read_tokenizer
+from stowage.engine.planning.inspect import inspect
+from stowage.kernels import cpu_decode
 
 from . import context_policy, remote_source
 from .remote_source import RemoteModel

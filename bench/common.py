@@ -58,9 +58,8 @@ def build_model(workdir: Path, *, seed: int = 0, shape: str = "360m") -> Path:
         return model_dir
     import torch
     from safetensors.torch import save_file
-
-    sys.path.insert(0, str(ROOT))
-    from tests.support.factory import save_tokenizer
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
+    from factory import save_tokenizer
 
     started = time.perf_counter()
     print(f"building {model_dir} (random bf16 weights, std 0.02) ...", file=sys.stderr, flush=True)
@@ -203,8 +202,7 @@ def peak_rss_bytes() -> int:
 
 
 def anonymous_bytes() -> int:
-    sys.path.insert(0, str(ROOT))
-    from bench.memory import anonymous_bytes as anon
+    from memory import anonymous_bytes as anon
 
     return anon()
 
@@ -216,7 +214,7 @@ def set_threads(threads: int) -> None:
     os.environ["STOWAGE_THREADS"] = str(threads)
     torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
-    from kernels import cpu_decode
+    from stowage.kernels import cpu_decode
 
     cpu_decode.set_threads(threads)
 

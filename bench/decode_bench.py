@@ -26,9 +26,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parents[1]))  # run from a checkout without installing
 
-from bench import common  # noqa: E402
+import common  # noqa: E402
 
 PROMPT, DECODE = 512, 64
 SHORT_PROMPT = {"1.7b": 128}  # its prefill alone would take most of a run
@@ -41,10 +40,10 @@ def prompt_ids(n: int, vocab: int) -> list[int]:
 
 def work_stowage(model_dir: Path, threads: int, prompt: int, decode: int) -> dict:
     os.environ["STOWAGE_THREADS"] = str(threads)
-    from engine.engine import Engine
-    from engine.planning import plan_for
-    from engine.sampler import SamplingParams
-    from kernels import cpu_decode
+    from stowage.engine.runtime.engine import Engine
+    from stowage.engine.planning import plan_for
+    from stowage.engine.runtime.sampler import SamplingParams
+    from stowage.kernels import cpu_decode
 
     common.set_threads(threads)
     engine = Engine.load(model_dir, plan_for(model_dir, prompt + decode + 16))
@@ -122,7 +121,7 @@ class Busy:
     """One process spinning on a core for as long as the `with` lasts."""
 
     def __enter__(self):
-        self.proc = subprocess.Popen([sys.executable, "-c", "while 1: pass"])
+        self.proc = subprocess.Popen([sys.executable, "-P", "-c", "while 1: pass"])
         time.sleep(0.5)
         return self
 

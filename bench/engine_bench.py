@@ -24,9 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parents[1]))  # run from a checkout without installing
 
-from bench import common  # noqa: E402
+import common  # noqa: E402
 
 CONTEXT_TOKENS = 4096
 MiB = 1024**2
@@ -60,10 +59,10 @@ def work_stowage(model_dir: Path, threads: int, w: Workload, profile: Path | Non
     t = time.perf_counter()
     import torch
 
-    from bench.memory import anonymous_bytes
-    from engine.engine import Engine
-    from engine.planning import plan_for
-    from engine.sampler import SamplingParams
+    from memory import anonymous_bytes
+    from stowage.engine.runtime.engine import Engine
+    from stowage.engine.planning import plan_for
+    from stowage.engine.runtime.sampler import SamplingParams
 
     common.set_threads(threads)
     r = {"import_s": time.perf_counter() - t, "torch": torch.__version__}
@@ -161,7 +160,7 @@ def work_transformers(model_dir: Path, threads: int, w: Workload) -> dict:
     import transformers
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    from bench.memory import anonymous_bytes
+    from memory import anonymous_bytes
 
     common.set_threads(threads)
     r = {"import_s": time.perf_counter() - t, "torch": torch.__version__, "transformers": transformers.__version__}
@@ -211,7 +210,7 @@ def work_llama_cpp(gguf_path: Path, threads: int, w: Workload) -> dict:
     t = time.perf_counter()
     import llama_cpp
 
-    from bench.memory import anonymous_bytes
+    from memory import anonymous_bytes
 
     r = {"import_s": time.perf_counter() - t, "llama_cpp": llama_cpp.__version__}
     anon = anonymous_bytes()
@@ -279,7 +278,7 @@ def work_runtime(threads: int) -> dict:
     """Peak RSS of the torch runtime alone (imports, a small matmul): the allowance over llama.cpp."""
     import torch
 
-    import engine.engine  # noqa: F401
+    import stowage.engine.runtime.engine  # noqa: F401
 
     common.set_threads(threads)
     torch.randn(256, 256, dtype=torch.bfloat16) @ torch.randn(256, 256, dtype=torch.bfloat16)

@@ -21,10 +21,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from engine.engine import Engine
-from engine.planning import plan_for  # noqa: E402
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.planning import plan_for  # noqa: E402
 
 FP8_MAX = 448.0
 PROMPTS = [

@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-sys.path[:0] = [str(HERE.parents[1]), str(HERE.parents[1] / "tests" / "support")]
+sys.path.insert(0, str(HERE.parents[1] / "tests" / "support"))  # the model writers the tests use
 
-from bench import common  # noqa: E402
+import common  # noqa: E402
 
 SHAPE = common.SMOLLM2_360M
 PROMPT_TOKENS = 16
@@ -47,7 +47,7 @@ TINY = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "n
 def random_blocks(qtype: str, shape: tuple[int, int], rng):
     import numpy as np
 
-    from kernels.quants import FORMATS
+    from stowage.kernels.quants import FORMATS
 
     fmt = FORMATS[qtype]
     blocks = rng.integers(0, 256, (shape[0] * shape[1] // fmt.elems_per_block, fmt.bytes_per_block), dtype=np.uint8)
@@ -112,16 +112,16 @@ def write_model(path: Path, file_type: str) -> Path:
 
 def bytes_per_token(path: Path) -> int:
     """The weight bytes one decode step reads: every matrix once (the tied embedding as the head)."""
-    from engine.gguf import GGUFFile
+    from stowage.engine.formats.gguf import GGUFFile
 
     return sum(t.nbytes for t in GGUFFile(path).tensors.values() if len(t.shape) == 2)
 
 
 def work_decode(path: Path, threads: int, kernels: str) -> dict:
-    from engine.engine import Engine
-    from engine.planning import plan_for
-    from engine.sampler import SamplingParams
-    from kernels import cpu_quant
+    from stowage.engine.runtime.engine import Engine
+    from stowage.engine.planning import plan_for
+    from stowage.engine.runtime.sampler import SamplingParams
+    from stowage.kernels import cpu_quant
 
     common.set_threads(threads)
     assert cpu_quant.is_available() == (kernels == "native"), "STOWAGE_FORCE_REFERENCE did not select the path"
@@ -194,9 +194,9 @@ def prompt_ids(num_tokens: int, vocab: int, seed: int) -> list[int]:
 def work_stowage(path: Path, threads: int) -> dict:
     """Load, warm up, then one 512-token prefill and SIDE_DECODE_TOKENS greedy tokens; this process's peak RSS."""
     t = time.perf_counter()
-    from engine.engine import Engine
-    from engine.planning import plan_for
-    from engine.sampler import SamplingParams
+    from stowage.engine.runtime.engine import Engine
+    from stowage.engine.planning import plan_for
+    from stowage.engine.runtime.sampler import SamplingParams
 
     common.set_threads(threads)
     import_s = time.perf_counter() - t

@@ -38,12 +38,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from bench.common import run_worker  # noqa: E402
-from bench.gpu_plan_check import QWEN2_5_1_5B, TINY_QWEN2, environment, output_dir, work_dir, write_model, \
+from common import run_worker  # noqa: E402
+from gpu_plan_check import QWEN2_5_1_5B, TINY_QWEN2, environment, output_dir, work_dir, write_model, \
     write_results  # noqa: E402
-from engine.units import GiB  # noqa: E402
+from stowage.engine.units import GiB  # noqa: E402
 
 RESULT_NAME = "gpu_decode"
 BACKENDS = ("stowage", "transformers")
@@ -75,9 +74,9 @@ def token_ids(n: int, vocab_size: int, stream: int) -> list[int]:
 
 def plan_for_placement(model_dir: Path, placement: str, dry_run: bool):
     """full: this GPU's real budget (dry run: a roomy given one); split: a GPU budget that holds half the layers."""
-    from engine.planning.budgets import Budgets, detect_budgets, given_budgets, gpu_budget
-    from engine.planning.inspect import inspect
-    from engine.planning.plan import PlanRequest, check, plan
+    from stowage.engine.planning.budgets import Budgets, detect_budgets, given_budgets, gpu_budget
+    from stowage.engine.planning.inspect import inspect
+    from stowage.engine.planning.plan import PlanRequest, check, plan
 
     info = inspect(model_dir)
     budgets = given_budgets([64 * GiB], 64 * GiB) if dry_run else detect_budgets()
@@ -99,7 +98,7 @@ def plan_for_placement(model_dir: Path, placement: str, dry_run: bool):
 
 
 def placement_record(p) -> dict:
-    from engine.planning.report import summary
+    from stowage.engine.planning.report import summary
 
     return {"summary": summary(p), "gpu_budget_bytes": p.devices[0].budget_bytes + p.devices[0].reserve_bytes,
             "gpu_layers": len(p.devices[0].layers), "cpu_layers": len(p.device("cpu").layers),
@@ -114,8 +113,8 @@ def _median_of(runs: list[dict]) -> dict:
 def work_stowage(model_dir: Path, placement: str, w: Workload, dry_run: bool) -> dict:
     import torch
 
-    from engine.engine import Engine
-    from engine.sampler import SamplingParams
+    from stowage.engine.runtime.engine import Engine
+    from stowage.engine.runtime.sampler import SamplingParams
 
     p = plan_for_placement(model_dir, placement, dry_run)
     started = time.perf_counter()

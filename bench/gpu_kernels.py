@@ -30,9 +30,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from bench.gpu_plan_check import environment, output_dir, write_results  # noqa: E402
+from gpu_plan_check import environment, output_dir, write_results  # noqa: E402
 
 # Peak HBM bandwidth in TB/s by (a substring of) torch.cuda.get_device_name(), from the datasheets.
 PEAK_TBPS = {
@@ -143,7 +142,7 @@ def copy_tbps(seconds, device, dry_run: bool) -> float:
 def bench_decode(args, shape, seconds, device, num_sms, peak, copy) -> list[dict]:
     import torch
 
-    from kernels import reference, triton_decode
+    from stowage.kernels import reference, triton_decode
 
     rows = []
     scale = shape["head_dim"] ** -0.5
@@ -188,7 +187,7 @@ def bench_prefill(args, shape, seconds, device, chunk) -> list[dict]:
     """A chunk after 0 and after tokens - chunk cached tokens: Triton vs the reference (gather, then fp32 tiles)."""
     import torch
 
-    from kernels import reference, triton_prefill
+    from stowage.kernels import reference, triton_prefill
 
     rows = []
     scale = shape["head_dim"] ** -0.5
@@ -304,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("bench/gpu_kernels.py needs triton: pip install 'stowage[triton]'", file=sys.stderr)
         return 2
-    from kernels import triton_decode
+    from stowage.kernels import triton_decode
 
     if args.tile:
         triton_decode.TILE_TOKENS = args.tile

@@ -41,11 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 sys.path.insert(0, str(ROOT / "tests" / "support"))  # the model writers the tests use
 
-from bench.common import run_worker, source_state, write_section  # noqa: E402
-from engine.units import GiB, MiB  # noqa: E402  (no torch: the orchestrator must not touch CUDA)
+from common import run_worker, source_state, write_section  # noqa: E402
+from stowage.engine.units import GiB, MiB  # noqa: E402  (no torch: the orchestrator must not touch CUDA)
 
 # Qwen2.5-1.5B's config.json, the parts Stowage and transformers read.
 QWEN2_5_1_5B = {
@@ -120,7 +119,7 @@ def environment() -> dict:
     """What the figures were measured with; the GPU through NVML, so this process makes no CUDA context."""
     import torch
 
-    from engine.gpus import NvmlGpus
+    from stowage.engine.planning.gpus import NvmlGpus
 
     nvml = NvmlGpus()
     nvml.close()
@@ -173,15 +172,15 @@ BY_NAME = {s.name: s for s in SCENARIOS}
 
 def budgets_for(s: Scenario, ram, gpu_name: str = "GPU"):
     """GPU 0 as if `gpu_budget_gib` were free (the default safety buffer comes off it), and this RAM budget."""
-    from engine.planning.budgets import Budgets, gpu_budget
+    from stowage.engine.planning.budgets import Budgets, gpu_budget
 
     return Budgets((gpu_budget(0, s.gpu_budget_gib * GiB, name=gpu_name),), ram,
                    f"given: GPU 0 as if {s.gpu_budget_gib} GiB were free")
 
 
 def make_plan(model_dir: Path, s: Scenario, ram, gpu_name: str = "GPU"):
-    from engine.planning.inspect import inspect
-    from engine.planning.plan import PlanRequest, plan
+    from stowage.engine.planning.inspect import inspect
+    from stowage.engine.planning.plan import PlanRequest, plan
 
     return plan(inspect(model_dir), PlanRequest(s.context_tokens, kv_dtype=s.kv_dtype), budgets_for(s, ram, gpu_name))
 
@@ -200,7 +199,7 @@ def split_problem(p, s: Scenario) -> str | None:
 
 def plan_record(p) -> dict:
     """`stowage plan --json`'s object and table, with each device's workspace by term."""
-    from engine.planning.report import format_table, to_dict
+    from stowage.engine.planning.report import format_table, to_dict
 
     record = to_dict(p) | {"table": format_table(p)}
     for d, rec in zip(p.devices, record["devices"]):
@@ -230,13 +229,13 @@ def check_record(check, device_plan: dict, context_bytes: int = 0) -> dict:
 # -- the GPU run --------------------------------------------------------------------------------
 def worker(model_dir: str, name: str, result: str) -> None:
     """One plan in this fresh process: plan on this machine, load, run the heaviest chunk, measure."""
-    from engine.gpus import used_bytes
+    from stowage.engine.planning.gpus import used_bytes
 
     before_torch = used_bytes("cuda:0")  # nothing of this process on the GPU yet
     import torch
 
-    from bench.plan_check import check_plan
-    from engine.planning.budgets import detect_gpus, detect_ram
+    from plan_check import check_plan
+    from stowage.engine.planning.budgets import detect_gpus, detect_ram
 
     gpus, note = detect_gpus()
     if not gpus:
@@ -265,7 +264,7 @@ def worker_command(model_dir: Path, s: Scenario) -> list[str]:
 
 def overhead_summary(results: list[dict]) -> dict:
     """The measured CUDA overhead over every plan that ran, and the constant it suggests."""
-    from engine.planning.workspace import CUDA_OVERHEAD_BYTES
+    from stowage.engine.planning.workspace import CUDA_OVERHEAD_BYTES
 
     gpu = [c for r in results for c in r.get("checks", []) if c["device"].startswith("cuda")]
     measured = [c["measured_overhead_bytes"] for c in gpu]
@@ -338,8 +337,8 @@ def run(args) -> int:
     record = {"mode": "dry-run" if args.dry_run else "gpu", "environment": environment(), "model": QWEN2_5_1_5B,
               "model_dir": str(model_dir), "scenarios": [], "problems": []}
     if args.dry_run:
-        from engine.planning.budgets import ram_budget
-        from engine.planning.report import summary
+        from stowage.engine.planning.budgets import ram_budget
+        from stowage.engine.planning.report import summary
 
         ram = ram_budget(120 * GiB)  # about what the 128 GiB GPU machine has available
         for s in selected:
@@ -380,10 +379,10 @@ def run(args) -> int:
 
 def cpu_check(models: Path) -> dict:
     """check_plan on a tiny CPU-only plan: the measuring path and the records the GPU run writes, on this machine."""
-    from bench.plan_check import check_plan
-    from engine.planning.budgets import given_budgets
-    from engine.planning.inspect import inspect
-    from engine.planning.plan import PlanRequest, plan
+    from plan_check import check_plan
+    from stowage.engine.planning.budgets import given_budgets
+    from stowage.engine.planning.inspect import inspect
+    from stowage.engine.planning.plan import PlanRequest, plan
 
     model_dir = write_model(models / "tiny-qwen2", TINY_QWEN2, sparse=False)
     p = plan(inspect(model_dir), PlanRequest(1024, prefill_chunk=256), given_budgets([], 8 * GiB))

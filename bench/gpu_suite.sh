@@ -56,7 +56,11 @@ finish() {  # exit with $1 once tee has written the whole log
 cd "$ROOT" || finish 3
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
   TRANSFORMERS_VERBOSITY=error QT_QPA_PLATFORM=offscreen
-export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
+# The checkout's folders as the `stowage.*` package without installing it (the GPU image has no network): links
+# under $WORK/pkg/stowage/, so nothing puts the repository root itself on sys.path.
+mkdir -p "$WORK/pkg/stowage"
+for folder in app engine kernels assets; do ln -sfn "$ROOT/$folder" "$WORK/pkg/stowage/$folder"; done
+export PYTHONPATH=$WORK/pkg:$ROOT/bench:$ROOT/tests/support${PYTHONPATH:+:$PYTHONPATH}
 unset TRITON_INTERPRET
 MODE=$([ $DRY = 1 ] && echo "dry run (CPU)" || echo "GPU run")
 echo "== bench/gpu_suite.sh, $MODE, $(date -Is); tree at $ROOT ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo 'no git'))"

@@ -26,10 +26,9 @@ from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from app.paths import DATA_DIR_ENV  # noqa: E402  (no Qt)
-from bench import common  # noqa: E402
+from stowage.app.paths import DATA_DIR_ENV  # noqa: E402  (no Qt)
+import common  # noqa: E402
 
 GiB = 1024**3
 SLIDER_STEP = 5  # positions per move in the sweep (the slider has 1,000)
@@ -47,13 +46,14 @@ def slider_run(workdir: Path) -> dict:
     """One sweep of the context slider on the 70B shape; per-move worst and median, in ms."""
     from PySide6.QtWidgets import QApplication
 
-    from app.forecast import Forecast
-    from app.model_settings import ModelSettings
-    from app.settings_panel import SettingsPanel
-    from engine.planning.budgets import given_budgets
-    from engine.planning.inspect import inspect
-    from engine.planning.plan import PlanRequest, plan
-    from tests.support.sparse_models import LLAMA_3_1_70B, write_sparse_model
+    from stowage.app.forecast import Forecast
+    from stowage.app.model_settings import ModelSettings
+    from stowage.app.settings_panel import SettingsPanel
+    from stowage.engine.planning.budgets import given_budgets
+    from stowage.engine.planning.inspect import inspect
+    from stowage.engine.planning.plan import PlanRequest, plan
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
+    from sparse_models import LLAMA_3_1_70B, write_sparse_model
 
     app = QApplication.instance() or QApplication([])
     model_dir = workdir / "llama-3.1-70b-shape"
@@ -95,10 +95,10 @@ def stall_run() -> dict:
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
-    from app.main_window import MainWindow
-    from app.model_catalog import ModelEntry
-    from app.paths import demo_model_dir
-    from app.stall_probe import StallProbe
+    from stowage.app.main_window import MainWindow
+    from stowage.app.model_catalog import ModelEntry
+    from stowage.app.paths import demo_model_dir
+    from stowage.app.stall_probe import StallProbe
 
     app = QApplication.instance() or QApplication([])
     demo = demo_model_dir()

@@ -25,13 +25,12 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parents[1]))
 
-from bench import common  # noqa: E402
+import common  # noqa: E402
 
 
 def run(scheduler, prompt_ids, n):
-    from engine.generation import GenerationResult
+    from stowage.engine.runtime.generation import GenerationResult
 
     done, out = threading.Event(), []
 
@@ -40,7 +39,7 @@ def run(scheduler, prompt_ids, n):
             out.append(event)
             done.set()
 
-    from engine.sampler import SamplingParams
+    from stowage.engine.runtime.sampler import SamplingParams
 
     scheduler.submit(prompt_ids, SamplingParams(temperature=0, max_tokens=n), emit, threading.Event())
     done.wait()
@@ -70,11 +69,11 @@ def drop_page_cache(kv_dir: Path) -> None:
 
 
 def measure(model_dir: Path, mode: str, tokens: int, runs: int, reply: int) -> dict:
-    from engine.engine import Engine
-    from engine.planning import plan_for
-    from engine.planning.budgets import detect_disk, given_budgets
-    from engine.server.scheduler import Scheduler
-    from engine.units import GiB
+    from stowage.engine.runtime.engine import Engine
+    from stowage.engine.planning import plan_for
+    from stowage.engine.planning.budgets import detect_disk, given_budgets
+    from stowage.engine.serving.scheduler import Scheduler
+    from stowage.engine.units import GiB
 
     kv_dir = Path(tempfile.mkdtemp(prefix="kv-resume-"))
     budgets = given_budgets([], 64 * GiB, disk=detect_disk(kv_dir))

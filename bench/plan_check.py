@@ -12,12 +12,12 @@ from pathlib import Path
 
 import torch
 
-from bench.memory import rss_bytes
-from engine.dtypes import COMPUTE
-from engine.engine import Engine
-from engine.gpus import used_bytes
-from engine.planning.plan import Plan
-from engine.units import format_bytes
+from memory import rss_bytes
+from stowage.engine.dtypes import COMPUTE
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.planning.gpus import used_bytes
+from stowage.engine.planning.plan import Plan
+from stowage.engine.units import format_bytes
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parents[1]))
 
-from bench import common  # noqa: E402
+import common  # noqa: E402
 
 DECODE_BENCH = HERE.parent / "decode_bench.py"
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "STOWAGE_DECODE_ISA": "avx2"}

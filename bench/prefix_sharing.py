@@ -26,20 +26,19 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parents[1]))
 
-from bench import common  # noqa: E402
+import common  # noqa: E402
 
 
 def measure(model_dir: Path, mode: str, prompts: list[list[int]], reply: int) -> dict:
-    from engine.engine import Engine
-    from engine.generation import GenerationResult
-    from engine.kv_cache import KVCache
-    from engine.planning import plan_for
-    from engine.planning.budgets import given_budgets
-    from engine.sampler import SamplingParams
-    from engine.server.scheduler import Scheduler
-    from engine.units import GiB
+    from stowage.engine.runtime.engine import Engine
+    from stowage.engine.runtime.generation import GenerationResult
+    from stowage.engine.runtime.kv_cache import KVCache
+    from stowage.engine.planning import plan_for
+    from stowage.engine.planning.budgets import given_budgets
+    from stowage.engine.runtime.sampler import SamplingParams
+    from stowage.engine.serving.scheduler import Scheduler
+    from stowage.engine.units import GiB
 
     shareable = KVCache.num_shareable
     if mode == "off":

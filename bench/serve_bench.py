@@ -32,16 +32,15 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parents[1]))
 
-from bench import common  # noqa: E402
+import common  # noqa: E402
 
 KEY = "bench-key"
 
 
 def start_server(model_dir: Path, parallel: int, threads: int, context: int) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "STOWAGE_API_KEY": KEY}
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", str(model_dir), "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "stowage.engine.cli", "serve", str(model_dir), "--port", "0",
                              "--parallel", str(parallel), "--context", str(context), "--threads", str(threads)],
                             cwd=common.ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     url = proc.stdout.readline().strip()

@@ -3,8 +3,11 @@ from pathlib import Path
 
 import torch
 
-# tests/support/factory.py builds the tiny models every test package uses.
+# tests/support/factory.py builds the tiny models every test package uses; tests of the benchmarks and the
+# measured-memory tests import bench/'s modules. The code under test is the installed `stowage` package: the
+# repository root is never on sys.path (--import-mode=importlib).
 sys.path.insert(0, str(Path(__file__).parent / "support"))
+sys.path.insert(1, str(Path(__file__).parents[1] / "bench"))
 # Tiny models: one thread is faster than two (no fork/join per op) and immune to a busy machine.
 torch.set_num_threads(1)
 

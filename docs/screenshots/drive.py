@@ -22,12 +22,12 @@ from PySide6.QtWidgets import QApplication  # noqa: E402
 
 from PySide6.QtCore import Qt  # noqa: E402
 
-from app import paths, worker  # noqa: E402
-from app.conversation_list import ID_ROLE  # noqa: E402
-from app.main_window import MainWindow  # noqa: E402
-from app.paths import demo_model_dir  # noqa: E402
-from app.store import FILE_NAME  # noqa: E402
-from engine.planning.plan import PlanRequest, plan  # noqa: E402
+from stowage.app import paths, worker  # noqa: E402
+from stowage.app.conversation_list import ID_ROLE  # noqa: E402
+from stowage.app.main_window import MainWindow  # noqa: E402
+from stowage.app.paths import demo_model_dir  # noqa: E402
+from stowage.app.store import FILE_NAME  # noqa: E402
+from stowage.engine.planning.plan import PlanRequest, plan  # noqa: E402
 
 QUESTIONS = ["What does Stowage do when I move the context slider?", "What if it does not fit?"]
 

@@ -6,7 +6,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..gpus import NvmlGpus
+from .gpus import NvmlGpus
 from ..units import GiB, MiB, format_bytes
 
 MIN_GPU_SAFETY_BYTES = 512 * MiB
@@ -133,7 +133,7 @@ def detect_budgets(gpu_safety_bytes: int | None = None, ram_limit_bytes: int | N
 
 def detect_disk(folder: str | Path | None = None) -> DiskBudget:
     """The KV spill folder (default: engine/kv_store.py's) and the space free on its disk now (0 if unreadable)."""
-    from ..kv_store import default_kv_dir
+    from ..serving.kv_store import default_kv_dir
 
     folder = Path(folder) if folder is not None else default_kv_dir()
     probe = folder

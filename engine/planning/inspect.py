@@ -10,18 +10,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernels.quants import FORMATS
+from stowage.kernels.quants import FORMATS
 
-from ..checkpoint import Checkpoint
-from ..config import ModelConfig
+from ..formats.checkpoint import Checkpoint
+from ..formats.config import ModelConfig
 from ..defaults import BLOCK_SIZE
 from ..dtypes import COMPUTE, kv_dtype
-from ..formats import is_gguf
-from ..gguf import GGUFTensor
-from ..gguf_model import Matrices, open_model
-from ..kv_cache import CacheSpec
-from ..layout import ModelLayout, TensorInfo
-from ..tokenizer import TOKENIZER_FILE, Tokenizer
+from ..formats.source import is_gguf
+from ..formats.gguf import GGUFTensor
+from ..formats.gguf_model import Matrices, open_model
+from ..runtime.kv_cache import CacheSpec
+from ..formats.layout import ModelLayout, TensorInfo
+from ..text.tokenizer import TOKENIZER_FILE, Tokenizer
 
 # Stored dtypes the loader can convert (converted_names says which it does): the floats; block formats never.
 _CONVERTIBLE = frozenset(COMPUTE) | {"float64", "float8_e4m3fn", "float8_e5m2"}

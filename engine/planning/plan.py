@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from kernels import attention_ops
+from stowage.kernels import attention_ops
 
 from ..defaults import BLOCK_SIZE, PREFILL_CHUNK
 from ..dtypes import COMPUTE, KV, compute_dtype, kv_dtype

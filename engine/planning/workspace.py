@@ -14,10 +14,10 @@ from types import ModuleType
 
 import torch
 
-from kernels import cpu_attention, cpu_decode, cpu_matmul
+from stowage.kernels import cpu_attention, cpu_decode, cpu_matmul
 
-from ..config import ModelConfig
-from ..gguf_model import Matrices
+from ..formats.config import ModelConfig
+from ..formats.gguf_model import Matrices
 from ..units import MiB
 
 # The CUDA context and kernel images (outside torch's allocator, seen by NVML) plus cuBLAS workspaces.

@@ -23,13 +23,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..errors import (GenerationCancelled, InsufficientMemoryError, InvalidArgumentError, ModelFormatError,
-                      StowageError)
-from ..generation import GenerationResult, TokenEvent
+from ..errors import GenerationCancelled, InsufficientMemoryError, InvalidArgumentError, ModelFormatError, StowageError
+from ..runtime.generation import GenerationResult, TokenEvent
 from ..planning.report import summary, to_dict
 from .responses import Reply, listed_model, model_object, sse
 from .schemas import ApiError, CompletionRequest, LoadRequest, parse_chat, parse_completion, parse_load
-from .scheduler import PrefillProgress, Scheduler, ServerBusyError
+from ..serving.scheduler import PrefillProgress, Scheduler, ServerBusyError
 from .serving import Served, Serving
 
 log = logging.getLogger(__name__)

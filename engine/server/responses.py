@@ -6,7 +6,7 @@ import json
 import time
 import uuid
 
-from ..generation import GenerationResult
+from ..runtime.generation import GenerationResult
 
 # The engine's reasons, in OpenAI's words: a reply cut by the context is cut for length, as by max_tokens.
 FINISH_REASONS = {"stop": "stop", "length": "length", "context_full": "length", "cancelled": "stop"}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..dtypes import COMPUTE, KV
 from ..errors import InvalidArgumentError
-from ..sampler import MAX_SEED, SamplingParams
+from ..runtime.sampler import MAX_SEED, SamplingParams
 
 ROLES = ("system", "user", "assistant")
 MAX_STOPS = 16

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..defaults import DEFAULT_CONTEXT
-from ..discovery import FoundModel, Places, discover
+from ..formats.discovery import FoundModel, Places, discover
 from ..errors import GenerationCancelled, InsufficientMemoryError, InvalidArgumentError
-from .scheduler import Scheduler
+from ..serving.scheduler import Scheduler
 from .schemas import LoadRequest
 
 STOP_POLL_SECONDS = 0.01  # how often a swap looks whether the old scheduler has answered its cancelled requests
@@ -41,7 +41,7 @@ def plan_serving(path: Path, context: int | None, *, parallel: int, dtype: str |
                  kv_dtype: str | None = None, gpu_layers=None, kv_disk_budget: int | None = None):
     """The plan of `parallel` sequences of `context` tokens (None: DEFAULT_CONTEXT or the model's maximum) against
     this machine's memory now; InsufficientMemoryError or InvalidArgumentError when it cannot be served."""
-    from ..formats import read_config
+    from ..formats.source import read_config
     from ..planning import plan_for
 
     if context is None:
@@ -142,7 +142,7 @@ class Serving:
         """After begin_load, on a worker thread: stop the model served now, plan `found` and load it; ends the load.
 
         Raises GenerationCancelled once `cancel` is set (between tensors), leaving no model served."""
-        from ..engine import Engine
+        from ..runtime.engine import Engine
 
         try:
             if cancel.is_set():  # gone before anything changed: the model served stays

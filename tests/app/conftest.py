@@ -59,8 +59,8 @@ class AppDriver:
         self.windows = []
 
     def open(self, model_dir):
-        from app.main_window import MainWindow
-        from app.model_catalog import ModelEntry
+        from stowage.app.main_window import MainWindow
+        from stowage.app.model_catalog import ModelEntry
 
         window = MainWindow(models=[ModelEntry(model_dir.name, model_dir, "folder")])
         self.windows.append(window)

@@ -2,8 +2,8 @@
 
 from PySide6.QtCore import Qt
 
-from app.context_policy import DROP_OLDEST, POLICIES, TRUNCATE_MIDDLE
-from app.model_settings import SAMPLING_PRESETS, load_model_settings, open_settings
+from stowage.app.context_policy import DROP_OLDEST, POLICIES, TRUNCATE_MIDDLE
+from stowage.app.model_settings import SAMPLING_PRESETS, load_model_settings, open_settings
 
 LONG = " ".join(f"memory{i} context{i} tokens{i}" for i in range(30))
 
@@ -246,7 +246,7 @@ def test_sampling_starts_from_the_models_generation_config_and_resets_to_it(app_
 def test_a_greedy_generation_config_means_temperature_zero(tmp_path):
     import json
 
-    from app.model_settings import ModelSettings, model_defaults
+    from stowage.app.model_settings import ModelSettings, model_defaults
 
     (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": False, "max_new_tokens": "lots"}))
     defaults = model_defaults(tmp_path)

@@ -5,10 +5,10 @@ import sqlite3
 import pytest
 from PySide6.QtCore import QObject, Signal
 
-from app import chat_panel
-from app.chat_panel import ChatPanel
-from app.store import ConversationStore
-from app.worker import Reply, ReplyStarted
+from stowage.app import chat_panel
+from stowage.app.chat_panel import ChatPanel
+from stowage.app.store import ConversationStore
+from stowage.app.worker import Reply, ReplyStarted
 
 
 class FakeWorker(QObject):

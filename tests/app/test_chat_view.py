@@ -1,7 +1,7 @@
 from PySide6.QtGui import QTextFormat
 
-from app.chat_view import ChatView
-from app.store import Message
+from stowage.app.chat_view import ChatView
+from stowage.app.store import Message
 
 
 def test_markdown_is_rendered_with_code_in_monospace(qtbot):

@@ -4,7 +4,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 
-from app.context_control import ContextControl
+from stowage.app.context_control import ContextControl
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 import pytest
 
-from app.context_policy import DROP_OLDEST, STOP, TRUNCATE_MIDDLE, ContextFullError, fit
+from stowage.app.context_policy import DROP_OLDEST, STOP, TRUNCATE_MIDDLE, ContextFullError, fit
 
 SYSTEM = [{"role": "system", "content": "be brief"}]
 

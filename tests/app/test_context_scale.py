@@ -1,4 +1,4 @@
-from app.context_scale import SLIDER_STEPS, position_to_tokens, snap, tokens_to_position
+from stowage.app.context_scale import SLIDER_STEPS, position_to_tokens, snap, tokens_to_position
 
 
 def test_ends_map_exactly_and_steps_are_whole_blocks():

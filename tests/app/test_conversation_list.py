@@ -1,7 +1,7 @@
 import json
 
-from app.conversation_list import ID_ROLE, ConversationList
-from app.store import ConversationStore
+from stowage.app.conversation_list import ID_ROLE, ConversationList
+from stowage.app.store import ConversationStore
 
 
 def test_new_rename_delete_export(qtbot, tmp_path):
@@ -39,7 +39,7 @@ def test_search_box_filters_the_list_and_items_show_their_date(qtbot, tmp_path):
 
     from PySide6.QtCore import QDateTime
 
-    from app.conversation_list import DATE_ROLE, when
+    from stowage.app.conversation_list import DATE_ROLE, when
 
     store = ConversationStore(tmp_path / "c.sqlite3")
     plans = store.create("Weekend plans")

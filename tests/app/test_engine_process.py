@@ -9,9 +9,9 @@ from factory import cpu_plan
 from processes import alive
 from PySide6.QtCore import Qt
 
-import app.worker
-from app.worker import ChatRequest, EngineClient
-from engine.sampler import SamplingParams
+from stowage.app import worker
+from stowage.app.worker import ChatRequest, EngineClient
+from stowage.engine.runtime.sampler import SamplingParams
 
 
 @pytest.fixture(params=[True, False], ids=["child", "in-process"])
@@ -47,7 +47,7 @@ def test_worker_signals_over_a_child(engine_client, qtbot, tiny_model_dir):
 
 def test_a_killed_engine_is_a_failed_reply_and_a_new_load_starts_a_fresh_one(app_driver, qtbot, tiny_model_dir,
                                                                             monkeypatch):
-    monkeypatch.setattr(app.worker, "ENGINE_PROCESS", True)
+    monkeypatch.setattr(worker, "ENGINE_PROCESS", True)
     window = app_driver.open(tiny_model_dir)
     app_driver.load(window, context_tokens=2048)
     worker, chat = window.client.worker, window.chat

@@ -1,8 +1,8 @@
 import json
 import time
 
-from app.export import to_json, to_markdown
-from app.store import Message
+from stowage.app.export import to_json, to_markdown
+from stowage.app.store import Message
 
 AT = time.mktime((2026, 3, 14, 15, 9, 0, 0, 0, -1))
 SAMPLING = {"temperature": 0.3, "top_p": 0.95, "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1,

@@ -10,7 +10,7 @@ import pytest
 from processes import alive
 from PySide6.QtCore import QMetaObject, Qt, QTimer
 
-from app.store import ConversationStore
+from stowage.app.store import ConversationStore
 
 
 @pytest.fixture
@@ -172,9 +172,9 @@ def test_event_loop_runs_while_the_engine_loads_and_generates(window, app_driver
 @pytest.fixture(params=["child", "in-process"])
 def engine_mode(request, monkeypatch):
     """The app's engine in its child process (the default), and in the worker's thread (STOWAGE_ENGINE_PROCESS=0)."""
-    import app.worker
+    from stowage.app import worker
 
-    monkeypatch.setattr(app.worker, "ENGINE_PROCESS", request.param == "child")
+    monkeypatch.setattr(worker, "ENGINE_PROCESS", request.param == "child")
     return request.param
 
 
@@ -309,8 +309,8 @@ def test_ctrl_n_still_starts_a_chat_with_the_menu_there(window, qtbot):
 
 
 def test_nothing_on_the_right_is_cut_off_in_a_1000_by_700_window(app_driver, tiny_model_dir, qtbot):
-    from app.main_window import MainWindow
-    from app.model_catalog import ModelEntry
+    from stowage.app.main_window import MainWindow
+    from stowage.app.model_catalog import ModelEntry
 
     entry = ModelEntry("HuggingFaceTB/SmolLM2-135M-Instruct (Hugging Face cache)", tiny_model_dir, "hf")
     window = MainWindow(models=[entry])

@@ -1,7 +1,7 @@
 import numpy as np
 
-from app.memory_graph import GIB, MemoryGraph
-from app.memory_stats import MemoryStats, RingBuffer
+from stowage.app.memory_graph import GIB, MemoryGraph
+from stowage.app.memory_stats import MemoryStats, RingBuffer
 
 
 def test_ring_buffer_keeps_the_last_values_in_order():
@@ -55,7 +55,7 @@ def test_prediction_line(qtbot):
 
 
 def test_y_axis_moves_only_when_the_data_leaves_it():
-    from app.memory_graph import y_top
+    from stowage.app.memory_graph import y_top
 
     top = y_top(0.0, 3.1)
     assert top >= 3.1 * 1.25 and top == y_top(top, 3.3)  # small changes keep the axis (and its cache)
@@ -68,10 +68,10 @@ def test_the_stats_follow_the_engines_process_and_come_back_when_it_ends():
     import subprocess
     import sys
 
-    from app.memory_stats import MemoryStats
+    from stowage.app.memory_stats import MemoryStats
 
     stats = MemoryStats()
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    child = subprocess.Popen([sys.executable, "-P", "-c", "import time; time.sleep(30)"])
     try:
         stats.follow(child.pid)
         assert stats.pid == child.pid and stats.sample().process_bytes > 0

@@ -1,7 +1,7 @@
 import json
 import shutil
 
-from app.model_catalog import ModelEntry, find_models
+from stowage.app.model_catalog import ModelEntry, find_models
 
 
 def test_finds_models_folder_and_hf_cache(tmp_path, tiny_model_dir):

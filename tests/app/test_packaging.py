@@ -83,9 +83,9 @@ def test_spec_entry_matches_the_stowage_script_and_the_launcher():
 
 
 def test_a_bundle_starts_its_engine_with_its_own_executable(monkeypatch):
-    from engine import engine_process
+    from stowage.engine.process import engine_process
 
-    assert engine_process.engine_command()[1:] == ["-m", "engine.cli"]
+    assert engine_process.engine_command()[1:] == ["-m", "stowage.engine.cli"]
     monkeypatch.setattr(engine_process.sys, "frozen", True, raising=False)
     command = engine_process.serve_command("/models/m", context_tokens=1024)
     assert command[:3] == [engine_process.sys.executable, "serve", "/models/m"]
@@ -160,7 +160,7 @@ def test_the_application_is_named_before_its_first_window(monkeypatch, qapp):
     from PySide6 import QtWidgets
     from PySide6.QtGui import QGuiApplication
 
-    import app.main
+    from stowage.app import main as app_main
 
     seen = {}
 
@@ -174,7 +174,7 @@ def test_the_application_is_named_before_its_first_window(monkeypatch, qapp):
     monkeypatch.setattr(QtWidgets, "QSplashScreen", Splash)
     try:
         try:
-            app.main.main([])
+            app_main.main([])
         except KeyboardInterrupt:
             pass
     finally:

@@ -1,6 +1,6 @@
 """The prompt bar's estimate; the engine's prefill progress it reads is tested in tests/engine/test_generation.py."""
 
-from app.prompt_progress import format_seconds
+from stowage.app.prompt_progress import format_seconds
 
 
 def test_time_left_is_said_as_an_estimate():

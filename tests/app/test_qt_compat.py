@@ -5,7 +5,7 @@ import sys
 # guard (or a fixed PySide6) this child aborts with "bool_dealloc" or "none_dealloc".
 CHILD = """
 import sys
-import app
+import stowage.app
 from PySide6.QtCore import QCoreApplication, QObject, Signal
 
 class Emitter(QObject):
@@ -25,6 +25,6 @@ print("ok", count)
 
 
 def test_many_signal_emits_do_not_crash_the_interpreter():
-    result = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-P", "-c", CHILD], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("ok")

@@ -11,7 +11,7 @@ import pytest
 from factory import ROOT
 from PySide6.QtCore import Qt
 
-from app.remote_source import RemoteModel, ServerBook, TokenEstimate
+from stowage.app.remote_source import RemoteModel, ServerBook, TokenEstimate
 
 KEY = "remote-test-key"
 TIMEOUT_S = 60
@@ -19,7 +19,7 @@ TIMEOUT_S = 60
 
 def start_server(model_dir, context=512):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "STOWAGE_API_KEY": KEY}
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", str(model_dir), "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "stowage.engine.cli", "serve", str(model_dir), "--port", "0",
                              "--context", str(context)], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     with selectors.DefaultSelector() as sel:

@@ -8,8 +8,10 @@ import openai
 import pytest
 from processes import TIMEOUT_S, free_port, openai_client
 
-from app.model_settings import open_settings
-from app.serve_settings import ServeSettings, lan_address, load_serve_settings, save_serve_settings, url_for_others
+from stowage.app.model_settings import open_settings
+from stowage.app.serve_settings import (
+    ServeSettings, lan_address, load_serve_settings, save_serve_settings, url_for_others,
+)
 
 def restart(qtbot, window, change):
     """Make a change to Serve and wait for the engine child it restarts."""

@@ -4,13 +4,13 @@ import math
 
 import pytest
 
-from app.context_scale import SLIDER_STEPS
-from app.forecast import Forecast
-from app.model_settings import ModelSettings
-from app.settings_panel import SettingsPanel
-from engine.planning.budgets import given_budgets
-from engine.planning.inspect import inspect
-from engine.planning.plan import PlanRequest, max_context, plan
+from stowage.app.context_scale import SLIDER_STEPS
+from stowage.app.forecast import Forecast
+from stowage.app.model_settings import ModelSettings
+from stowage.app.settings_panel import SettingsPanel
+from stowage.engine.planning.budgets import given_budgets
+from stowage.engine.planning.inspect import inspect
+from stowage.engine.planning.plan import PlanRequest, max_context, plan
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-from app.store import ConversationStore
+from stowage.app.store import ConversationStore
 
 
 def test_conversation_survives_reopen(tmp_path):

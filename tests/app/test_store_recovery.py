@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from app.store import ConversationStore
+from stowage.app.store import ConversationStore
 
 
 def write_history(path: Path, num_messages: int = 400) -> None:

@@ -7,10 +7,10 @@ from dataclasses import replace
 import pytest
 from factory import cpu_plan
 
-from app.model_settings import ModelSettings, load_model_settings, open_settings, save_model_settings
-from app.settings_panel import SettingsPanel
-from app.worker import EngineClient
-from kernels import cpu_decode
+from stowage.app.model_settings import ModelSettings, load_model_settings, open_settings, save_model_settings
+from stowage.app.settings_panel import SettingsPanel
+from stowage.app.worker import EngineClient
+from stowage.kernels import cpu_decode
 
 
 def test_the_field_reads_and_shows_the_setting(qtbot, tmp_path):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from sparse_models import write_sparse_model
 
-from bench.gpu_plan_check import QWEN2_5_1_5B, Scenario, check_record, make_plan, overhead_summary, split_problem
-from bench.plan_check import DeviceCheck
-from engine.planning.budgets import ram_budget
-from engine.planning.workspace import CUDA_OVERHEAD_BYTES
-from engine.units import GiB, MiB
+from gpu_plan_check import QWEN2_5_1_5B, Scenario, check_record, make_plan, overhead_summary, split_problem
+from plan_check import DeviceCheck
+from stowage.engine.planning.budgets import ram_budget
+from stowage.engine.planning.workspace import CUDA_OVERHEAD_BYTES
+from stowage.engine.units import GiB, MiB
 
 GPU_PLAN = {"reserve_bytes": 512 * MiB, "overhead_bytes": 640 * MiB}
 
@@ -73,7 +73,7 @@ def test_a_plan_that_does_not_split_as_intended_is_named(model_dir):
 
 def test_the_gpu_report_states_the_overhead_to_use_and_the_targets(model_dir):
     # The markdown of a GPU run, from records shaped as its workers write them (no GPU needed to format them).
-    from bench.gpu_plan_check import environment, plan_record, report
+    from gpu_plan_check import environment, plan_record, report
 
     s = Scenario(2, 8192, "bfloat16")
     plan = plan_record(make_plan(model_dir, s, ram_budget(120 * GiB)))
@@ -94,7 +94,7 @@ def test_the_gpu_report_states_the_overhead_to_use_and_the_targets(model_dir):
 
 
 def test_the_kernel_target_is_judged_at_32k_tokens_batch_16():
-    from bench.gpu_kernels import target_verdict
+    from gpu_kernels import target_verdict
 
     rows = [{"cache": "bf16", "batch": 16, "tokens": 32768, "triton_of_peak": 0.65},
             {"cache": "fp8", "batch": 16, "tokens": 32768, "triton_of_peak": 0.55},

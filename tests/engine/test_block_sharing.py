@@ -8,15 +8,15 @@ import torch
 from factory import cpu_plan, make_model
 from scheduler_log import Log
 
-from engine.engine import Engine
-from engine.generation import GenerationResult, TokenEvent
-from engine.kv_cache import BlockAllocator, CacheSpec, KVCache, Sequence
-from engine.kv_store import KVStore
-from engine.planning import plan_for
-from engine.planning.budgets import DiskBudget, given_budgets
-from engine.sampler import SamplingParams
-from engine.server.scheduler import Scheduler
-from engine.units import GiB
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.runtime.generation import GenerationResult, TokenEvent
+from stowage.engine.runtime.kv_cache import BlockAllocator, CacheSpec, KVCache, Sequence
+from stowage.engine.serving.kv_store import KVStore
+from stowage.engine.planning import plan_for
+from stowage.engine.planning.budgets import DiskBudget, given_budgets
+from stowage.engine.runtime.sampler import SamplingParams
+from stowage.engine.serving.scheduler import Scheduler
+from stowage.engine.units import GiB
 
 PREFIX = [3 + (7 * i) % 500 for i in range(48)]  # three blocks of 16 in common
 TAIL_A, TAIL_B = list(range(400, 410)), list(range(420, 432))

@@ -3,11 +3,11 @@
 import psutil
 import pytest
 
-from engine.planning.budgets import (
+from stowage.engine.planning.budgets import (
     DeviceBudget, default_gpu_safety, default_ram_reserve, detect_budgets, given_budgets, gpu_budget, ram_budget,
 )
-from engine.gpus import visible_order
-from engine.units import GiB, MiB
+from stowage.engine.planning.gpus import visible_order
+from stowage.engine.units import GiB, MiB
 
 
 def test_gpu_safety_is_the_larger_of_512_mib_and_2_percent():

@@ -7,13 +7,13 @@ import sys
 import pytest
 from factory import make_model
 
-from engine.engine import Engine
+from stowage.engine.runtime.engine import Engine
 from factory import cpu_plan
-from engine.sampler import SamplingParams
+from stowage.engine.runtime.sampler import SamplingParams
 
 
 def stowage(*args):
-    return subprocess.run([sys.executable, "-m", "engine.cli", *map(str, args)], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-P", "-m", "stowage.engine.cli", *map(str, args)], capture_output=True, text=True)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_errors_are_one_readable_line(tmp_path):
 
 
 def test_terminal_chat_keeps_history(model_dir):
-    out = subprocess.run([sys.executable, "-m", "engine.cli", "chat", str(model_dir), "--max-tokens", "4",
+    out = subprocess.run([sys.executable, "-P", "-m", "stowage.engine.cli", "chat", str(model_dir), "--max-tokens", "4",
                           "--temperature", "0"], input="Hello\nAgain\n", capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     reports = [line for line in out.stderr.splitlines() if "tokens reused" in line]
@@ -71,7 +71,7 @@ def test_terminal_chat_keeps_history(model_dir):
     (["chat", "--top-k", "-3"], "top_k must be >= 0"),
 ])
 def test_bad_arguments_are_refused_before_the_model_is_read(tmp_path, capsys, args, message):
-    from engine.cli import main
+    from stowage.engine.cli import main
     # tmp_path holds no model: had anything been read first, the error would be about config.json
     code = main([args[0], str(tmp_path), *args[1:]])
     err = capsys.readouterr().err
@@ -83,14 +83,14 @@ def test_bad_arguments_are_refused_before_the_model_is_read(tmp_path, capsys, ar
 
 def test_a_prompt_that_is_not_utf8_is_a_clean_error(tmp_path):
     # bytes that are not UTF-8 reach Python as lone surrogates (argv is decoded with surrogateescape)
-    out = subprocess.run([sys.executable, "-m", "engine.cli", "generate", str(tmp_path), "--prompt", b"caf\xe9"],
+    out = subprocess.run([sys.executable, "-P", "-m", "stowage.engine.cli", "generate", str(tmp_path), "--prompt", b"caf\xe9"],
                          capture_output=True, text=True)
     assert out.returncode == 2
     assert "stowage: --prompt is not valid UTF-8" in out.stderr and "Traceback" not in out.stderr
 
 
 def chat(model_dir, stdin: bytes, *args):
-    out = subprocess.run([sys.executable, "-m", "engine.cli", "chat", str(model_dir), "--max-tokens", "6",
+    out = subprocess.run([sys.executable, "-P", "-m", "stowage.engine.cli", "chat", str(model_dir), "--max-tokens", "6",
                           "--temperature", "0", *map(str, args)], input=stdin, capture_output=True, timeout=300)
     return out.returncode, out.stderr.decode("utf-8", "replace")
 
@@ -122,7 +122,7 @@ def test_chat_says_when_one_message_alone_does_not_fit(model_dir):
 
 @pytest.mark.parametrize("command", ["generate", "chat", "serve"])
 def test_threads_is_an_option_of_each_engine_command_and_checked(tmp_path, capsys, command):
-    from engine.cli import build_parser, main
+    from stowage.engine.cli import build_parser, main
 
     extra = ["--prompt", "x"] if command == "generate" else []
     assert build_parser().parse_args([command, str(tmp_path), *extra, "--threads", "3"]).threads == 3
@@ -132,7 +132,7 @@ def test_threads_is_an_option_of_each_engine_command_and_checked(tmp_path, capsy
 
 def test_stowage_list_is_registered(tmp_path):
     env = {**__import__("os").environ, "HOME": str(tmp_path), "OLLAMA_MODELS": str(tmp_path / "none")}
-    out = subprocess.run([sys.executable, "-m", "engine.cli", "list", "--json", "--models-dir", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-P", "-m", "stowage.engine.cli", "list", "--json", "--models-dir", str(tmp_path)],
                          capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert isinstance(__import__("json").loads(out.stdout), (list, dict))

@@ -8,11 +8,11 @@ import threading
 import pytest
 from factory import ROOT, make_model
 
-from engine.client import RemoteServer, sampling_fields
-from engine.engine_process import EngineProcess
-from engine.errors import InsufficientMemoryError, InvalidArgumentError, RemoteError
-from engine.sampler import SamplingParams
-from engine.server.cli import API_KEY_ENV
+from stowage.engine.process.client import RemoteServer, sampling_fields
+from stowage.engine.process.engine_process import EngineProcess
+from stowage.engine.errors import InsufficientMemoryError, InvalidArgumentError, RemoteError
+from stowage.engine.runtime.sampler import SamplingParams
+from stowage.engine.cli.serve import API_KEY_ENV
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 
@@ -86,13 +86,13 @@ def test_only_the_fields_that_ask_for_something_are_sent():
 
 def test_terminal_chat_with_a_remote_server(engine, key):
     env = {**os.environ, API_KEY_ENV: key}
-    out = subprocess.run([sys.executable, "-m", "engine.cli", "chat", "--remote", engine.server.base_url + "/v1",
+    out = subprocess.run([sys.executable, "-P", "-m", "stowage.engine.cli", "chat", "--remote", engine.server.base_url + "/v1",
                           "--model", "model", "--max-tokens", "4", "--temperature", "0"], input="Hello\nAgain\n",
                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "Chatting with model (128-token context)" in out.stderr
     assert len([line for line in out.stderr.splitlines() if "tokens reused" in line]) == 2
-    wrong = subprocess.run([sys.executable, "-m", "engine.cli", "chat", "--remote", engine.server.base_url,
+    wrong = subprocess.run([sys.executable, "-P", "-m", "stowage.engine.cli", "chat", "--remote", engine.server.base_url,
                             "--model", "nope"], input="", capture_output=True, text=True, cwd=ROOT, env=env,
                            timeout=120)
     assert wrong.returncode == 2 and wrong.stderr.strip().splitlines()[-1] == (

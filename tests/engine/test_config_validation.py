@@ -8,9 +8,9 @@ import pytest
 from factory import make_model, run_fresh
 from sparse_models import LLAMA_3_1_8B
 
-from engine.config import ModelConfig
-from engine.errors import ModelFormatError, UnsupportedModelError
-from engine.tokenizer import Tokenizer
+from stowage.engine.formats.config import ModelConfig
+from stowage.engine.errors import ModelFormatError, UnsupportedModelError
+from stowage.engine.text.tokenizer import Tokenizer
 
 LLAMA3_ROPE = LLAMA_3_1_8B["rope_scaling"]
 
@@ -132,9 +132,9 @@ def test_json_files_that_are_not_objects_name_the_file(folder, file, kind):
 
 FIFO_SCRIPT = """
 import sys
-from engine.config import ModelConfig
-from engine.errors import ModelFormatError
-from engine.tokenizer import Tokenizer
+from stowage.engine.formats.config import ModelConfig
+from stowage.engine.errors import ModelFormatError
+from stowage.engine.text.tokenizer import Tokenizer
 try:
     ModelConfig.from_dir(sys.argv[1])
     Tokenizer(sys.argv[1])

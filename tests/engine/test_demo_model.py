@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.engine import Engine
+from stowage.engine.runtime.engine import Engine
 from factory import cpu_plan
-from engine.sampler import SamplingParams
+from stowage.engine.runtime.sampler import SamplingParams
 
 DEMO_MODEL_DIR = Path(__file__).resolve().parents[2] / "assets" / "demo-model"
 # (question, words the reply must contain). The first phrasing is trained on; the second is not.

@@ -13,8 +13,8 @@ gguf = pytest.importorskip("gguf")
 from factory import make_model  # noqa: E402
 from gguf_factory import write_gguf  # noqa: E402
 
-from engine.discovery import Places, add_list_parser, default_models_dir, discover  # noqa: E402
-from engine.gguf_model import open_model  # noqa: E402
+from stowage.engine.formats.discovery import Places, add_list_parser, default_models_dir, discover  # noqa: E402
+from stowage.engine.formats.gguf_model import open_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -158,9 +158,9 @@ def test_stowage_list_prints_a_table_and_json(home, capsys):
 def test_an_ollama_blob_plans_and_generates_like_its_gguf_file(home, tiny):
     from factory import cpu_plan
 
-    from engine.engine import Engine
-    from engine.formats import is_gguf
-    from engine.sampler import SamplingParams
+    from stowage.engine.runtime.engine import Engine
+    from stowage.engine.formats.source import is_gguf
+    from stowage.engine.runtime.sampler import SamplingParams
 
     blob = next(m for m in discover(places(home)).models if m.name == "tiny:latest").path
     assert is_gguf(blob)

@@ -12,10 +12,10 @@ import pytest
 from factory import ROOT, cpu_plan, make_model
 from processes import alive
 
-from engine.engine import Engine
-from engine.engine_process import EngineProcess, describe_exit
-from engine.errors import EngineCrashedError, EngineStartError, GenerationCancelled
-from engine.sampler import SamplingParams
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.process.engine_process import EngineProcess, describe_exit
+from stowage.engine.errors import EngineCrashedError, EngineStartError, GenerationCancelled
+from stowage.engine.runtime.sampler import SamplingParams
 
 TIMEOUT = 120
 LONG = SamplingParams(temperature=0, max_tokens=900)  # seconds of decoding on this machine: time to kill it
@@ -99,10 +99,10 @@ def test_cancel_ends_the_child_while_it_loads(model_dir):
 
 
 def test_the_child_ends_with_its_parent(model_dir):
-    code = ("import sys; from engine.engine_process import EngineProcess; "
+    code = ("import sys; from stowage.engine.process.engine_process import EngineProcess; "
             "e = EngineProcess.start(sys.argv[1], context_tokens=64); print(e.pid, flush=True); "
             "import time; time.sleep(600)")
-    parent = subprocess.Popen([sys.executable, "-c", code, str(model_dir)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, "-P", "-c", code, str(model_dir)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
     parent.kill()  # no chance to close its engine
     parent.wait()
@@ -122,7 +122,7 @@ def test_deaths_in_words():
 def test_generate_survives_its_weights_truncated_under_it(tmp_path):
     """Issue 12's scenario: `stowage generate M --chat ... &`, then `truncate -s 4096 M/model.safetensors`."""
     model = make_model(tmp_path / "model", "llama", initializer_range=0.2)
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "generate", str(model), "--chat", "--prompt",
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "stowage.engine.cli", "generate", str(model), "--chat", "--prompt",
                              "Write a long story", "--max-tokens", "900"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     first = proc.stdout.read1(64)  # the reply has begun

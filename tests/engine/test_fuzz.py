@@ -31,13 +31,13 @@ from pathlib import Path
 import pytest
 from factory import make_model
 
-from engine.dtypes import SAFETENSORS
-from engine.engine import Engine
-from engine.errors import StowageError, StowageWarning
-from engine.planning import PlanRequest, check, inspect
-from engine.planning.budgets import given_budgets
-from engine.sampler import SamplingParams
-from engine.units import GiB, MiB
+from stowage.engine.dtypes import SAFETENSORS
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.errors import StowageError, StowageWarning
+from stowage.engine.planning import PlanRequest, check, inspect
+from stowage.engine.planning.budgets import given_budgets
+from stowage.engine.runtime.sampler import SamplingParams
+from stowage.engine.units import GiB, MiB
 
 DEFAULT_CASES = 500
 LONG_CASES = 10_000

@@ -7,11 +7,11 @@ import torch
 from factory import cpu_plan, make_model
 from transformers import AutoModelForCausalLM
 
-from engine.config import ModelConfig
-from engine.engine import Engine
-from engine.errors import UnsupportedModelError
-from engine.kv_cache import KVCache, Sequence
-from engine.sampler import SamplingParams
+from stowage.engine.formats.config import ModelConfig
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.errors import UnsupportedModelError
+from stowage.engine.runtime.kv_cache import KVCache, Sequence
+from stowage.engine.runtime.sampler import SamplingParams
 
 TOLERANCE = 1e-4  # fp32 logits, max abs difference (measured: <= 1.1e-5, logits up to ~7)
 GEMMA = dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=8, initializer_range=0.2)

@@ -13,20 +13,20 @@ MEASURE = """
 import functools, json, sys
 import torch
 torch.set_num_threads(1)
-import engine.engine
-from bench.plan_check import _peak_rss, _reset_peak_rss, _warm_up
-from bench.memory import rss_bytes
-from engine.config import ModelConfig
-from engine.engine import Engine
-from engine.planning.budgets import given_budgets
-from engine.planning.inspect import inspect
-from engine.planning.plan import PlanRequest, plan
-from engine.planning.report import to_dict
-from engine.units import GiB
+import stowage.engine.runtime.engine as runtime_engine
+from plan_check import _peak_rss, _reset_peak_rss, _warm_up
+from memory import rss_bytes
+from stowage.engine.formats.config import ModelConfig
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.planning.budgets import given_budgets
+from stowage.engine.planning.inspect import inspect
+from stowage.engine.planning.plan import PlanRequest, plan
+from stowage.engine.planning.report import to_dict
+from stowage.engine.units import GiB
 model_dir, tokens = sys.argv[1], int(sys.argv[2])
 p = plan(inspect(model_dir), PlanRequest(tokens, prefill_chunk=512), given_budgets([], 16 * GiB))
 assert p.fits, p.error
-engine.engine.KVCache = functools.partial(engine.engine.KVCache, prefill_chunk=p.prefill_chunk,
+runtime_engine.KVCache = functools.partial(runtime_engine.KVCache, prefill_chunk=p.prefill_chunk,
                                           layer_windows=ModelConfig.from_dir(model_dir).layer_windows)
 _warm_up(torch.bfloat16)
 _reset_peak_rss()

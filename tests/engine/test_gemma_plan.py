@@ -14,13 +14,13 @@ import pytest
 import torch
 from sparse_models import ITEMSIZE
 
-from engine.config import ModelConfig
-from engine.kv_cache import CacheSpec, KVCache
-from engine.planning.budgets import given_budgets
-from engine.planning.inspect import inspect
-from engine.planning.plan import PlanRequest, max_context, plan
-from engine.planning.report import to_dict
-from engine.units import GiB
+from stowage.engine.formats.config import ModelConfig
+from stowage.engine.runtime.kv_cache import CacheSpec, KVCache
+from stowage.engine.planning.budgets import given_budgets
+from stowage.engine.planning.inspect import inspect
+from stowage.engine.planning.plan import PlanRequest, max_context, plan
+from stowage.engine.planning.report import to_dict
+from stowage.engine.units import GiB
 
 GEMMA_3_1B = {
     "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "vocab_size": 262144, "hidden_size": 1152,

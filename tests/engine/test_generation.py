@@ -6,10 +6,10 @@ import pytest
 import torch
 from factory import make_model
 
-from engine.engine import Engine
+from stowage.engine.runtime.engine import Engine
 from factory import cpu_plan
-from engine.generation import StopMatcher
-from engine.sampler import Sampler, SamplingParams
+from stowage.engine.runtime.generation import StopMatcher
+from stowage.engine.runtime.sampler import Sampler, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_prefill_progress_comes_after_each_chunk_and_leaves_out_the_cached_prefi
 @pytest.mark.parametrize("spread", [0.01, 1.0, 8.0])  # flat (the candidates hold < top_p: the full sort), to peaked
 @pytest.mark.parametrize("top_p", [0.3, 0.9, 0.999])
 def test_nucleus_keeps_the_same_set_as_a_full_sort(spread, top_p):
-    from engine.sampler import _nucleus
+    from stowage.engine.runtime.sampler import _nucleus
 
     probs = torch.softmax(torch.randn(50_000, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
                           * spread, dim=-1)

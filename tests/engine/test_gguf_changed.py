@@ -9,8 +9,8 @@ gguf = pytest.importorskip("gguf")
 from factory import make_model, run_fresh  # noqa: E402
 from gguf_factory import write_gguf  # noqa: E402
 
-from engine.errors import ModelFormatError  # noqa: E402
-from engine.gguf_model import GGUFModel  # noqa: E402
+from stowage.engine.errors import ModelFormatError  # noqa: E402
+from stowage.engine.formats.gguf_model import GGUFModel  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +51,8 @@ def test_a_changed_file_or_part_is_refused(files, change):
 
 SCRIPT = r"""
 import os, sys
-from engine.engine import Engine
-from engine.sampler import SamplingParams
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.runtime.sampler import SamplingParams
 from factory import cpu_plan
 engine = Engine.load(sys.argv[1], cpu_plan(sys.argv[1], 256))
 generation = engine.generate(engine.new_conversation(), [1, 2, 3, 4], SamplingParams(temperature=0, max_tokens=100))

@@ -7,12 +7,12 @@ gguf = pytest.importorskip("gguf")
 from factory import make_model  # noqa: E402
 from gguf_factory import write_gguf  # noqa: E402
 
-from engine.engine import Engine  # noqa: E402
-from engine.gguf_model import open_model  # noqa: E402
-from engine.planning import inspect, plan_for  # noqa: E402
-from engine.planning.budgets import given_budgets  # noqa: E402
-from engine.units import GiB  # noqa: E402
-from kernels.quant_linear import QuantizedWeight  # noqa: E402
+from stowage.engine.runtime.engine import Engine  # noqa: E402
+from stowage.engine.formats.gguf_model import open_model  # noqa: E402
+from stowage.engine.planning import inspect, plan_for  # noqa: E402
+from stowage.engine.planning.budgets import given_budgets  # noqa: E402
+from stowage.engine.units import GiB  # noqa: E402
+from stowage.kernels.quant_linear import QuantizedWeight  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -17,17 +17,17 @@ from factory import CORPUS, cpu_plan, greedy_reference, make_model  # noqa: E402
 from gguf_factory import dequantized_copy, gemma_vocab, hf_tensors, write_gguf  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from engine import cli  # noqa: E402
-from engine.config import ModelConfig  # noqa: E402
-from engine.engine import Engine  # noqa: E402
-from engine.errors import ModelFormatError  # noqa: E402
-from engine.formats import read_config, read_tokenizer  # noqa: E402
-from engine.gguf import GGUFFile  # noqa: E402
-from engine.gguf_model import GGUFModel, gguf_name, hf_name, swa_layers  # noqa: E402
-from engine.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
-from engine.layout import layer_tensor_names  # noqa: E402
-from engine.sampler import SamplingParams  # noqa: E402
-from engine.units import GiB  # noqa: E402
+from stowage.engine import cli  # noqa: E402
+from stowage.engine.formats.config import ModelConfig  # noqa: E402
+from stowage.engine.runtime.engine import Engine  # noqa: E402
+from stowage.engine.errors import ModelFormatError  # noqa: E402
+from stowage.engine.formats.source import read_config, read_tokenizer  # noqa: E402
+from stowage.engine.formats.gguf import GGUFFile  # noqa: E402
+from stowage.engine.formats.gguf_model import GGUFModel, gguf_name, hf_name, swa_layers  # noqa: E402
+from stowage.engine.text.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
+from stowage.engine.formats.layout import layer_tensor_names  # noqa: E402
+from stowage.engine.runtime.sampler import SamplingParams  # noqa: E402
+from stowage.engine.units import GiB  # noqa: E402
 
 TOLERANCE = 1e-4  # fp32 logits, max abs difference, as for the HF path (tests/engine/test_gemma.py)
 PROMPT = "Stowage plans memory: weights, KV cache, workspace and headroom. Pick a context size with the slider;"
@@ -224,9 +224,9 @@ WINDOW_LAYER = 65 * 16 * 1024  # ceil((512 + 512 - 2) / 16) + 1 blocks at the de
 def test_a_gemma_3_1b_shaped_q8_0_file_plans_its_windows_by_hand(tmp_path):
     from gguf_factory import write_sparse_gemma3_gguf
 
-    from engine.planning import inspect
-    from engine.planning.budgets import given_budgets
-    from engine.planning.plan import PlanRequest, plan
+    from stowage.engine.planning import inspect
+    from stowage.engine.planning.budgets import given_budgets
+    from stowage.engine.planning.plan import PlanRequest, plan
 
     path = tmp_path / "gemma-3-1b-it-Q8_0.gguf"
     written = write_sparse_gemma3_gguf(path, GEMMA_3_1B)

@@ -12,9 +12,9 @@ from gguf_factory import write_random_q8_0  # noqa: E402
 SCRIPT = r"""
 import json, sys, torch
 torch.set_num_threads(1)
-from bench.memory import anonymous_bytes
-from engine.engine import Engine
-from engine.sampler import SamplingParams
+from memory import anonymous_bytes
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.runtime.sampler import SamplingParams
 from factory import cpu_plan
 before = anonymous_bytes()
 engine = Engine.load(sys.argv[1], cpu_plan(sys.argv[1], 64))
@@ -54,11 +54,11 @@ MEASURE = """
 import json, sys
 import torch
 torch.set_num_threads(1)
-from bench.plan_check import check_plan
-from engine.planning.budgets import given_budgets
-from engine.planning.inspect import inspect
-from engine.planning.plan import PlanRequest, plan
-from engine.units import GiB
+from plan_check import check_plan
+from stowage.engine.planning.budgets import given_budgets
+from stowage.engine.planning.inspect import inspect
+from stowage.engine.planning.plan import PlanRequest, plan
+from stowage.engine.units import GiB
 p = plan(inspect(sys.argv[1]), PlanRequest(65536, prefill_chunk=512), given_budgets([], 16 * GiB))
 assert p.fits, p.error
 (cpu,) = check_plan(sys.argv[1], p)

@@ -13,19 +13,19 @@ from factory import cpu_plan, greedy_reference, make_model  # noqa: E402
 from gguf_factory import dequantized_copy, permute, rope_factors, write_gguf  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from engine import cli  # noqa: E402
-from engine.config import ModelConfig  # noqa: E402
-from engine.engine import Engine  # noqa: E402
-from engine.errors import ModelFormatError, UnsupportedModelError  # noqa: E402
-from engine.formats import is_gguf, read_config, read_tokenizer  # noqa: E402
-from engine.gguf_model import GGUFModel, gguf_name, hf_name, qk_order  # noqa: E402
-from engine.planning import inspect  # noqa: E402
-from engine.planning.budgets import given_budgets  # noqa: E402
-from engine.planning.plan import PlanRequest, plan  # noqa: E402
-from engine.rope import inverse_frequencies  # noqa: E402
-from engine.sampler import SamplingParams  # noqa: E402
-from engine.units import GiB  # noqa: E402
-from kernels.quant_linear import MatrixShape, QuantizedWeight, rows_workspace_bytes, workspace_bytes  # noqa: E402
+from stowage.engine import cli  # noqa: E402
+from stowage.engine.formats.config import ModelConfig  # noqa: E402
+from stowage.engine.runtime.engine import Engine  # noqa: E402
+from stowage.engine.errors import ModelFormatError, UnsupportedModelError  # noqa: E402
+from stowage.engine.formats.source import is_gguf, read_config, read_tokenizer  # noqa: E402
+from stowage.engine.formats.gguf_model import GGUFModel, gguf_name, hf_name, qk_order  # noqa: E402
+from stowage.engine.planning import inspect  # noqa: E402
+from stowage.engine.planning.budgets import given_budgets  # noqa: E402
+from stowage.engine.planning.plan import PlanRequest, plan  # noqa: E402
+from stowage.engine.runtime.rope import inverse_frequencies  # noqa: E402
+from stowage.engine.runtime.sampler import SamplingParams  # noqa: E402
+from stowage.engine.units import GiB  # noqa: E402
+from stowage.kernels.quant_linear import MatrixShape, QuantizedWeight, rows_workspace_bytes, workspace_bytes  # noqa: E402
 
 PROMPT = "Stowage plans memory: weights, KV cache, workspace and headroom. Pick a context size with the slider;"
 ARCHS = {
@@ -64,7 +64,7 @@ def files(models, tmp_path_factory):
 
 def test_every_llama_cpp_name_maps_to_the_layouts_and_back(models):
     config = ModelConfig.from_dir(models["qwen3"])
-    from engine.layout import EMBED, FINAL_NORM, LM_HEAD, layer_tensor_names
+    from stowage.engine.formats.layout import EMBED, FINAL_NORM, LM_HEAD, layer_tensor_names
 
     names = [EMBED, FINAL_NORM, LM_HEAD, *layer_tensor_names(config, 0).values(),
              *layer_tensor_names(ModelConfig.from_dir(models["qwen2"]), 11).values()]

@@ -13,9 +13,9 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as GGML  # noqa: E402
 from gguf import GGUFValueType as V  # noqa: E402
 
-from engine.errors import ModelFormatError  # noqa: E402
-from engine.gguf import GGML_TYPES, GGUFFile, find_gguf, open_gguf, read_metadata  # noqa: E402
-from kernels.quants import FORMATS, dequantize, dequantize_rows  # noqa: E402
+from stowage.engine.errors import ModelFormatError  # noqa: E402
+from stowage.engine.formats.gguf import GGML_TYPES, GGUFFile, find_gguf, open_gguf, read_metadata  # noqa: E402
+from stowage.kernels.quants import FORMATS, dequantize, dequantize_rows  # noqa: E402
 
 Q_NAME, F_NAME = "blk.0.attn_q.weight", "blk.0.ffn_norm.weight"
 

@@ -7,9 +7,9 @@ gguf = pytest.importorskip("gguf")
 from factory import cpu_plan, make_model  # noqa: E402
 from gguf_factory import write_gguf  # noqa: E402
 
-from engine.engine import Engine  # noqa: E402
-from engine.planning import inspect  # noqa: E402
-from engine.sampler import SamplingParams  # noqa: E402
+from stowage.engine.runtime.engine import Engine  # noqa: E402
+from stowage.engine.planning import inspect  # noqa: E402
+from stowage.engine.runtime.sampler import SamplingParams  # noqa: E402
 
 PROMPT = "Split files hold the same model; the parts load as one."
 

@@ -21,9 +21,9 @@ from transformers.integrations.gguf.gguf_tokenizer_mapping import _LLAMA3_SPLIT 
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_SPLIT  # noqa: E402
 from transformers.tokenization_utils_base import generate_merges  # noqa: E402
 
-from engine.errors import ModelFormatError, UnsupportedModelError  # noqa: E402
-from engine.gguf import GGUFFile  # noqa: E402
-from engine.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
+from stowage.engine.errors import ModelFormatError, UnsupportedModelError  # noqa: E402
+from stowage.engine.formats.gguf import GGUFFile  # noqa: E402
+from stowage.engine.text.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
 
 T = gguf.TokenType
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # control tokens

@@ -7,9 +7,9 @@ import time
 import pytest
 import torch
 
-from engine.checkpoint import Checkpoint
-from engine.errors import ModelFormatError
-from engine.planning.inspect import inspect
+from stowage.engine.formats.checkpoint import Checkpoint
+from stowage.engine.errors import ModelFormatError
+from stowage.engine.planning.inspect import inspect
 from sparse_models import LLAMA_3_1_8B, QWEN2_5_7B, QWEN3_0_6B, write_sparse_model
 
 # Llama-3.1-8B, one decoder layer, elements:

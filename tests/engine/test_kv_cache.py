@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from engine.errors import OutOfBlocksError
-from engine.kv_cache import BlockAllocator, CacheSpec, KVCache, Sequence
+from stowage.engine.errors import OutOfBlocksError
+from stowage.engine.runtime.kv_cache import BlockAllocator, CacheSpec, KVCache, Sequence
 
 
 def test_llama_8b_shape_32k_tokens_is_exactly_4_gib():

@@ -8,15 +8,15 @@ import pytest
 import torch
 from factory import make_model
 
-from engine.engine import Engine
-from engine.generation import GenerationResult
-from engine.kv_cache import Sequence
-from engine.kv_store import KVStore
-from engine.planning import plan_for
-from engine.planning.budgets import DiskBudget, given_budgets
-from engine.sampler import SamplingParams
-from engine.server.scheduler import Scheduler
-from engine.units import GiB, MiB
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.runtime.generation import GenerationResult
+from stowage.engine.runtime.kv_cache import Sequence
+from stowage.engine.serving.kv_store import KVStore
+from stowage.engine.planning import plan_for
+from stowage.engine.planning.budgets import DiskBudget, given_budgets
+from stowage.engine.runtime.sampler import SamplingParams
+from stowage.engine.serving.scheduler import Scheduler
+from stowage.engine.units import GiB, MiB
 
 TIMEOUT = 60
 PROMPT_A = [3 + (7 * i) % 500 for i in range(150)]
@@ -213,8 +213,8 @@ def test_a_sliding_window_model_reads_back_what_its_window_layers_hold(gemma_dir
 
 
 def test_the_plan_says_the_spill_budget_and_the_disk_it_fits_in(model_dir, tmp_path):
-    from engine.planning.budgets import default_kv_disk_budget
-    from engine.planning.report import format_table, to_dict
+    from stowage.engine.planning.budgets import default_kv_disk_budget
+    from stowage.engine.planning.report import format_table, to_dict
 
     assert default_kv_disk_budget(100 * GiB) == 4 * GiB  # capped
     assert default_kv_disk_budget(10 * GiB) == 1 * GiB  # 10% of the free disk
@@ -239,9 +239,9 @@ def test_the_plan_says_the_spill_budget_and_the_disk_it_fits_in(model_dir, tmp_p
 def test_serve_and_plan_take_the_budget_and_the_folder_from_the_environment(monkeypatch, tmp_path):
     import argparse
 
-    from engine.planning.budgets import detect_disk
-    from engine.planning.cli import add_plan_parser
-    from engine.server.cli import add_serve_parser
+    from stowage.engine.planning.budgets import detect_disk
+    from stowage.engine.cli.plan import add_plan_parser
+    from stowage.engine.cli.serve import add_serve_parser
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()

@@ -13,12 +13,12 @@ import pytest
 from factory import cpu_plan, save_tokenizer
 from sparse_models import QWEN2_5_7B, QWEN3_0_6B, write_sparse_model
 
-from engine.config import ModelConfig
-from engine.dtypes import SAFETENSORS
-from engine.engine import Engine
-from engine.errors import ModelFormatError
-from engine.layout import ModelLayout, layer_tensor_names
-from engine.planning import inspect
+from stowage.engine.formats.config import ModelConfig
+from stowage.engine.dtypes import SAFETENSORS
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.errors import ModelFormatError
+from stowage.engine.formats.layout import ModelLayout, layer_tensor_names
+from stowage.engine.planning import inspect
 
 Q = "model.layers.0.self_attn.q_proj.weight"
 K = "model.layers.0.self_attn.k_proj.weight"
@@ -187,8 +187,8 @@ def test_plan_and_load_agree_on_a_missing_tensor(qwen3):
     gone = "model.layers.7.mlp.gate_proj.weight"
     rewrite(model_dir, lambda e: e.pop(gone))
     assert gone in refused_by_both(model_dir, plan)
-    from engine.planning.cli import EXIT_BAD_MODEL, run_plan
-    from engine.cli import build_parser
+    from stowage.engine.cli.plan import EXIT_BAD_MODEL, run_plan
+    from stowage.engine.cli import build_parser
 
     assert run_plan(build_parser().parse_args(["plan", str(model_dir), "--context", "64", "--ram-budget", "64GiB"])) \
         == EXIT_BAD_MODEL
@@ -233,7 +233,7 @@ def test_a_matrix_in_another_float_dtype_loads_and_generates(tmp_path):
     from factory import make_model
     from safetensors.torch import load_file, save_file
 
-    from engine.sampler import SamplingParams
+    from stowage.engine.runtime.sampler import SamplingParams
 
     model_dir = make_model(tmp_path, "llama")
     tensors = load_file(model_dir / "model.safetensors")

@@ -5,9 +5,9 @@ import torch
 from factory import make_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.engine import Engine
+from stowage.engine.runtime.engine import Engine
 from factory import cpu_plan
-from engine.sampler import SamplingParams
+from stowage.engine.runtime.sampler import SamplingParams
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -87,7 +87,7 @@ def test_prefix_reuse_gives_the_same_tokens_as_recomputing(model_dir):
 def test_widened_prefill_matches_transformers_in_16_bits(tmp_path, monkeypatch, dtype):
     # A chunk of 16-bit weights multiplied on widened fp32 tiles (kernels/cpu_matmul.py, what CPUs without fast
     # 16-bit products run): the logits of transformers on the same weights in the same dtype, and torch's own.
-    from kernels import cpu_matmul
+    from stowage.kernels import cpu_matmul
 
     model_dir = make_model(tmp_path / "m", "llama", dtype=dtype, initializer_range=0.2)
     reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()

@@ -10,12 +10,12 @@ import torch
 from factory import cpu_plan, make_model
 from safetensors.torch import load_file, save_file
 
-from engine.engine import Engine
-from engine.planning import inspect
-from engine.planning.budgets import given_budgets
-from engine.planning.plan import PlanRequest, plan
-from engine.sampler import SamplingParams
-from engine.units import GiB
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.planning import inspect
+from stowage.engine.planning.budgets import given_budgets
+from stowage.engine.planning.plan import PlanRequest, plan
+from stowage.engine.runtime.sampler import SamplingParams
+from stowage.engine.units import GiB
 
 UP = "model.layers.1.mlp.up_proj.weight"
 NORM = "model.layers.2.input_layernorm.weight"

@@ -6,19 +6,19 @@ import torch
 from factory import run_fresh
 from safetensors.torch import save_file
 
-from engine.layout import layer_tensor_names
+from stowage.engine.formats.layout import layer_tensor_names
 
 SCRIPT = r"""
 import json, sys, torch
 torch.set_num_threads(1)
-from bench.memory import anonymous_bytes
-from engine.engine import Engine
+from memory import anonymous_bytes
+from stowage.engine.runtime.engine import Engine
 from factory import cpu_plan
 before = anonymous_bytes()
 engine = Engine.load(sys.argv[1], cpu_plan(sys.argv[1], 64))
 after_load = anonymous_bytes()
 report = engine.memory_report()["cpu"]
-engine.generate(engine.new_conversation(), [1, 2, 3, 4], __import__("engine.sampler").sampler.SamplingParams(temperature=0, max_tokens=4)).run()
+engine.generate(engine.new_conversation(), [1, 2, 3, 4], __import__("stowage.engine.runtime.sampler").sampler.SamplingParams(temperature=0, max_tokens=4)).run()
 after_run = anonymous_bytes()
 print(json.dumps({"load": after_load - before, "run": after_run - before, "report": report}))
 """
@@ -30,7 +30,7 @@ def write_bf16_model(d, layers=6, hidden=1024, inter=2816, vocab=8192):
               "num_key_value_heads": 2, "vocab_size": vocab, "max_position_embeddings": 512,
               "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "eos_token_id": 2}
     (d / "config.json").write_text(json.dumps(config))
-    from engine.config import ModelConfig
+    from stowage.engine.formats.config import ModelConfig
     cfg = ModelConfig.from_dict(config)
     kv = 2 * 128
     shapes = {"q": (hidden, hidden), "k": (kv, hidden), "v": (kv, hidden), "o": (hidden, hidden),

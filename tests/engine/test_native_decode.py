@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.engine import Engine
+from stowage.engine.runtime.engine import Engine
 from factory import cpu_plan, make_model
 from isa import native_isa
-from kernels import cpu_decode
+from stowage.kernels import cpu_decode
 
 pytestmark = pytest.mark.skipif(cpu_decode.current() is None,
                                 reason="the native decode library cannot be built here (no C compiler)")
@@ -95,7 +95,7 @@ def test_thread_counts_agree(tmp_path, threads):
 
 
 def test_greedy_generation_matches_torch_path(tmp_path):
-    from engine.sampler import SamplingParams
+    from stowage.engine.runtime.sampler import SamplingParams
 
     model_dir = make_model(tmp_path / "m", "qwen2")
     native, torch_path = _engines(model_dir, 256)
@@ -191,8 +191,8 @@ def _batched_matches_torch_path(model_dir, prompt_lengths: list[int], context: i
 
 def test_torch_on_one_thread_around_native_tokens(tmp_path, monkeypatch):
     # the sampler of a native decode token sees torch on one thread; the count is back afterwards
-    from engine import generation
-    from engine.sampler import SamplingParams
+    from stowage.engine.runtime import generation
+    from stowage.engine.runtime.sampler import SamplingParams
 
     model_dir = make_model(tmp_path / "m", "llama")
     native, _ = _engines(model_dir, 256)

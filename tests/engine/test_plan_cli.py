@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from engine.cli import main
+from stowage.engine.cli import main
 from sparse_models import LLAMA_3_1_8B, write_sparse_model
 
 
@@ -22,7 +22,7 @@ def plan_json(capsys, *args) -> tuple[int, dict]:
 
 def test_table_from_the_console_command(model_dir):
     out = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "plan", str(model_dir), "--context", "32768", "--kv-dtype", "fp16",
+        [sys.executable, "-P", "-m", "stowage.engine.cli", "plan", str(model_dir), "--context", "32768", "--kv-dtype", "fp16",
          "--gpu-budget", "8GiB", "--ram-budget", "16GiB"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
@@ -68,7 +68,7 @@ def test_cpu_only_and_decimal_sizes(model_dir, capsys):
 
 
 def test_without_context_plans_the_largest_that_fits(model_dir, capsys, monkeypatch):
-    from kernels import cpu_decode
+    from stowage.kernels import cpu_decode
 
     args = ("--kv-dtype", "fp16", "--ram-budget", "32GiB", "--gpu-layers", 0)
     monkeypatch.setenv("STOWAGE_NATIVE_DECODE", "0")  # the reference's workspace, as test_planner.py works it out

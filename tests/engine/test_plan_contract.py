@@ -7,13 +7,13 @@ import pytest
 import torch
 from factory import make_model
 
-import kernels
-from engine.engine import Engine
-from engine.errors import InsufficientMemoryError
-from engine.planning.budgets import given_budgets
-from engine.planning.inspect import inspect
-from engine.planning.plan import PlanRequest, plan
-from engine.units import GiB
+from stowage import kernels
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.errors import InsufficientMemoryError
+from stowage.engine.planning.budgets import given_budgets
+from stowage.engine.planning.inspect import inspect
+from stowage.engine.planning.plan import PlanRequest, plan
+from stowage.engine.units import GiB
 
 REQUEST = PlanRequest(256, prefill_chunk=64)
 GPU = {"cuda:0": "cpu"}  # the plan's GPU, simulated by the CPU
@@ -33,7 +33,7 @@ def _padded(ops, extra: int):
     return workspace_bytes
 
 
-from kernels import cpu_decode  # noqa: E402
+from stowage.kernels import cpu_decode  # noqa: E402
 
 # the CPU runs its native attention where the library could be built, else the reference
 CPU_KERNEL = "cpu_attention" if cpu_decode.current() is not None else "reference"

@@ -12,12 +12,12 @@ MEASURE = """
 import json, sys
 import torch
 torch.set_num_threads(1)
-from engine.planning.budgets import given_budgets
-from engine.planning.inspect import inspect
-from bench.plan_check import check_plan
-from engine.planning.plan import PlanRequest, plan
-from engine.planning.report import to_dict
-from engine.units import GiB
+from stowage.engine.planning.budgets import given_budgets
+from stowage.engine.planning.inspect import inspect
+from plan_check import check_plan
+from stowage.engine.planning.plan import PlanRequest, plan
+from stowage.engine.planning.report import to_dict
+from stowage.engine.units import GiB
 p = plan(inspect(sys.argv[1]), PlanRequest(int(sys.argv[2]), prefill_chunk=512), given_budgets([], 16 * GiB))
 assert p.fits, p.error
 print(json.dumps([c.__dict__ for c in check_plan(sys.argv[1], p)] + [to_dict(p)]))

@@ -34,13 +34,13 @@ checks the native kernel's. They plan for a CPU whose 16-bit products run at spe
 
 import pytest
 
-from engine.planning.budgets import given_budgets
-from kernels import cpu_decode, cpu_matmul
-from engine.errors import InsufficientMemoryError
-from engine.planning.inspect import inspect
-from engine.planning.plan import PlanRequest, check, max_context, plan
-from engine.planning.report import format_table, summary, to_dict
-from engine.units import GiB
+from stowage.engine.planning.budgets import given_budgets
+from stowage.kernels import cpu_decode, cpu_matmul
+from stowage.engine.errors import InsufficientMemoryError
+from stowage.engine.planning.inspect import inspect
+from stowage.engine.planning.plan import PlanRequest, check, max_context, plan
+from stowage.engine.planning.report import format_table, summary, to_dict
+from stowage.engine.units import GiB
 from sparse_models import LLAMA_3_1_8B, QWEN3_0_6B, write_sparse_model
 
 LAYER = 436_224_000

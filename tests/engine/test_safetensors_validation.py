@@ -8,12 +8,12 @@ import pytest
 import torch
 from factory import make_model
 
-from engine.checkpoint import Checkpoint
-from engine.engine import Engine
+from stowage.engine.formats.checkpoint import Checkpoint
+from stowage.engine.runtime.engine import Engine
 from factory import cpu_plan
-from engine.errors import ModelFormatError, UnsupportedModelError
-from engine.safetensors import MappedFile, read_header
-from engine.sampler import SamplingParams
+from stowage.engine.errors import ModelFormatError, UnsupportedModelError
+from stowage.engine.formats.safetensors import MappedFile, read_header
+from stowage.engine.runtime.sampler import SamplingParams
 
 
 def write_file(path, header: dict, data: bytes, header_len: int | None = None):
@@ -205,7 +205,7 @@ def hang_guard(seconds=10):
 
 @pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
 def test_weights_that_are_not_regular_files_are_refused_without_opening(tmp_path, kind):
-    from engine.planning import inspect
+    from stowage.engine.planning import inspect
     d = make_model(tmp_path / "m", "llama")
     (d / "model.safetensors").unlink()
     {"fifo": lambda p: os.mkfifo(p), "device": lambda p: p.symlink_to("/dev/zero"),

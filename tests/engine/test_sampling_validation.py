@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from engine.errors import InvalidArgumentError, ModelFormatError
-from engine.sampler import Sampler, SamplingParams
+from stowage.engine.errors import InvalidArgumentError, ModelFormatError
+from stowage.engine.runtime.sampler import Sampler, SamplingParams
 
 
 @pytest.mark.parametrize("values,message", [
@@ -62,7 +62,7 @@ def test_non_finite_scores_are_a_typed_error(bad):
 def test_draws_follow_the_probabilities_and_never_pick_a_zero():
     # engine.sampler.draw replaces torch.multinomial: 40,000 draws land on each token in proportion (within 5
     # standard deviations), and the zeros (first, inside, last) are never drawn
-    from engine.sampler import draw
+    from stowage.engine.runtime.sampler import draw
 
     probs = torch.tensor([0.0, 0.1, 0.0, 0.6, 0.25, 0.05, 0.0], dtype=torch.float64) * 3.0  # not normalized
     generator, n = torch.Generator().manual_seed(0), 40_000

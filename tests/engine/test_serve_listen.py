@@ -13,12 +13,12 @@ import pytest
 from processes import free_port, openai_client
 from factory import make_model
 
-from engine.client import RemoteServer
-from engine.engine_process import EngineProcess, client_url, serve_command
-from engine.errors import EngineStartError, InvalidArgumentError, StowageError
-from engine.planning import plan_for
-from engine.sampler import SamplingParams
-from engine.server.cli import listen_unix
+from stowage.engine.process.client import RemoteServer
+from stowage.engine.process.engine_process import EngineProcess, client_url, serve_command
+from stowage.engine.errors import EngineStartError, InvalidArgumentError, StowageError
+from stowage.engine.planning import plan_for
+from stowage.engine.runtime.sampler import SamplingParams
+from stowage.engine.cli.serve import listen_unix
 
 TIMEOUT = 60
 KEY = "a-key-that-lasts"
@@ -181,7 +181,7 @@ def test_listen_unix_removes_a_stale_socket_and_refuses_a_live_one_or_another_fi
 
 
 def test_serve_refuses_unix_with_a_tcp_address(model_dir, capsys):
-    from engine.cli import main
+    from stowage.engine.cli import main
 
     for extra in (["--port", "9000"], ["--host", "127.0.0.1"]):
         assert main(["serve", str(model_dir), "--unix", "/tmp/never.sock", *extra]) == 2

@@ -12,12 +12,12 @@ import pytest
 from factory import cpu_plan, make_model
 from starlette.testclient import TestClient
 
-from engine.engine import Engine
-from engine.generation import GenerationResult
-from engine.sampler import SamplingParams
-from engine.server.app import MAX_HEAD_BYTES, create_app
-from engine.server.cli import http_server, listen
-from engine.server.scheduler import Scheduler
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.runtime.generation import GenerationResult
+from stowage.engine.runtime.sampler import SamplingParams
+from stowage.engine.server.app import MAX_HEAD_BYTES, create_app
+from stowage.engine.cli.serve import http_server, listen
+from stowage.engine.serving.scheduler import Scheduler
 
 TIMEOUT = 60  # seconds a test waits for the server before failing instead of hanging
 SYSTEM = "Stowage plans memory: weights, KV cache, workspace and headroom. " * 3

@@ -7,11 +7,11 @@ import torch
 from factory import cpu_plan, make_model
 from scheduler_log import Log
 
-from engine.engine import Engine
-from engine.generation import GenerationResult
-from engine.kv_cache import Sequence
-from engine.sampler import SamplingParams
-from engine.server.scheduler import Scheduler
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.runtime.generation import GenerationResult
+from stowage.engine.runtime.kv_cache import Sequence
+from stowage.engine.runtime.sampler import SamplingParams
+from stowage.engine.serving.scheduler import Scheduler
 
 
 

@@ -14,9 +14,9 @@ import openai
 import pytest
 from factory import ROOT, cpu_plan, make_model
 
-from engine.cli import build_parser, main
-from engine.engine import Engine
-from engine.sampler import SamplingParams
+from stowage.engine.cli import build_parser, main
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.runtime.sampler import SamplingParams
 
 TIMEOUT = 60  # seconds to wait for the server before failing instead of hanging
 KEY = "test-key"
@@ -25,7 +25,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "STOWAGE_API_KEY": KEY}
 
 
 def stowage(*args, env=ENV):
-    return subprocess.Popen([sys.executable, "-m", "engine.cli", *map(str, args)], cwd=ROOT, env=env, text=True,
+    return subprocess.Popen([sys.executable, "-P", "-m", "stowage.engine.cli", *map(str, args)], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 

@@ -15,10 +15,10 @@ import pytest
 from factory import ROOT, cpu_plan, make_model, save_tokenizer
 from sparse_models import LLAMA_3_1_8B, write_sparse_model
 
-from engine.client import RemoteServer
-from engine.engine import Engine
-from engine.errors import GenerationCancelled, InvalidArgumentError, RemoteError
-from engine.sampler import SamplingParams
+from stowage.engine.process.client import RemoteServer
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.errors import GenerationCancelled, InvalidArgumentError, RemoteError
+from stowage.engine.runtime.sampler import SamplingParams
 
 TIMEOUT = 60  # seconds to wait for the server before failing instead of hanging
 KEY = "load-key"
@@ -47,7 +47,7 @@ def server(places):
     """A live `stowage serve` of alpha whose models folder holds alpha, beta and slow; its base URL."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HOME", "HF_HUB_CACHE", "OLLAMA_MODELS")}
     env |= {"OMP_NUM_THREADS": "1", "STOWAGE_API_KEY": KEY, "HOME": str(places / "home")}
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", str(places / "models" / "alpha"),
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "stowage.engine.cli", "serve", str(places / "models" / "alpha"),
                              "--port", "0", "--context", "1024", "--models-dir", str(places / "models")],
                             cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     with selectors.DefaultSelector() as sel:
@@ -244,7 +244,7 @@ def test_the_connection_limit_follows_a_load_with_more_sequences(server, remote)
     import socket
     from urllib.parse import urlsplit
 
-    from engine.server.cli import DEFAULT_MAX_QUEUE
+    from stowage.engine.cli.serve import DEFAULT_MAX_QUEUE
 
     address = (urlsplit(server).hostname, urlsplit(server).port)
 

@@ -8,12 +8,12 @@ import pytest
 from factory import cpu_plan, make_model
 from starlette.testclient import TestClient
 
-from engine.engine import Engine
-from engine.planning.report import to_dict
-from engine.sampler import SamplingParams
-from engine.server.app import create_app
-from engine.server.cli import parse_progress, write_progress
-from engine.server.scheduler import Scheduler
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.planning.report import to_dict
+from stowage.engine.runtime.sampler import SamplingParams
+from stowage.engine.server.app import create_app
+from stowage.engine.cli.serve import parse_progress, write_progress
+from stowage.engine.serving.scheduler import Scheduler
 
 KEY = "secret"
 

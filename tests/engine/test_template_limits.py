@@ -8,8 +8,8 @@ import jinja2.ext
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from engine.chat_template import FALLBACK_TEMPLATE, LIMITS, TemplateError, TemplateLimitError, render
-from engine.errors import ModelFormatError
+from stowage.engine.text.chat_template import FALLBACK_TEMPLATE, LIMITS, TemplateError, TemplateLimitError, render
+from stowage.engine.errors import ModelFormatError
 
 HANG_GUARD_S = 5.0  # generous: these guard against hangs, they are not benchmarks
 

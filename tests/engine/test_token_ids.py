@@ -10,13 +10,13 @@ import json
 import pytest
 from factory import cpu_plan, make_model
 
-import engine.engine as engine_module
-from engine.cli import build_parser
-from engine.engine import Engine
-from engine.errors import InvalidArgumentError, ModelFormatError
-from engine.planning import inspect
-from engine.planning.cli import EXIT_BAD_MODEL, run_plan
-from engine.sampler import SamplingParams
+import stowage.engine.runtime.engine as engine_module
+from stowage.engine.cli import build_parser
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.errors import InvalidArgumentError, ModelFormatError
+from stowage.engine.planning import inspect
+from stowage.engine.cli.plan import EXIT_BAD_MODEL, run_plan
+from stowage.engine.runtime.sampler import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=2)
 

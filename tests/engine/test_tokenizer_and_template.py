@@ -6,9 +6,9 @@ import pytest
 from factory import make_model, save_tokenizer
 from transformers import AutoTokenizer
 
-from engine.chat_template import TemplateError, render
-from engine.errors import StowageWarning
-from engine.tokenizer import Tokenizer
+from stowage.engine.text.chat_template import TemplateError, render
+from stowage.engine.errors import StowageWarning
+from stowage.engine.text.tokenizer import Tokenizer
 
 MESSAGES = [
     {"role": "system", "content": "You are terse."},

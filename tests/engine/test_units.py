@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.units import GiB, MiB, format_bytes, format_tokens, parse_size
+from stowage.engine.units import GiB, MiB, format_bytes, format_tokens, parse_size
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -10,8 +10,8 @@ import os
 import pytest
 from factory import make_model, run_fresh
 
-from engine.checkpoint import Checkpoint
-from engine.errors import ModelFormatError
+from stowage.engine.formats.checkpoint import Checkpoint
+from stowage.engine.errors import ModelFormatError
 
 NAME = "model.layers.0.self_attn.q_proj.weight"
 
@@ -61,8 +61,8 @@ def test_a_file_changed_between_header_and_mapping_is_refused(copy):
 
 SCRIPT = r"""
 import os, sys
-from engine.checkpoint import Checkpoint
-from engine.errors import ModelFormatError
+from stowage.engine.formats.checkpoint import Checkpoint
+from stowage.engine.errors import ModelFormatError
 ckpt = Checkpoint(sys.argv[1])
 t = ckpt.tensor("model.layers.2.mlp.down_proj.weight")  # near the end of the file
 os.truncate(os.path.join(sys.argv[1], "model.safetensors"), 4096)

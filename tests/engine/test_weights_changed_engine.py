@@ -4,9 +4,9 @@ from factory import make_model, run_fresh
 
 SCRIPT = r"""
 import os, sys
-from engine.engine import Engine
-from engine.errors import ModelFormatError
-from engine.sampler import SamplingParams
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.errors import ModelFormatError
+from stowage.engine.runtime.sampler import SamplingParams
 from factory import cpu_plan
 model_dir = sys.argv[1]
 engine = Engine.load(model_dir, cpu_plan(model_dir, 256))

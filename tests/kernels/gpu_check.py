@@ -21,7 +21,7 @@ os.environ.pop("TRITON_INTERPRET", None)
 import torch  # noqa: E402
 from paged_cases import TOLERANCE, make_paged, random_query  # noqa: E402
 
-from kernels import reference  # noqa: E402
+from stowage.kernels import reference  # noqa: E402
 
 FP16, BF16, FP8 = torch.float16, torch.bfloat16, torch.float8_e4m3fn
 
@@ -33,7 +33,7 @@ def _cuda(paged):
 
 
 def check_decode(lens, *, block_size, num_heads, num_kv_heads, head_dim, cache_dtype, num_splits, scales):
-    from kernels import triton_decode
+    from stowage.kernels import triton_decode
 
     paged = _cuda(make_paged(lens, block_size=block_size, num_kv_heads=num_kv_heads, head_dim=head_dim,
                              cache_dtype=cache_dtype, k_scale=scales[0], v_scale=scales[1]))
@@ -47,7 +47,7 @@ def check_decode(lens, *, block_size, num_heads, num_kv_heads, head_dim, cache_d
 
 
 def check_prefill(start_pos, num_new, *, block_size, num_heads, num_kv_heads, head_dim, cache_dtype):
-    from kernels import triton_prefill
+    from stowage.kernels import triton_prefill
 
     paged = _cuda(make_paged([50, start_pos + num_new], block_size=block_size, num_kv_heads=num_kv_heads,
                              head_dim=head_dim, cache_dtype=cache_dtype, k_scale=0.5, v_scale=0.25))
@@ -61,7 +61,7 @@ def check_prefill(start_pos, num_new, *, block_size, num_heads, num_kv_heads, he
 
 
 def check_write(cache_dtype, head_dim, block_size):
-    from kernels import triton_write
+    from stowage.kernels import triton_write
 
     gen = torch.Generator().manual_seed(0)
     src_dtype = torch.bfloat16 if cache_dtype == torch.bfloat16 else torch.float16
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if not has_cuda:
         print("no CUDA device: nothing to check")
         return 2
-    from kernels import triton_attention
+    from stowage.kernels import triton_attention
 
     # the facade the engine gets is the Triton one
     assert triton_attention.decode_attention is not reference.decode_attention

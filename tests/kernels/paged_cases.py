@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import reference
+from stowage.kernels import reference
 
 QUERY_DTYPE = {
     torch.float32: torch.float32,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.quants import FORMATS
+from stowage.kernels.quants import FORMATS
 
 BLOCK_TYPES = [name for name, fmt in FORMATS.items() if fmt.dtype is None]
 # Byte offsets of each block's float16 scales (d, dmin, m): random bytes there could be inf or NaN.

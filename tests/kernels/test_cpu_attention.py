@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from isa import native_isa
-from kernels import cpu_attention, cpu_decode, reference
+from stowage.kernels import cpu_attention, cpu_decode, reference
 
 pytestmark = pytest.mark.skipif(cpu_decode.current() is None, reason="no native library here (no C compiler)")
 
@@ -107,7 +107,7 @@ def test_batched_decode_matches_the_reference():
 
 
 def test_cpu_runs_the_native_kernel_and_charges_its_workspace():
-    from kernels import attention_ops
+    from stowage.kernels import attention_ops
 
     assert attention_ops("cpu") is cpu_attention
     shape = dict(num_tokens=512, context_tokens=32768, num_heads=32, num_kv_heads=8, head_dim=128,

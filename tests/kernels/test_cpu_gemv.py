@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels import cpu_gemv
+from stowage.kernels import cpu_gemv
 
 pytestmark = pytest.mark.skipif(not cpu_gemv.is_available(),
                                 reason="needs an x86 CPU with AVX512-BF16 and a C compiler")
@@ -29,7 +29,7 @@ def test_matches_fp32_product_rounded_to_bf16(rows, cols, with_bias):
 def test_reads_a_strided_input_and_a_mapped_weight(tmp_path):
     from safetensors.torch import save_file
 
-    from engine.checkpoint import Checkpoint
+    from stowage.engine.formats.checkpoint import Checkpoint
 
     w = torch.randn(64, 96).bfloat16()
     (tmp_path / "m").mkdir()

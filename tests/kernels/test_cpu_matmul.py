@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels import cpu_matmul
+from stowage.kernels import cpu_matmul
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

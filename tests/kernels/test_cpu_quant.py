@@ -7,9 +7,9 @@ import pytest
 import torch
 from quant_blocks import BLOCK_TYPES, random_blocks
 
-from kernels import cbuild, cpu_quant, quant_linear
-from kernels.quant_linear import QuantizedWeight
-from kernels.quants import dequantize
+from stowage.kernels import cbuild, cpu_quant, quant_linear
+from stowage.kernels.quant_linear import QuantizedWeight
+from stowage.kernels.quants import dequantize
 
 # x is quantized per 32 to 16-bit integers (quantize_x in kernels/csrc/quant_dots.h, repeated in `quantized` below)
 # and the products are exact integers; what differs from the float64 product with that x is the order of the float32
@@ -135,8 +135,8 @@ def test_a_gguf_model_decodes_the_same_tokens_natively(dtype, tmp_path, monkeypa
     from factory import cpu_plan, make_model
     from gguf_factory import write_k_quant_gguf
 
-    from engine.engine import Engine
-    from engine.sampler import SamplingParams
+    from stowage.engine.runtime.engine import Engine
+    from stowage.engine.runtime.sampler import SamplingParams
 
     if not cpu_quant.is_available():
         pytest.skip("the native kernels cannot be built here")

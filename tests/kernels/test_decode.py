@@ -6,7 +6,7 @@ import pytest
 import torch
 from paged_cases import TOLERANCE, make_paged, random_query
 
-from kernels import reference, triton_decode
+from stowage.kernels import reference, triton_decode
 
 LENS = [1, 37, 100]  # a length-1 sequence, lengths that are not multiples of the block size
 
@@ -93,7 +93,7 @@ def test_rejects_uneven_groups():
 def test_decode_loop_with_triton_writes():
     # What the engine does each step: write the new token's K/V, then attend over the grown context.
     # 12 cached tokens, then 8 steps that cross the block boundary at 16.
-    from kernels import triton_write
+    from stowage.kernels import triton_write
 
     gen = torch.Generator().manual_seed(9)
     block_size, kvh, head_dim, num_heads = 16, 2, 64, 4

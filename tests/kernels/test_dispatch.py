@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-import kernels
-from kernels import cpu_attention, cpu_decode, reference
+from stowage import kernels
+from stowage.kernels import cpu_attention, cpu_decode, reference
 
 
 def test_cpu_gets_the_native_kernel_or_the_reference(monkeypatch):
@@ -40,13 +40,13 @@ def test_a_gpu_that_is_not_here_is_planned_with_the_kernel_it_would_run(monkeypa
 def test_cuda_gets_triton(monkeypatch):
     monkeypatch.delenv(kernels.FORCE_REFERENCE_ENV, raising=False)
     ops = kernels.attention_ops("cuda")
-    assert ops.__name__ == "kernels.triton_attention"
+    assert ops.__name__ == "stowage.kernels.triton_attention"
 
 
 def test_ops_share_the_reference_signatures():
     import inspect
 
-    from kernels import triton_attention
+    from stowage.kernels import triton_attention
 
     for name in ("write_kv", "decode_attention", "prefill_attention"):
         want = list(inspect.signature(getattr(reference, name)).parameters)
@@ -58,7 +58,7 @@ def test_importing_kernels_leaves_triton_alone():
     # A fresh interpreter: TRITON_INTERPRET only works if no kernel is decorated before it is set.
     # Planning for a GPU asks its kernel's workspace_bytes, which must not import triton either.
     code = ("import sys, kernels, engine.model; kernels.attention_ops('cpu'); "
-            "import engine.planning.plan; kernels.attention_ops('cuda').workspace_bytes; "
+            "import stowage.engine.planning.plan; kernels.attention_ops('cuda').workspace_bytes; "
             "print('triton' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -21,7 +21,6 @@ TIMEOUT_S = 540
 def _env() -> dict[str, str]:
     # Without TRITON_INTERPRET, which this pytest process has (see conftest.py): the kernels are compiled.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[2]), env.get("PYTHONPATH", "")])
     return env
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels import cbuild, cpu_decode
-from kernels.native_libs import all_libraries, decode_layer
+from stowage.kernels import cbuild, cpu_decode
+from stowage.kernels.native_libs import all_libraries, decode_layer
 
 ROOT = Path(__file__).resolve().parents[2]
 # torch made unimportable: the build runs where the package's dependencies are not installed
@@ -22,7 +22,7 @@ BLOCK_TORCH = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['bui
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 def test_build_without_torch_then_load_the_prebuilt(tmp_path, monkeypatch):
     out = tmp_path / "native"
-    result = subprocess.run([sys.executable, "-c", BLOCK_TORCH, str(out)], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-P", "-c", BLOCK_TORCH, str(out)], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     built = {p.name for p in out.glob("*.so")}
     expected = {cbuild.library_name(lib.name, list(lib.sources), list(lib.flags), list(lib.libs))

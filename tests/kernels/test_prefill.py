@@ -6,7 +6,7 @@ import pytest
 import torch
 from paged_cases import TOLERANCE, make_paged, random_query
 
-from kernels import reference, triton_prefill
+from stowage.kernels import reference, triton_prefill
 
 
 def _check(start_pos, num_new, *, block_size=16, num_heads=8, num_kv_heads=2, head_dim=64,

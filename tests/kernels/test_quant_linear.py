@@ -9,10 +9,11 @@ import torch
 from factory import run_fresh
 from quant_blocks import BLOCK_TYPES, random_blocks
 
-from kernels import cpu_quant, quant_linear
-from kernels.quant_linear import (DEQUANT_PEAK_BYTES, MatrixShape, QuantizedWeight, is_tiled,
-                                  rows_workspace_bytes, workspace_bytes)
-from kernels.quants import FORMATS, dequantize
+from stowage.kernels import cpu_quant, quant_linear
+from stowage.kernels.quant_linear import (
+    DEQUANT_PEAK_BYTES, MatrixShape, QuantizedWeight, is_tiled, rows_workspace_bytes, workspace_bytes,
+)
+from stowage.kernels.quants import FORMATS, dequantize
 
 ALL_TYPES = BLOCK_TYPES + ["f32", "f16", "bf16"]
 # The product sums in float32 in another order than the reference: each output may differ by a few ulps of
@@ -127,7 +128,7 @@ import json, sys, torch
 sys.path.insert(0, "tests/kernels")
 torch.set_num_threads(1)
 from quant_blocks import random_blocks
-from kernels.quant_linear import QuantizedWeight
+from stowage.kernels.quant_linear import QuantizedWeight
 type_name, rows, cols = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 weight = QuantizedWeight(random_blocks(type_name, (rows, cols)), type_name, (rows, cols), torch.bfloat16)
 weight.linear(torch.randn(1, cols).bfloat16())  # the runtime's first-use pages, before the baseline

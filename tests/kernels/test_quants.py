@@ -7,7 +7,7 @@ import torch
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as GGML  # noqa: E402
 
-from kernels.quants import FORMATS, dequantize, dequantize_rows  # noqa: E402
+from stowage.kernels.quants import FORMATS, dequantize, dequantize_rows  # noqa: E402
 from quant_blocks import BLOCK_TYPES, random_blocks  # noqa: E402
 
 QUANTIZABLE = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]  # gguf-py's numpy quantizer has no K-quants

@@ -6,7 +6,7 @@ import pytest
 import torch
 from paged_cases import make_paged
 
-from kernels import reference
+from stowage.kernels import reference
 
 
 def _dense(q, k, v, scale, first_pos):

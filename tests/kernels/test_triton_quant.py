@@ -10,9 +10,9 @@ import pytest
 import torch
 from quant_blocks import BLOCK_TYPES, random_blocks
 
-from kernels import triton_quant
-from kernels.quant_linear import QuantizedWeight
-from kernels.quants import dequantize
+from stowage.kernels import triton_quant
+from stowage.kernels.quant_linear import QuantizedWeight
+from stowage.kernels.quants import dequantize
 
 TYPES = list(triton_quant.TYPES)
 assert set(TYPES) == set(BLOCK_TYPES)  # every block format the reader opens
@@ -80,9 +80,9 @@ def test_misuse_is_refused():
 GPU_SCRIPT = r"""
 import torch
 from quant_blocks import random_blocks
-from kernels.quant_linear import QuantizedWeight
-from kernels.quants import dequantize
-from kernels import triton_quant
+from stowage.kernels.quant_linear import QuantizedWeight
+from stowage.kernels.quants import dequantize
+from stowage.kernels import triton_quant
 worst = 0.0
 for type_name in triton_quant.TYPES:
     for num_tokens, shape, dtype in [(1, (4096, 4096), torch.bfloat16), (7, (1000, 2048), torch.float32),
@@ -110,8 +110,8 @@ print(f"worst {worst:.3f} of the tolerance")
 def test_compiled_kernels_match_the_cpu():
     root = Path(__file__).parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    env["PYTHONPATH"] = os.pathsep.join([str(root), str(Path(__file__).parent), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, "-c", GPU_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-P", "-c", GPU_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     print(out.stdout)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("ok ") == 4 * len(triton_quant.TYPES)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from paged_cases import TOLERANCE, make_paged, random_query
 
-from kernels import reference, triton_attention, triton_decode, triton_prefill
+from stowage.kernels import reference, triton_attention, triton_decode, triton_prefill
 
 
 def _dense(q, k, v, scale, first_pos, window=None, softcap=None):

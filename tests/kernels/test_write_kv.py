@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference, triton_write
+from stowage.kernels import reference, triton_write
 
 
 def _caches(cache_dtype, num_blocks=6, block_size=16, num_kv_heads=3, head_dim=80):

@@ -81,9 +81,9 @@ def make_model(model_dir: Path, arch: str = "llama", *, dtype=torch.float32, see
 
 def cpu_plan(model_dir, context_tokens: int, **request):
     """A CPU-only plan for a test load (a roomy given budget, so it fits whatever the machine has free)."""
-    from engine.planning import plan_for
-    from engine.planning.budgets import given_budgets
-    from engine.units import GiB
+    from stowage.engine.planning import plan_for
+    from stowage.engine.planning.budgets import given_budgets
+    from stowage.engine.units import GiB
 
     return plan_for(model_dir, context_tokens, given_budgets([], 64 * GiB), **request)
 
@@ -106,6 +106,6 @@ def run_fresh(code: str, *args: str, timeout: float = 600):
     import subprocess
     import sys
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "support")])}
-    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "support"), str(ROOT / "bench")])}
+    return subprocess.run([sys.executable, "-P", "-c", code, *map(str, args)], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=timeout)

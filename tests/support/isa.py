@@ -6,7 +6,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from kernels import cpu_decode
+from stowage.kernels import cpu_decode
 
 
 @contextmanager

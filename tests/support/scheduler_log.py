@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from engine.generation import GenerationResult, TokenEvent
+from stowage.engine.runtime.generation import GenerationResult, TokenEvent
 
 TIMEOUT = 60  # seconds a test waits for the scheduler before failing instead of hanging
 

@@ -1,0 +1,244 @@
+"""The engine's commands: `chat`, `generate`, `plan` and `serve` (stowage_entry.py sends `stowage` with no command to
+the GUI).
+
+`chat` and `generate` run the engine as the app does, in a child process (`stowage serve`, engine/engine_process.py):
+a crash of the engine (a weights file truncated under it, the out-of-memory killer, a native fault) ends with
+one line saying so and exit status 2, and the text printed so far stays. `chat --remote URL` is the same
+conversation with any OpenAI-compatible server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from stowage.kernels.cpu_decode import THREADS_ENV
+
+from ..defaults import DEFAULT_CONTEXT
+from ..formats.discovery import add_list_parser
+from ..dtypes import COMPUTE, KV
+from ..errors import InsufficientMemoryError, InvalidArgumentError, StowageError
+from .plan import add_plan_parser
+from .serve import API_KEY_ENV, add_serve_parser, write_progress
+from ..runtime.sampler import SamplingParams
+
+
+def _add_sampling(p: argparse.ArgumentParser, temperature: float) -> None:
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=temperature, help="0 is greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--dtype", choices=sorted(COMPUTE), default=None,
+                   help="weights dtype (default: as stored, used in place)")
+    p.add_argument("--kv-dtype", choices=sorted(KV), default=None)
+
+
+def _sampling(args) -> SamplingParams:
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          repetition_penalty=args.repetition_penalty, max_tokens=args.max_tokens, seed=args.seed,
+                          stop=tuple(args.stop))
+
+
+def _start(args, context_tokens: int):
+    """The engine in its child process; the child plans first (a shortage is its one-line refusal, before anything
+    is allocated), and its loading progress goes to stderr so stdout stays the generated text (or the JSON) alone."""
+    from ..process.engine_process import CAN_UNIX, EngineProcess
+
+    # on a private Unix socket where there are such sockets (Linux, macOS), so no other user can reach it
+    return EngineProcess.start(args.model_dir, context_tokens=context_tokens, dtype=args.dtype,
+                               kv_dtype=args.kv_dtype, progress=write_progress, unix=CAN_UNIX)
+
+
+def run_generate(args) -> int:
+    from ..formats.source import read_config, read_tokenizer
+    from ..text.tokenizer import check_text
+
+    sampling = _sampling(args)  # every argument is checked before anything is read or loaded
+    check_text(args.prompt, "--prompt")
+    read_config(args.model_dir)  # the first thing to be wrong with a model is its config
+    tokenizer = read_tokenizer(args.model_dir)  # tokenizer.json, or a GGUF file's metadata
+    messages = [{"role": "user", "content": args.prompt}]
+    ids = tokenizer.apply_chat_template(messages) if args.chat else tokenizer.encode(args.prompt)
+    if not ids:
+        raise InvalidArgumentError("the prompt is empty (and the model adds no start token); give some text")
+    with _start(args, len(ids) + args.max_tokens) as engine:
+        stream = engine.complete(ids, sampling)  # the token ids, exactly as counted here
+        for text in stream:
+            if not args.json:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+    r = stream.result
+    if args.json:
+        print(json.dumps({
+            "text": r.text, "token_ids": r.token_ids, "prompt_tokens": r.prompt_tokens,
+            "finish_reason": r.finish_reason, "prefill_tokens_per_s": round(r.prefill_tokens_per_s, 2),
+            "decode_tokens_per_s": round(r.decode_tokens_per_s, 2),
+        }, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+    sys.stderr.write(f"{r.prompt_tokens} prompt tokens, {r.prefill_tokens_per_s:.1f} tok/s prefill; "
+                     f"{r.completion_tokens} generated, {r.decode_tokens_per_s:.1f} tok/s decode ({r.finish_reason})\n")
+    return 0
+
+
+def run_chat(args) -> int:
+    sampling = _sampling(args)  # every argument is checked before anything is read or loaded
+    if (args.model_dir is None) == (args.remote is None):
+        raise InvalidArgumentError("give a MODEL_DIR to chat with, or --remote URL of a server, not both")
+    if args.context is not None and args.context < 1:
+        raise InvalidArgumentError(f"--context must be at least 1 token, got {args.context}")
+    if args.system is not None:
+        from ..text.tokenizer import check_text
+
+        check_text(args.system, "--system")
+    if args.remote is not None:
+        return _chat_remote(args, sampling)
+    if args.context is None:
+        from ..formats.source import read_config
+
+        args.context = min(DEFAULT_CONTEXT, read_config(args.model_dir).max_position_embeddings)
+    with _start(args, args.context) as engine:
+        return _converse(lambda messages: engine.chat(messages, sampling), Path(args.model_dir).name,
+                         args.context, args.system)
+
+
+def _chat_remote(args, sampling: SamplingParams) -> int:
+    from ..process.client import RemoteServer
+
+    server = RemoteServer(args.remote, args.api_key or os.environ.get(API_KEY_ENV))
+    models = server.models()
+    if not models:
+        raise InvalidArgumentError(f"{server.base_url} serves no model (GET /v1/models is empty)")
+    model = next((m for m in models if m["id"] == args.model), None) if args.model else models[0]
+    if model is None:
+        raise InvalidArgumentError(f"{server.base_url} has no model {args.model!r}; it serves "
+                                   + ", ".join(repr(m["id"]) for m in models))
+    context = args.context or model.get("max_model_len")
+    try:
+        return _converse(lambda messages: server.chat(messages, sampling, model=model["id"]), model["id"], context,
+                         args.system)
+    finally:
+        server.close()
+
+
+def _converse(reply, name: str, context: int | None, system_prompt: str | None) -> int:
+    """The terminal conversation; reply(messages) is a stream of one reply (the server keeps what it cached)."""
+    from ..text.tokenizer import check_text
+
+    if hasattr(sys.stdin, "reconfigure"):  # undecodable input arrives as text the tokenizer refuses, not a crash
+        sys.stdin.reconfigure(errors="surrogateescape")
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages = list(system)
+    size = f"{context:,}-token context" if context else "context unknown"
+    sys.stderr.write(f"Chatting with {name} ({size}). Ctrl-D to quit, Ctrl-C stops a reply.\n")
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            sys.stderr.write("\n")
+            return 0
+        if not line.strip():
+            continue
+        try:
+            check_text(line, "that line")
+        except InvalidArgumentError as e:  # this line cannot be sent; the conversation goes on
+            sys.stderr.write(f"[{e}]\n")
+            continue
+        messages.append({"role": "user", "content": line})
+        try:
+            try:
+                r = _reply(reply(messages))
+            except InsufficientMemoryError as e:
+                if len(messages) == len(system) + 1:
+                    raise
+                # The conversation outgrew the context: keep the session, start over from this message.
+                sys.stderr.write(f"[the conversation is full ({e}); starting a new conversation with your "
+                                 "last message]\n")
+                messages = [*system, messages[-1]]
+                r = _reply(reply(messages))
+        except InsufficientMemoryError as e:
+            messages.pop()
+            sys.stderr.write(f"[that message alone does not fit ({e}); send a shorter one]\n")
+            continue
+        except InvalidArgumentError as e:  # the server refused this message; the conversation goes on
+            messages.pop()
+            sys.stderr.write(f"[{e}]\n")
+            continue
+        messages.append({"role": "assistant", "content": r.text})
+        used = r.prompt_tokens + r.completion_tokens
+        sys.stderr.write(f"[{r.reused_tokens} tokens reused, {r.prefilled_tokens} prefilled, "
+                         f"{r.decode_tokens_per_s:.1f} tok/s, {used:,}/{f'{context:,}' if context else '?'} "
+                         "context]\n")
+
+
+def _reply(stream):
+    """Stream one reply to stdout; Ctrl-C stops it (closing the stream cancels it on the server). Its result."""
+    texts = iter(stream)
+    try:
+        for text in texts:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        texts.close()
+        stream.result.finish_reason = "cancelled"
+    sys.stdout.write("\n")
+    return stream.result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stowage", description="Run language models locally. "
+                                     "With no command, opens the desktop app.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate a reply to one prompt")
+    gen.add_argument("model_dir")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_sampling(gen, temperature=0.0)
+    gen.set_defaults(func=run_generate)
+    chat = sub.add_parser("chat", help="chat in the terminal, with a model or with a server (--remote)")
+    chat.add_argument("model_dir", nargs="?", default=None)
+    chat.add_argument("--remote", metavar="URL", default=None,
+                      help="chat with the OpenAI-compatible server at URL (another stowage serve, vLLM, llama.cpp's "
+                           "server, Ollama) instead of a local model")
+    chat.add_argument("--model", metavar="NAME", default=None,
+                      help="with --remote: the model to use (default: the first of GET /v1/models)")
+    chat.add_argument("--api-key", metavar="KEY", default=None,
+                      help=f"with --remote: the server's key (default: ${API_KEY_ENV})")
+    chat.add_argument("--context", type=int, default=None,
+                      help="context size in tokens (default: 4096 or the model's maximum if smaller; with --remote "
+                           "the server's, where it says)")
+    chat.add_argument("--system", default=None, help="system prompt")
+    _add_sampling(chat, temperature=0.7)
+    chat.set_defaults(func=run_chat)
+    add_plan_parser(sub)
+    serve = add_serve_parser(sub)
+    add_list_parser(sub)
+    for p in (gen, chat, serve):
+        p.add_argument("--threads", metavar="N", type=int, default=None,
+                       help="CPU threads (default: the cores this process may use)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if getattr(args, "threads", None) is not None:  # the engine (in this process or its child) reads it
+            if args.threads < 1:
+                raise InvalidArgumentError(f"--threads must be at least 1, got {args.threads}")
+            os.environ[THREADS_ENV] = str(args.threads)
+        return args.func(args)
+    except StowageError as e:
+        sys.stderr.write(f"\nstowage: {e}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""Load a model (a Hugging Face folder or a GGUF file) and chat with it: the one object the CLI and the GUI hold."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from stowage.kernels import attention_ops
+
+from ..formats.checkpoint import Checkpoint
+from ..formats.config import ModelConfig
+from ..dtypes import COMPUTE, KV
+from ..errors import InsufficientMemoryError, InvalidArgumentError, ModelFormatError
+from ..formats.source import is_gguf
+from .generation import Conversation, Generation, PrefillProgress
+from ..formats.gguf_model import open_model
+from .kv_cache import CacheSpec, KVCache
+from ..formats.layout import ModelLayout
+from .model import Transformer
+from ..planning.inspect import compute_dtype_of, converted_names
+from ..planning.plan import Plan
+from .sampler import SamplingParams
+from ..text.tokenizer import Tokenizer
+from .weights import load_layers, place
+
+Progress = Callable[[float, str], None]
+
+
+@dataclass
+class EngineStats:
+    prefilled_tokens: int = 0  # tokens run through prefill over the engine's life
+    reused_tokens: int = 0  # prompt tokens whose K/V were already cached
+    generated_tokens: int = 0
+
+
+class Engine:
+    def __init__(self, model_dir: Path, layout: ModelLayout, tokenizer: Tokenizer, model: Transformer,
+                 cache: KVCache, plan: Plan, checkpoint: Checkpoint, devices: dict[str, torch.device]):
+        self.model_dir = model_dir
+        self.name = model_dir.name
+        self.layout = layout
+        self.config = layout.config
+        self.tokenizer = tokenizer
+        self.model = model
+        self.cache = cache
+        self.plan = plan
+        self.prefill_chunk = plan.prefill_chunk
+        self.stats = EngineStats()
+        self._checkpoint = checkpoint
+        self._devices = devices  # the plan's device names -> where their tensors live
+        self._conversations: list[Conversation] = []
+        self.eos_ids = set(self.config.eos_token_ids) | ({tokenizer.token_id(tokenizer.eos_token)} - {None})
+        builtin = tokenizer.use_builtin_template(self.config.model_type)  # GGUF files often carry no template
+        if builtin is not None:
+            self.eos_ids |= {tokenizer.token_id(t) for t in builtin.stop_tokens} - {None}
+
+    @classmethod
+    def load(cls, model_dir: str | Path, plan: Plan, progress: Progress | None = None,
+             cancel: threading.Event | None = None, *, simulate: dict[str, str] | None = None) -> "Engine":
+        """Load exactly what `plan` says: the KV cache first, then the embeddings, head and layers on their devices.
+
+        `simulate` maps plan devices to real ones (e.g. {"cuda:0": "cpu"}) for checks of the per-device accounting
+        on a machine without them; memory is still reported under the plan's names."""
+        model_dir = Path(model_dir)
+        plan.require_fit()
+        report = progress or (lambda fraction, message: None)
+        is_cancelled = cancel.is_set if cancel is not None else (lambda: False)
+        report(0.0, "reading config and headers")
+        gguf = open_model(model_dir) if is_gguf(model_dir) else None
+        if gguf:
+            config, specs, tokenizer = gguf.config, gguf.specs, gguf.tokenizer
+            # mapped in place; matrices in blocks compute in the plan's dtype, tile by tile
+            checkpoint = gguf.weights(COMPUTE[plan.dtype], converts=plan.forced_dtype is not None)
+        else:
+            config, checkpoint = ModelConfig.from_dir(model_dir), Checkpoint(model_dir)
+            specs, tokenizer = checkpoint.specs, Tokenizer(model_dir)
+        layout = ModelLayout.of(config, specs, model_dir.name)
+        if plan.num_layers != layout.num_layers or compute_dtype_of(layout, specs, plan.forced_dtype) != plan.dtype:
+            raise ModelFormatError(f"{model_dir.name}: the plan was made for another model ({plan.num_layers} layers, "
+                                   f"{plan.dtype}); plan again for this model")
+        layout.check_token_ids(tokenizer.num_token_ids, model_dir.name)
+        names = set(plan.layer_devices) | {plan.embed_device, plan.head_device}
+        devices = {name: torch.device((simulate or {}).get(name, name)) for name in names}
+        layer_devices = [devices[d] for d in plan.layer_devices]
+        for name in set(plan.layer_devices):
+            cls._check_kernel(plan, name, devices[name], simulated=name in (simulate or {}))
+        dtype = COMPUTE[plan.dtype]
+        converted = converted_names(layout, specs, plan.dtype, forced=plan.forced_dtype is not None)
+        spec = CacheSpec(config.num_kv_heads, config.head_dim, KV[plan.kv_dtype], plan.block_size)
+        # The KV cache first: it is what the user asked for, and a shortage should show before weights move.
+        report(0.0, f"allocating KV cache for {plan.context_tokens:,} tokens")
+        try:
+            cache = KVCache(spec, layer_devices, plan.context_tokens, plan.num_seqs,
+                            layer_windows=layout.config.layer_windows, prefill_chunk=plan.prefill_chunk)
+        except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+            raise InsufficientMemoryError(f"cannot allocate the KV cache for {plan.context_tokens:,} tokens: {e}") from e
+        embed = place(checkpoint, {"embed": layout.embed}, devices[plan.embed_device], dtype, plan.embed_device,
+                      converted=converted)
+        shared = embed if layout.tied and plan.head_device == plan.embed_device else None
+        head = place(checkpoint, layout.head_names(), devices[plan.head_device], dtype, plan.head_device, shared,
+                     converted=converted)
+        layers = load_layers(checkpoint, layout.layers, layer_devices, plan.layer_devices, dtype, report,
+                             is_cancelled, converted)
+        model = Transformer(config, embed, head, layers, cache.max_tokens, qk_order=gguf.qk_order if gguf else None)
+        # The objects a load leaves (tokenizer tables, tensor records) live as long as the model: out of the
+        # collector's way, so the few objects each decode step makes do not have them scanned again and again
+        # (measured: the collector was 5-7% of a small model's decode step). The young generations only: a full
+        # collection walks every object torch left (~130-200 ms of a 0.3 s GGUF load) and found no garbage there.
+        gc.collect(1)
+        gc.freeze()
+        report(1.0, "loaded")
+        return cls(model_dir, layout, tokenizer, model, cache, plan, checkpoint, devices)
+
+    @staticmethod
+    def _check_kernel(plan: Plan, name: str, device: torch.device, simulated: bool) -> None:
+        # The planner charged the workspace of the kernel it expected on this device; the same must run.
+        planned, running = plan.device(name).attention, attention_ops(device).NAME
+        if planned != running and not simulated:
+            raise InsufficientMemoryError(
+                f"the plan charged {name} for the {planned!r} attention kernel, but {running!r} would run there "
+                "(a plan made on another machine, or STOWAGE_FORCE_REFERENCE changed since); plan again")
+
+    # -- conversations -------------------------------------------------------------------------
+    def new_conversation(self) -> Conversation:
+        conv = Conversation()
+        self._conversations.append(conv)
+        return conv
+
+    def release(self, conv: Conversation) -> None:
+        self.cache.release(conv.seq)
+        if conv in self._conversations:
+            self._conversations.remove(conv)
+
+    def make_room(self, conv: Conversation, num_tokens: int) -> None:
+        """Free other conversations' blocks (least recently used first) until conv can hold num_tokens."""
+        if num_tokens > self.cache.max_tokens:
+            raise InsufficientMemoryError(
+                f"the conversation needs {num_tokens:,} tokens but the KV cache holds {self.cache.max_tokens:,}; "
+                "load with a larger context or start a new conversation"
+            )
+        growth = [(conv.seq, max(0, num_tokens - conv.seq.num_tokens))]
+        if self.cache.can_fit(growth):  # the per-token fast path
+            return
+        for other in sorted(self._conversations, key=lambda c: c.last_used):  # every group's pool must fit it
+            if other is not conv:
+                self.cache.release(other.seq)
+            if self.cache.can_fit(growth):
+                break
+
+    # -- generation ----------------------------------------------------------------------------
+    def generate(self, conv: Conversation, prompt_ids: list[int], sampling: SamplingParams,
+                 *, cancel: threading.Event | None = None, progress: PrefillProgress | None = None) -> Generation:
+        """A lazy generation: iterate it for TokenEvents; `.result` once finished. `progress(done, total)` is called
+        after each prefill chunk (the tokens computed so far, of those the cache did not hold)."""
+        prompt_ids = list(prompt_ids)
+        if not prompt_ids:
+            raise InvalidArgumentError("the prompt is empty: give at least one token (a chat message, or text)")
+        rows = self.layout.num_embeddings
+        bad = next((i for i in prompt_ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < rows), None)
+        if bad is not None:
+            raise InvalidArgumentError(f"the prompt holds token id {bad!r:.40}, but {self.name}'s token ids are "
+                                       f"integers from 0 to {rows - 1:,}; tokenize with the model's own tokenizer")
+        return Generation(self, conv, prompt_ids, sampling, cancel, progress=progress)
+
+    def chat(self, conv: Conversation, messages: list[dict], sampling: SamplingParams,
+             *, cancel: threading.Event | None = None, progress: PrefillProgress | None = None) -> Generation:
+        """generate() on the chat template's tokens for `messages` ([{"role", "content"}], at least one)."""
+        if not messages:
+            raise InvalidArgumentError("no messages to reply to: give at least one {\"role\", \"content\"} message")
+        return self.generate(conv, self.tokenizer.apply_chat_template(messages), sampling, cancel=cancel,
+                             progress=progress)
+
+    def check_weights(self) -> None:
+        """Raise ModelFormatError if a weight file changed on disk since it was mapped: called before each step,
+        since reading a page of a truncated mapping would kill the process with SIGBUS (docs/robustness.md)."""
+        check = getattr(self._checkpoint, "check_unchanged", None)
+        if check is not None:
+            check()
+
+    def memory_report(self) -> dict[str, dict[str, int]]:
+        """Bytes the engine holds per plan device: weights copied onto it, weights mapped in place, KV cache."""
+        report: dict[str, dict[str, int]] = {}
+
+        def add(device: str, key: str, n: int) -> None:
+            d = report.setdefault(device, {"weights_copied": 0, "weights_mapped": 0, "kv_cache": 0})
+            d[key] += n
+
+        # a tied head on the embeddings' device shares their storage: count it once there (on another
+        # device it is a copy of its own, even where a simulated device maps the same file pages)
+        seen: dict[str, set[int]] = {}
+        for ts in [self.model.embed, self.model.head, *self.model.layers]:
+            mapped = ts.bytes_excluding(seen.setdefault(ts.label, set())) - ts.copied_bytes
+            add(ts.label, "weights_copied", ts.copied_bytes)
+            add(ts.label, "weights_mapped", mapped)
+        for name, k, v in zip(self.plan.layer_devices, self.cache.k_cache, self.cache.v_cache):
+            add(name, "kv_cache", k.numel() * k.element_size() + v.numel() * v.element_size())
+        return report
+
+    def close(self) -> None:
+        self.model = None
+        self.cache = None
+        self._checkpoint.close()
+        self._conversations.clear()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

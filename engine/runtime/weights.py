@@ -1,0 +1,94 @@
+"""Putting the tensors the layout names on their device: in place (a view of the map) on the CPU, unless converted."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+
+import torch
+
+from stowage.kernels.quant_linear import QuantizedWeight
+
+from ..formats.checkpoint import Checkpoint
+from ..errors import GenerationCancelled
+
+
+@dataclass
+class TensorSet:
+    """Named tensors on one device; `copied_bytes` counts what was copied rather than mapped."""
+
+    device: torch.device
+    tensors: dict[str, torch.Tensor | QuantizedWeight]
+    copied_bytes: int = 0
+    label: str = "cpu"  # the plan's name for the device ("cuda:0", "cpu")
+    sources: dict[str, str] = field(default_factory=dict)  # short name -> checkpoint name
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.tensors[key]
+
+    def get(self, key: str):
+        return self.tensors.get(key)
+
+    @property
+    def num_bytes(self) -> int:
+        return self.bytes_excluding(set())
+
+    def bytes_excluding(self, seen: set[int]) -> int:
+        """Bytes of the tensors whose storage is not in `seen` (which this adds them to): shared ones count once."""
+        total = 0
+        for t in self.tensors.values():
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.nbytes
+        return total
+
+
+def place(
+    checkpoint: Checkpoint, names: dict[str, str], device: torch.device, dtype: torch.dtype,
+    label: str = "cpu", shared: TensorSet | None = None, converted: Collection[str] = frozenset(),
+) -> TensorSet:
+    """Load named tensors onto device; on the CPU, those not `converted` into `dtype` stay views of the mmap.
+
+    `converted`: the checkpoint names to copy into the compute dtype `dtype` (planning/inspect.py converted_names,
+    which the forecast counts). `shared`: a set on the same device whose tensors are reused by source name (a tied
+    head uses the embedding). Quantized weights (GGUF) are never converted: they stay the stored blocks, on any
+    device."""
+    out, copied = {}, 0
+    by_source = {} if shared is None else {n: shared[s] for s, n in shared.sources.items()}
+    for short, name in names.items():
+        if name in by_source:  # tied weights: one tensor, two names
+            out[short] = by_source[name]
+            continue
+        t = checkpoint.tensor(name)
+        if isinstance(t, QuantizedWeight):
+            if device.type != "cpu":
+                t = t.to(device)  # the stored blocks, copied as they are
+                copied += t.nbytes
+            out[short] = by_source[name] = t
+            continue
+        target = dtype if name in converted else t.dtype
+        if device.type != "cpu" or target != t.dtype:
+            t = t.to(device=device, dtype=target)
+            copied += t.nbytes
+        out[short] = by_source[name] = t
+    return TensorSet(device, out, copied, label, dict(names))
+
+
+def load_layers(
+    checkpoint: Checkpoint,
+    layer_names: tuple[dict[str, str], ...],
+    layer_devices: list[torch.device],
+    labels: tuple[str, ...],
+    dtype: torch.dtype,
+    progress: Callable[[float, str], None] | None = None,
+    is_cancelled: Callable[[], bool] = lambda: False,
+    converted: Collection[str] = frozenset(),
+) -> list[TensorSet]:
+    layers = []
+    for i, device in enumerate(layer_devices):
+        if is_cancelled():
+            raise GenerationCancelled("loading cancelled")
+        layers.append(place(checkpoint, layer_names[i], device, dtype, labels[i], converted=converted))
+        if progress:
+            progress((i + 1) / len(layer_devices), f"layer {i + 1}/{len(layer_devices)} on {device}")
+    return layers

@@ -1,0 +1,267 @@
+"""Continuous batching: one thread owns the engine; requests join and leave between decode steps.
+
+Each step runs at most one prefill chunk (so one long prompt does not stall the other streams), then one
+decode step for every sequence that has a token to feed: one pass over the weights for all of them
+(`Transformer.decode_step`), attention per sequence through its block table. The KV cache is planned for
+`max_running` sequences of the whole context, so a running sequence always finds room once idle cached
+conversations are evicted (prefix_pool.py): blocks it shares with others are counted once, which only lowers use.
+
+A request takes its cache (PrefixPool.take) just before its first prefill chunk, not when admitted: prompts are
+prefilled one at a time in admission order, so by then those admitted before it are cached, and it shares the
+whole blocks it has in common with them (a system prompt sent by several clients at once is prefilled once).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from stowage.kernels.cpu_decode import MAX_LANES, torch_on_one_thread
+
+from ..errors import GenerationCancelled, StowageError
+from ..runtime.generation import GenerationResult, StopMatcher, TokenEvent
+from ..runtime.sampler import Sampler, SamplingParams
+from .prefix_pool import PrefixPool
+
+log = logging.getLogger(__name__)
+
+# Called on the scheduler thread: TokenEvents (PrefillProgress while a long prompt is read), then one
+# GenerationResult, or an exception in its place.
+Emit = Callable[[object], None]
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """Prompt tokens in the cache so far, of the whole prompt: sent after each prefill chunk but the last."""
+
+    done_tokens: int
+    prompt_tokens: int
+
+
+class ServerBusyError(StowageError):
+    """Every sequence is busy and the waiting queue is full."""
+
+
+class _Request:
+    """One admitted request: its conversation and the per-token state a Generation holds for one sequence."""
+
+    def __init__(self, prompt_ids: list[int], sampling: SamplingParams, emit: Emit, cancel: threading.Event,
+                 tokenizer):
+        self.prompt_ids, self.sampling, self.emit, self.cancel = prompt_ids, sampling, emit, cancel
+        self.result = GenerationResult(prompt_tokens=len(prompt_ids))
+        self.submitted = time.perf_counter()
+        self.sampler = Sampler(sampling)
+        self.decoder = tokenizer.stream_decoder()
+        self.stops = StopMatcher(sampling.stop)
+        self.seen = list(prompt_ids)  # for the repetition penalty
+        self.conv = None  # the Conversation whose Sequence holds this request's K/V, once admitted
+        self.cursor = 0  # prompt tokens in the cache
+        self.next_token: int | None = None  # sampled, to be fed by the next decode step
+
+    def start(self, conv, reused: int) -> None:
+        self.conv, self.cursor = conv, reused
+        self.result.reused_tokens = reused
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.cursor < len(self.prompt_ids)
+
+    def sample(self, logits: torch.Tensor) -> int:
+        penalty = self.sampling.repetition_penalty != 1.0
+        return self.sampler(logits, torch.tensor(self.seen) if penalty else None)
+
+    def accept(self, token: int, engine) -> None:
+        """Take a sampled token: stream its text, and either finish or feed it to the next decode step."""
+        r = self.result
+        if not r.token_ids:
+            r.first_token_seconds = time.perf_counter() - self.submitted
+        if token in engine.eos_ids:
+            return self.finish("stop")
+        r.token_ids.append(token)
+        self.seen.append(token)
+        engine.stats.generated_tokens += 1
+        text, stopped = self.stops.feed(self.decoder.push(token))
+        if text:
+            r.text += text
+            self.send(TokenEvent(token, text))
+        if stopped:
+            self.finish("stop")
+        elif len(r.token_ids) >= self.sampling.max_tokens:
+            self.finish("length")
+        elif self.conv.seq.num_tokens + 1 >= engine.cache.max_tokens:  # this token fills the context
+            self.finish("context_full")
+        else:
+            self.next_token = token
+
+    def finish(self, reason: str) -> None:
+        self.next_token = None
+        self.result.finish_reason = reason
+        tail = self.stops.flush() if reason != "cancelled" else ""
+        if tail:  # empty after a stop string: the match dropped what followed it
+            self.result.text += tail
+            self.send(TokenEvent(-1, tail))
+
+    def send(self, event) -> None:
+        try:
+            self.emit(event)
+        except Exception:  # the client's side is gone (its event loop closed): nobody to generate for
+            self.cancel.set()
+
+
+class Scheduler:
+    """Owns the engine on its own thread; `submit` from any thread."""
+
+    def __init__(self, engine, *, max_running: int, max_waiting: int):
+        self.engine = engine
+        self.max_running, self.max_waiting = max_running, max_waiting
+        self.pool = PrefixPool(engine)
+        self._cond = threading.Condition()
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Request] = []
+        self._num_active = 0  # submitted and not yet answered in full: waiting + running
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="stowage-scheduler", daemon=True)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def start(self) -> "Scheduler":
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop after the current step; requests still open end with GenerationCancelled."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def submit(self, prompt_ids: list[int], sampling: SamplingParams, emit: Emit, cancel: threading.Event) -> None:
+        """Queue a completion of prompt_ids; its events go to emit on the scheduler thread; cancel.set() stops it.
+
+        Raises ServerBusyError when max_running requests run and max_waiting more wait already."""
+        with self._cond:
+            if self._closed:
+                raise GenerationCancelled("the server is shutting down")
+            if self._num_active >= self.max_running + self.max_waiting:
+                raise ServerBusyError(
+                    f"the server is busy: all {self.max_running} sequences are generating and {self.max_waiting} "
+                    "requests are waiting; retry shortly (or serve with a larger --parallel or --max-queue)")
+            self._waiting.append(_Request(list(prompt_ids), sampling, emit, cancel, self.engine.tokenizer))
+            self._num_active += 1
+            self._cond.notify()
+
+    # -- the scheduler thread --------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._closed or self._waiting or self._running):
+                    self._cond.wait()
+                if self._closed:
+                    break
+                admitted = [self._waiting.popleft()
+                            for _ in range(min(len(self._waiting), self.max_running - len(self._running)))]
+            for request in admitted:
+                self._admit(request)
+            self._step()
+        for request in [*self._running, *self._waiting]:
+            self._answer(request, GenerationCancelled("the server is shutting down"))
+        self.pool.clear()
+
+    def _admit(self, request: _Request) -> None:
+        if request.cancel.is_set():  # gone while it waited: leave the cached conversations as they are
+            request.finish("cancelled")
+            return self._answer(request, request.result)
+        self._running.append(request)
+
+    def _start(self, request: _Request) -> None:
+        """Give a request its conversation: the longest prefix of its prompt cached, idle or in a running sequence."""
+        running = [r.conv.seq for r in self._running if r.conv is not None]
+        conv, reused = self.pool.take(request.prompt_ids, running)
+        request.start(conv, reused)
+        self.engine.stats.reused_tokens += reused
+
+    def _step(self) -> None:
+        for request in self._running:
+            if request.cancel.is_set() and request.result.finish_reason is None:
+                request.finish("cancelled")
+        prefilling = next((r for r in self._running if r.is_prefilling and r.result.finish_reason is None), None)
+        if prefilling is not None:
+            self._guarded([prefilling], self._prefill_chunk)
+        decoding = [r for r in self._running if r.next_token is not None]
+        if decoding:
+            self._guarded(decoding, self._decode)
+        for request in [r for r in self._running if r.result.finish_reason is not None]:
+            self._answer(request, request.result)
+
+    def _prefill_chunk(self, requests: list[_Request]) -> None:
+        (r,) = requests
+        if r.conv is None:
+            self._start(r)
+        engine, seq = self.engine, r.conv.seq
+        chunk = r.prompt_ids[r.cursor : r.cursor + engine.prefill_chunk]
+        self.pool.make_room([(seq, len(chunk))])
+        start = time.perf_counter()
+        engine.check_weights()
+        logits = engine.model.forward(chunk, seq, engine.cache)
+        r.result.prefill_seconds += time.perf_counter() - start
+        r.cursor += len(chunk)
+        r.result.prefilled_tokens += len(chunk)
+        engine.stats.prefilled_tokens += len(chunk)
+        if r.is_prefilling:
+            r.send(PrefillProgress(r.cursor, len(r.prompt_ids)))
+        else:
+            r.accept(r.sample(logits[-1]), engine)
+
+    def _decode(self, requests: list[_Request]) -> None:
+        engine = self.engine
+        seqs = [r.conv.seq for r in requests]
+        self.pool.make_room([(seq, 1) for seq in seqs])
+        start = time.perf_counter()
+        engine.check_weights()
+        # the native step's layers: torch's part of a step is small ops (kernels/cpu_decode.torch_on_one_thread)
+        native = engine.model.native(engine.cache) is not None and len(requests) <= MAX_LANES
+        with torch_on_one_thread() if native else nullcontext():
+            logits = engine.model.decode_step([r.next_token for r in requests], seqs, engine.cache)  # [n, vocab]
+            elapsed = time.perf_counter() - start
+            for r, row in zip(requests, logits):
+                r.result.decode_seconds += elapsed
+                r.accept(r.sample(row), engine)
+
+    def _guarded(self, requests: list[_Request], work: Callable[[list[_Request]], None]) -> None:
+        # A failure (NaN scores from a corrupt file, a bug) ends the requests in this step; the server goes on.
+        try:
+            work(requests)
+        except Exception as e:
+            if not isinstance(e, StowageError):
+                log.exception("a step of %d request(s) failed", len(requests))
+            for r in requests:
+                r.next_token = None
+                self._answer(r, e)
+
+    def _answer(self, request: _Request, last: object) -> None:
+        """Send the last event and let the request go: its blocks stay cached if it finished, else are freed."""
+        if request in self._running:
+            self._running.remove(request)
+        if request.conv is not None:
+            if last is request.result and request.result.finish_reason != "cancelled":
+                self.pool.give_back(request.conv)
+            else:
+                self.engine.release(request.conv)
+            request.conv = None
+        request.send(last)
+        with self._cond:
+            self._num_active -= 1

@@ -8,7 +8,7 @@ import socket
 from dataclasses import dataclass, replace
 
 from stowage.engine.process.engine_process import CAN_UNIX
-from stowage.engine.cli.serve import DEFAULT_HOST, DEFAULT_PORT
+from stowage.engine.protocol import DEFAULT_HOST, DEFAULT_PORT
 
 ANY_ADDRESS = "0.0.0.0"  # every network address of this machine: other computers reach it
 DEFAULT_SEQUENCES = 2  # the window's chat and one other program, neither waiting for the other

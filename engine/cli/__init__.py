@@ -17,12 +17,12 @@ from pathlib import Path
 
 from stowage.kernels.cpu_decode import THREADS_ENV
 
-from ..defaults import DEFAULT_CONTEXT
 from ..formats.discovery import add_list_parser
 from ..dtypes import COMPUTE, KV
 from ..errors import InsufficientMemoryError, InvalidArgumentError, StowageError
 from .plan import add_plan_parser
-from .serve import API_KEY_ENV, add_serve_parser, write_progress
+from ..protocol import API_KEY_ENV, write_progress
+from .serve import add_serve_parser
 from ..runtime.sampler import SamplingParams
 
 
@@ -49,11 +49,12 @@ def _sampling(args) -> SamplingParams:
 def _start(args, context_tokens: int):
     """The engine in its child process; the child plans first (a shortage is its one-line refusal, before anything
     is allocated), and its loading progress goes to stderr so stdout stays the generated text (or the JSON) alone."""
+    from ..planning.plan import PlanRequest
     from ..process.engine_process import CAN_UNIX, EngineProcess
 
+    request = PlanRequest(context_tokens, dtype=args.dtype, kv_dtype=args.kv_dtype)
     # on a private Unix socket where there are such sockets (Linux, macOS), so no other user can reach it
-    return EngineProcess.start(args.model_dir, context_tokens=context_tokens, dtype=args.dtype,
-                               kv_dtype=args.kv_dtype, progress=write_progress, unix=CAN_UNIX)
+    return EngineProcess.start(args.model_dir, request, progress=write_progress, unix=CAN_UNIX)
 
 
 def run_generate(args) -> int:
@@ -92,21 +93,21 @@ def run_chat(args) -> int:
     sampling = _sampling(args)  # every argument is checked before anything is read or loaded
     if (args.model_dir is None) == (args.remote is None):
         raise InvalidArgumentError("give a MODEL_DIR to chat with, or --remote URL of a server, not both")
-    if args.context is not None and args.context < 1:
-        raise InvalidArgumentError(f"--context must be at least 1 token, got {args.context}")
+    if args.context_tokens is not None and args.context_tokens < 1:
+        raise InvalidArgumentError(f"--context must be at least 1 token, got {args.context_tokens}")
     if args.system is not None:
         from ..text.tokenizer import check_text
 
         check_text(args.system, "--system")
     if args.remote is not None:
         return _chat_remote(args, sampling)
-    if args.context is None:
-        from ..formats.source import read_config
+    if args.context_tokens is None:
+        from ..planning import default_context_tokens
 
-        args.context = min(DEFAULT_CONTEXT, read_config(args.model_dir).max_position_embeddings)
-    with _start(args, args.context) as engine:
+        args.context_tokens = default_context_tokens(args.model_dir)
+    with _start(args, args.context_tokens) as engine:
         return _converse(lambda messages: engine.chat(messages, sampling), Path(args.model_dir).name,
-                         args.context, args.system)
+                         args.context_tokens, args.system)
 
 
 def _chat_remote(args, sampling: SamplingParams) -> int:
@@ -120,15 +121,15 @@ def _chat_remote(args, sampling: SamplingParams) -> int:
     if model is None:
         raise InvalidArgumentError(f"{server.base_url} has no model {args.model!r}; it serves "
                                    + ", ".join(repr(m["id"]) for m in models))
-    context = args.context or model.get("max_model_len")
+    context_tokens = args.context_tokens or model.get("max_model_len")
     try:
-        return _converse(lambda messages: server.chat(messages, sampling, model=model["id"]), model["id"], context,
-                         args.system)
+        return _converse(lambda messages: server.chat(messages, sampling, model=model["id"]), model["id"],
+                         context_tokens, args.system)
     finally:
         server.close()
 
 
-def _converse(reply, name: str, context: int | None, system_prompt: str | None) -> int:
+def _converse(reply, name: str, context_tokens: int | None, system_prompt: str | None) -> int:
     """The terminal conversation; reply(messages) is a stream of one reply (the server keeps what it cached)."""
     from ..text.tokenizer import check_text
 
@@ -136,7 +137,7 @@ def _converse(reply, name: str, context: int | None, system_prompt: str | None) 
         sys.stdin.reconfigure(errors="surrogateescape")
     system = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages = list(system)
-    size = f"{context:,}-token context" if context else "context unknown"
+    size = f"{context_tokens:,}-token context" if context_tokens else "context unknown"
     sys.stderr.write(f"Chatting with {name} ({size}). Ctrl-D to quit, Ctrl-C stops a reply.\n")
     while True:
         try:
@@ -174,8 +175,8 @@ def _converse(reply, name: str, context: int | None, system_prompt: str | None) 
         messages.append({"role": "assistant", "content": r.text})
         used = r.prompt_tokens + r.completion_tokens
         sys.stderr.write(f"[{r.reused_tokens} tokens reused, {r.prefilled_tokens} prefilled, "
-                         f"{r.decode_tokens_per_s:.1f} tok/s, {used:,}/{f'{context:,}' if context else '?'} "
-                         "context]\n")
+                         f"{r.decode_tokens_per_s:.1f} tok/s, "
+                         f"{used:,}/{f'{context_tokens:,}' if context_tokens else '?'} context]\n")
 
 
 def _reply(stream):
@@ -212,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="with --remote: the model to use (default: the first of GET /v1/models)")
     chat.add_argument("--api-key", metavar="KEY", default=None,
                       help=f"with --remote: the server's key (default: ${API_KEY_ENV})")
-    chat.add_argument("--context", type=int, default=None,
+    chat.add_argument("--context", dest="context_tokens", metavar="N", type=int, default=None,
                       help="context size in tokens (default: 4096 or the model's maximum if smaller; with --remote "
                            "the server's, where it says)")
     chat.add_argument("--system", default=None, help="system prompt")

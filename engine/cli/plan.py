@@ -43,7 +43,7 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
         description="Plan the memory of MODEL_DIR for a context of N tokens: KV cache first, then layers onto the "
                     "GPUs while they fit, the rest on the CPU. Exit status 0 when it fits, 1 when it does not.")
     p.add_argument("model_dir", metavar="MODEL_DIR", type=Path, help="folder with config.json and *.safetensors")
-    p.add_argument("--context", metavar="N", type=int,
+    p.add_argument("--context", dest="context_tokens", metavar="N", type=int,
                    help="context tokens (default: the largest that fits, up to the model's maximum)")
     p.add_argument("--kv-dtype", default="auto", choices=sorted(KV) + sorted(KV_ALIASES),
                    help="KV cache dtype (default auto: the compute dtype)")
@@ -91,7 +91,7 @@ def run_plan(args: argparse.Namespace, out=None) -> int:
     out = out or sys.stdout
     try:
         info = inspect(args.model_dir)
-        request = PlanRequest(args.context or 1, kv_dtype=KV_ALIASES.get(args.kv_dtype, args.kv_dtype),
+        request = PlanRequest(args.context_tokens or 1, kv_dtype=KV_ALIASES.get(args.kv_dtype, args.kv_dtype),
                               dtype=args.dtype, gpu_layers=args.gpu_layers, block_size=args.block_size,
                               prefill_chunk=args.prefill_chunk, num_seqs=args.parallel,
                               kv_disk_budget=args.kv_disk_budget)
@@ -102,7 +102,7 @@ def run_plan(args: argparse.Namespace, out=None) -> int:
             print(f"stowage plan: {e}", file=sys.stderr)
         return EXIT_BAD_MODEL
     budgets = budgets_from_args(args)
-    if args.context is None:
+    if args.context_tokens is None:
         request = request.with_context(max_context(info, request, budgets) or request.block_size)
     result = plan(info, request, budgets)
     if args.json:

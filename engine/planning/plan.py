@@ -7,13 +7,14 @@ the error text) so the GUI can draw it; `Plan.require_fit()` (or `check()`) rais
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from stowage.kernels import attention_ops
 
 from ..defaults import BLOCK_SIZE, PREFILL_CHUNK
 from ..dtypes import COMPUTE, KV, compute_dtype, kv_dtype
-from ..errors import InsufficientMemoryError
+from ..errors import InsufficientMemoryError, InvalidArgumentError
 from ..units import format_bytes
 from .budgets import Budgets, DeviceBudget, DiskBudget, default_kv_disk_budget
 from .inspect import ModelInfo
@@ -49,6 +50,28 @@ class PlanRequest:
 
     def with_context(self, context_tokens: int) -> "PlanRequest":
         return replace(self, context_tokens=context_tokens)
+
+    def to_json(self) -> str:
+        """The request as one JSON object: how it crosses to the engine child (`serve --plan-request`)."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "PlanRequest":
+        """The request to_json wrote; InvalidArgumentError naming what is wrong with anything else."""
+        try:
+            values = json.loads(text)
+        except ValueError as e:
+            raise InvalidArgumentError(f"--plan-request is not JSON: {e}") from None
+        known = {f.name for f in fields(cls)}
+        if not isinstance(values, dict) or not values.keys() <= known or "context_tokens" not in values:
+            raise InvalidArgumentError(f"--plan-request must be an object with context_tokens and any of "
+                                       f"{', '.join(sorted(known - {'context_tokens'}))}; got {text!r:.120}")
+        if not all(isinstance(v, (int, str, type(None))) and not isinstance(v, bool) for v in values.values()):
+            raise InvalidArgumentError(f"--plan-request values are integers, names or null; got {text!r:.120}")
+        try:
+            return cls(**values)
+        except (TypeError, ValueError) as e:
+            raise InvalidArgumentError(f"--plan-request: {e}") from None
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import httpx
 from ..errors import GenerationCancelled, InsufficientMemoryError, InvalidArgumentError, RemoteError, StowageError
 from ..runtime.generation import GenerationResult
 from ..runtime.sampler import SamplingParams
-from ..server import UNIX_SCHEME
+from ..protocol import UNIX_SCHEME
 
 Progress = Callable[[int, int], None]  # prompt tokens read so far, of the whole prompt
 LoadProgress = Callable[[str, int, int], None]  # a load's stage, and bytes of the model loaded of all of them
@@ -103,7 +103,7 @@ class RemoteServer:
         """The models a Stowage server may load (GET /stowage/models): each "id", "format", "size_bytes"."""
         return self._get("/stowage/models")["data"]
 
-    def load(self, model: str, *, context: int | None = None, parallel: int | None = None, dtype: str | None = None,
+    def load(self, model: str, *, context_tokens: int | None = None, parallel: int | None = None, dtype: str | None = None,
              kv_dtype: str | None = None, progress: LoadProgress | None = None,
              cancel: threading.Event | None = None) -> dict:
         """Have a Stowage server serve `model` (an id of available_models()) instead of its model; the model object
@@ -111,7 +111,7 @@ class RemoteServer:
 
         cancel.set() closes the stream, which cancels the load: the server then serves no model, and this raises
         GenerationCancelled. A plan that does not fit is InsufficientMemoryError, with the planner's message."""
-        fields = {"context": context, "parallel": parallel, "dtype": dtype, "kv_dtype": kv_dtype}
+        fields = {"context_tokens": context_tokens, "parallel": parallel, "dtype": dtype, "kv_dtype": kv_dtype}
         body = {"model": model, **{k: v for k, v in fields.items() if v is not None}}
         try:
             with self._http.stream("POST", "/stowage/load", json=body) as response:

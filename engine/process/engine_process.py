@@ -26,8 +26,8 @@ from pathlib import Path
 
 from .client import RemoteServer, RemoteStream
 from ..errors import EngineCrashedError, EngineStartError, GenerationCancelled, RemoteError
-from ..server import UNIX_SCHEME
-from ..cli.serve import API_KEY_ENV, DEFAULT_HOST, parse_progress
+from ..planning.plan import PlanRequest
+from ..protocol import API_KEY_ENV, DEFAULT_HOST, UNIX_SCHEME, parse_progress
 
 LoadProgress = Callable[[float, str], None]  # fraction, message: as Engine.load reports it
 POLL_SECONDS = 0.05
@@ -70,18 +70,13 @@ def engine_command() -> list[str]:
     return [sys.executable, "-P", "-m", "stowage.engine.cli"]
 
 
-def serve_command(model_dir: str | Path, *, context_tokens: int, dtype: str | None = None,
-                  kv_dtype: str | None = None, gpu_layers: int | None = None, port: int = 0,
-                  host: str = DEFAULT_HOST, parallel: int = 1, unix: str | Path | None = None) -> list[str]:
-    """The child's command line: `parallel` sequences of context_tokens on host:port, or on the Unix socket at
-    `unix` (no key: that goes in the environment, where `ps` does not show it)."""
+def serve_command(model_dir: str | Path, request: PlanRequest, *, port: int = 0, host: str = DEFAULT_HOST,
+                  unix: str | Path | None = None) -> list[str]:
+    """The child's command line: the plan request itself (the child plans it against the memory free then), on
+    host:port or on the Unix socket at `unix` (no key: that goes in the environment, where `ps` does not show it)."""
     listen = ["--unix", str(unix)] if unix is not None else ["--port", str(port), "--host", host]
-    command = [*engine_command(), "serve", str(model_dir), *listen, "--context", str(context_tokens),
-               "--parallel", str(parallel), "--exit-with-parent"]
-    for flag, value in (("--dtype", dtype), ("--kv-dtype", kv_dtype), ("--gpu-layers", gpu_layers)):
-        if value is not None:
-            command += [flag, str(value)]
-    return command
+    return [*engine_command(), "serve", str(model_dir), *listen, "--plan-request", request.to_json(),
+            "--exit-with-parent"]
 
 
 def client_url(url: str) -> str:
@@ -115,16 +110,15 @@ class EngineProcess:
         self._stderr.start()
 
     @classmethod
-    def start(cls, model_dir: str | Path, *, context_tokens: int, dtype: str | None = None,
-              kv_dtype: str | None = None, gpu_layers: int | None = None, progress: LoadProgress | None = None,
+    def start(cls, model_dir: str | Path, request: PlanRequest, *, progress: LoadProgress | None = None,
               cancel: threading.Event | None = None, env: dict[str, str] | None = None,
               nice: int = 0, port: int = 0, host: str = DEFAULT_HOST, api_key: str | None = None,
-              parallel: int = 1, unix: bool = False) -> "EngineProcess":
+              unix: bool = False) -> "EngineProcess":
         """Start the child, forward its loading progress (progress is called on this thread, as Engine.load
         calls it), and return once it answers /health.
 
         It listens on host:port (0: a free port), or with unix=True on a Unix socket in a private folder (0700;
-        the socket 0600), removed when it ends; `parallel` sequences are planned and served at once. api_key
+        the socket 0600), removed when it ends; `request` is planned there (its num_seqs served at once). api_key
         (default: a random one for this child only) reaches it in $STOWAGE_API_KEY, never on the command line;
         the child refuses an address other than loopback without one anyway.
 
@@ -136,8 +130,7 @@ class EngineProcess:
         key = api_key or secrets.token_urlsafe(32)
         child_env = {**os.environ, **(env or {}), API_KEY_ENV: key}
         socket_dir = tempfile.mkdtemp(prefix="stowage-") if unix else None  # mode 0700: this user only
-        command = serve_command(model_dir, context_tokens=context_tokens, dtype=dtype, kv_dtype=kv_dtype,
-                                gpu_layers=gpu_layers, port=port, host=host, parallel=parallel,
+        command = serve_command(model_dir, request, port=port, host=host,
                                 unix=Path(socket_dir, SOCKET_NAME) if socket_dir else None)
         try:  # its own session: Ctrl-C in a terminal stops the caller's reply, not the engine
             proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -122,13 +122,13 @@ class LoadRequest:
     """A validated POST /stowage/load: a model this machine lists (its id, never a path) and how to plan it."""
 
     model: str
-    context: int | None = None  # None: DEFAULT_CONTEXT or the model's maximum, as at start
+    context_tokens: int | None = None  # None: DEFAULT_CONTEXT or the model's maximum, as at start
     parallel: int | None = None  # None: the server's --parallel
     dtype: str | None = None
     kv_dtype: str | None = None
 
 
-LOAD_FIELDS = {"model", "context", "parallel", "dtype", "kv_dtype"}
+LOAD_FIELDS = {"model", "context_tokens", "parallel", "dtype", "kv_dtype"}
 
 
 def parse_load(body: dict) -> LoadRequest:
@@ -138,7 +138,7 @@ def parse_load(body: dict) -> LoadRequest:
     if not isinstance(model, str) or not model:
         raise _bad("model", "model must be the id of a model this machine lists (GET /stowage/models)")
     counts = {key: _number(body, key, None, lambda v: v >= 1, "an integer >= 1", integer=True)
-              for key in ("context", "parallel")}
+              for key in ("context_tokens", "parallel")}
     for key, names in (("dtype", COMPUTE), ("kv_dtype", KV)):
         value = body.get(key)
         if value is not None and not (isinstance(value, str) and value in names):

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..defaults import DEFAULT_CONTEXT
 from ..formats.discovery import FoundModel, Places, discover
 from ..errors import GenerationCancelled, InsufficientMemoryError, InvalidArgumentError
+from ..planning import Plan, PlanRequest, check, default_context_tokens, detect_budgets, inspect
 from ..serving.scheduler import Scheduler
 from .schemas import LoadRequest
 
@@ -37,25 +37,18 @@ class LoadDefaults:
     kv_disk_budget: int | None = None
 
 
-def plan_serving(path: Path, context: int | None, *, parallel: int, dtype: str | None = None,
-                 kv_dtype: str | None = None, gpu_layers=None, kv_disk_budget: int | None = None):
-    """The plan of `parallel` sequences of `context` tokens (None: DEFAULT_CONTEXT or the model's maximum) against
-    this machine's memory now; InsufficientMemoryError or InvalidArgumentError when it cannot be served."""
-    from ..formats.source import read_config
-    from ..planning import plan_for
-
-    if context is None:
-        context = min(DEFAULT_CONTEXT, read_config(path).max_position_embeddings)
+def plan_serving(path: Path, request: PlanRequest) -> Plan:
+    """The plan of request.num_seqs sequences of request.context_tokens against this machine's memory now;
+    InsufficientMemoryError or InvalidArgumentError when it cannot be served."""
     try:
-        plan = plan_for(path, context, dtype=dtype, kv_dtype=kv_dtype, gpu_layers=gpu_layers, num_seqs=parallel,
-                        kv_disk_budget=kv_disk_budget)
+        plan = check(inspect(path), request, detect_budgets())
     except InsufficientMemoryError as e:
-        if parallel == 1:
+        if request.num_seqs == 1:
             raise
-        raise InsufficientMemoryError(f"{e} With --parallel {parallel}, each sequence holds a whole context "
+        raise InsufficientMemoryError(f"{e} With --parallel {request.num_seqs}, each sequence holds a whole context "
                                       "of KV cache: fewer sequences need less.") from None
-    if parallel > plan.prefill_chunk:  # the planner charges a decode step's activations as a chunk's
-        raise InvalidArgumentError(f"--parallel {parallel} is more than the prefill chunk of "
+    if request.num_seqs > plan.prefill_chunk:  # the planner charges a decode step's activations as a chunk's
+        raise InvalidArgumentError(f"--parallel {request.num_seqs} is more than the prefill chunk of "
                                    f"{plan.prefill_chunk} tokens; serve at most that many sequences")
     return plan
 
@@ -155,9 +148,10 @@ class Serving:
                 release_memory()
             defaults = self.defaults
             report(0.0, "planning")
-            plan = plan_serving(found.path, request.context, parallel=request.parallel or defaults.parallel,
-                                dtype=request.dtype, kv_dtype=request.kv_dtype, gpu_layers=defaults.gpu_layers,
-                                kv_disk_budget=defaults.kv_disk_budget)
+            plan = plan_serving(found.path, PlanRequest(
+                request.context_tokens or default_context_tokens(found.path), dtype=request.dtype,
+                kv_dtype=request.kv_dtype, gpu_layers=defaults.gpu_layers,
+                num_seqs=request.parallel or defaults.parallel, kv_disk_budget=defaults.kv_disk_budget))
             if cancel.is_set():
                 raise GenerationCancelled("loading cancelled")
             engine = Engine.load(found.path, plan, progress=report, cancel=cancel)

@@ -9,7 +9,7 @@ from factory import cpu_plan
 from processes import alive
 from PySide6.QtCore import Qt
 
-from stowage.app import worker
+from stowage.app import worker as app_worker
 from stowage.app.worker import ChatRequest, EngineClient
 from stowage.engine.runtime.sampler import SamplingParams
 
@@ -47,7 +47,7 @@ def test_worker_signals_over_a_child(engine_client, qtbot, tiny_model_dir):
 
 def test_a_killed_engine_is_a_failed_reply_and_a_new_load_starts_a_fresh_one(app_driver, qtbot, tiny_model_dir,
                                                                             monkeypatch):
-    monkeypatch.setattr(worker, "ENGINE_PROCESS", True)
+    monkeypatch.setattr(app_worker, "ENGINE_PROCESS", True)
     window = app_driver.open(tiny_model_dir)
     app_driver.load(window, context_tokens=2048)
     worker, chat = window.client.worker, window.chat

@@ -83,11 +83,12 @@ def test_spec_entry_matches_the_stowage_script_and_the_launcher():
 
 
 def test_a_bundle_starts_its_engine_with_its_own_executable(monkeypatch):
+    from stowage.engine.planning.plan import PlanRequest
     from stowage.engine.process import engine_process
 
-    assert engine_process.engine_command()[1:] == ["-m", "stowage.engine.cli"]
+    assert engine_process.engine_command()[1:] == ["-P", "-m", "stowage.engine.cli"]
     monkeypatch.setattr(engine_process.sys, "frozen", True, raising=False)
-    command = engine_process.serve_command("/models/m", context_tokens=1024)
+    command = engine_process.serve_command("/models/m", PlanRequest(1024))
     assert command[:3] == [engine_process.sys.executable, "serve", "/models/m"]
 
 

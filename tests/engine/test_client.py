@@ -9,10 +9,11 @@ import pytest
 from factory import ROOT, make_model
 
 from stowage.engine.process.client import RemoteServer, sampling_fields
+from stowage.engine.planning.plan import PlanRequest
 from stowage.engine.process.engine_process import EngineProcess
 from stowage.engine.errors import InsufficientMemoryError, InvalidArgumentError, RemoteError
 from stowage.engine.runtime.sampler import SamplingParams
-from stowage.engine.cli.serve import API_KEY_ENV
+from stowage.engine.protocol import API_KEY_ENV
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 
@@ -20,7 +21,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8)
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     model = make_model(tmp_path_factory.mktemp("client") / "model", "llama", initializer_range=0.2)
-    with EngineProcess.start(model, context_tokens=128) as process:
+    with EngineProcess.start(model, PlanRequest(128)) as process:
         yield process
 
 

@@ -13,6 +13,7 @@ from factory import ROOT, cpu_plan, make_model
 from processes import alive
 
 from stowage.engine.runtime.engine import Engine
+from stowage.engine.planning.plan import PlanRequest
 from stowage.engine.process.engine_process import EngineProcess, describe_exit
 from stowage.engine.errors import EngineCrashedError, EngineStartError, GenerationCancelled
 from stowage.engine.runtime.sampler import SamplingParams
@@ -38,14 +39,14 @@ def first_text(stream):
 def test_a_child_answers_as_the_engine_does_and_unloads_to_nothing(model_dir):
     progress = []
     start = time.perf_counter()
-    with EngineProcess.start(model_dir, context_tokens=256, progress=lambda f, m: progress.append((f, m))) as engine:
+    with EngineProcess.start(model_dir, PlanRequest(256), progress=lambda f, m: progress.append((f, m))) as engine:
         started = time.perf_counter() - start
         assert engine.pid != os.getpid() and engine.is_alive
         messages = [{"role": "user", "content": "Stowage plans memory"}]
         stream = engine.chat(messages, SamplingParams(temperature=0, max_tokens=12))
         text = "".join(stream)
         alone = Engine.load(model_dir, cpu_plan(model_dir, 256))
-        expected = alone.chat(alone.new_conversation(), messages, SamplingParams(temperature=0, max_tokens=12)).run()
+        expected = alone.chat(messages, SamplingParams(temperature=0, max_tokens=12)).run()
         assert text == stream.result.text == expected.text
         assert stream.result.token_ids == expected.token_ids
         assert engine.server.memory()["pid"] == engine.pid
@@ -59,7 +60,7 @@ def test_a_child_answers_as_the_engine_does_and_unloads_to_nothing(model_dir):
 def test_the_key_is_private_and_not_on_the_command_line(model_dir):
     import httpx
 
-    with EngineProcess.start(model_dir, context_tokens=64) as engine:
+    with EngineProcess.start(model_dir, PlanRequest(64)) as engine:
         cmdline = open(f"/proc/{engine.pid}/cmdline", "rb").read().decode()
         key = engine.server._http.headers["Authorization"].removeprefix("Bearer ")
         assert len(key) >= 32 and key not in cmdline
@@ -70,7 +71,7 @@ def test_the_key_is_private_and_not_on_the_command_line(model_dir):
 @pytest.mark.parametrize("sig, words", [(signal.SIGKILL, "killed by SIGKILL: the system ran out of memory"),
                                         (signal.SIGBUS, "killed by SIGBUS: a weights file changed or was truncated")])
 def test_a_killed_child_is_a_typed_error_and_the_text_so_far_is_kept(model_dir, sig, words):
-    engine = EngineProcess.start(model_dir, context_tokens=1024)
+    engine = EngineProcess.start(model_dir, PlanRequest(1024))
     stream = engine.chat([{"role": "user", "content": "Write a long story"}], LONG)
     texts = first_text(stream)
     os.kill(engine.pid, sig)
@@ -86,21 +87,22 @@ def test_a_killed_child_is_a_typed_error_and_the_text_so_far_is_kept(model_dir, 
 
 def test_refusals_are_the_childs_own_one_line_message(model_dir, tmp_path):
     with pytest.raises(EngineStartError, match="config.json"):
-        EngineProcess.start(tmp_path, context_tokens=64)
+        EngineProcess.start(tmp_path, PlanRequest(64))
     with pytest.raises(EngineStartError, match="1,024"):  # past the model's positions
-        EngineProcess.start(model_dir, context_tokens=5000)
+        EngineProcess.start(model_dir, PlanRequest(5000))
 
 
 def test_cancel_ends_the_child_while_it_loads(model_dir):
     cancel = threading.Event()
     cancel.set()
     with pytest.raises(GenerationCancelled):
-        EngineProcess.start(model_dir, context_tokens=64, cancel=cancel)
+        EngineProcess.start(model_dir, PlanRequest(64), cancel=cancel)
 
 
 def test_the_child_ends_with_its_parent(model_dir):
     code = ("import sys; from stowage.engine.process.engine_process import EngineProcess; "
-            "e = EngineProcess.start(sys.argv[1], context_tokens=64); print(e.pid, flush=True); "
+            "from stowage.engine.planning.plan import PlanRequest; "
+            "e = EngineProcess.start(sys.argv[1], PlanRequest(64)); print(e.pid, flush=True); "
             "import time; time.sleep(600)")
     parent = subprocess.Popen([sys.executable, "-P", "-c", code, str(model_dir)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())

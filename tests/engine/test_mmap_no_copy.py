@@ -13,12 +13,13 @@ import json, sys, torch
 torch.set_num_threads(1)
 from memory import anonymous_bytes
 from stowage.engine.runtime.engine import Engine
+from stowage.engine.runtime.sampler import SamplingParams
 from factory import cpu_plan
 before = anonymous_bytes()
 engine = Engine.load(sys.argv[1], cpu_plan(sys.argv[1], 64))
 after_load = anonymous_bytes()
 report = engine.memory_report()["cpu"]
-engine.generate(engine.new_conversation(), [1, 2, 3, 4], __import__("stowage.engine.runtime.sampler").sampler.SamplingParams(temperature=0, max_tokens=4)).run()
+engine.generate([1, 2, 3, 4], SamplingParams(temperature=0, max_tokens=4)).run()
 after_run = anonymous_bytes()
 print(json.dumps({"load": after_load - before, "run": after_run - before, "report": report}))
 """

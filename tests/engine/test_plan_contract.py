@@ -14,6 +14,7 @@ from stowage.engine.planning.budgets import given_budgets
 from stowage.engine.planning.inspect import inspect
 from stowage.engine.planning.plan import PlanRequest, plan
 from stowage.engine.units import GiB
+from stowage.engine.runtime.kv_cache import Sequence
 
 REQUEST = PlanRequest(256, prefill_chunk=64)
 GPU = {"cuda:0": "cpu"}  # the plan's GPU, simulated by the CPU
@@ -47,7 +48,7 @@ def test_the_planner_asks_the_kernel_that_runs_on_the_device(model_dir, monkeypa
     before_plan = plan(info, REQUEST, budgets)
     before = before_plan.device(device)
     ops = kernels.attention_ops(device)
-    assert ops.__name__ == f"kernels.{module}" and before.attention == ops.NAME
+    assert ops.__name__ == f"stowage.kernels.{module}" and before.attention == ops.NAME
     monkeypatch.setattr(ops, "workspace_bytes", _padded(ops, GiB))
     after_plan = plan(info, REQUEST, budgets)
     # (the layer's peak is the larger of its attention and MLP phases: where the MLP phase was the larger, it
@@ -92,7 +93,7 @@ def test_the_head_on_another_device_than_the_embeddings_is_counted_where_it_is(m
             assert held["weights_copied"] + held["weights_mapped"] == d.weights_bytes, d.device
             assert held["kv_cache"] == d.kv_bytes, d.device
         # and the model runs on the split: the hidden state crosses from the embeddings' device to the layers'
-        logits = engine.model.forward([1, 2, 3], engine.new_conversation().seq, engine.cache)
+        logits = engine.model.forward([1, 2, 3], Sequence(), engine.cache)
         assert logits.shape == (1, info.config.vocab_size) and torch.isfinite(logits).all()
     finally:
         engine.close()

@@ -14,11 +14,12 @@ from processes import free_port, openai_client
 from factory import make_model
 
 from stowage.engine.process.client import RemoteServer
+from stowage.engine.planning.plan import PlanRequest
 from stowage.engine.process.engine_process import EngineProcess, client_url, serve_command
 from stowage.engine.errors import EngineStartError, InvalidArgumentError, StowageError
 from stowage.engine.planning import plan_for
 from stowage.engine.runtime.sampler import SamplingParams
-from stowage.engine.cli.serve import listen_unix
+from stowage.engine.server.listener import listen_unix
 
 TIMEOUT = 60
 KEY = "a-key-that-lasts"
@@ -34,7 +35,7 @@ def model_dir(tmp_path_factory):
 # -- a chosen port, a key given by the caller ----------------------------------------------------
 def test_a_fixed_port_with_the_given_key_and_a_wrong_key_refused(model_dir):
     port = free_port()
-    with EngineProcess.start(model_dir, context_tokens=128, port=port, api_key=KEY) as engine:
+    with EngineProcess.start(model_dir, PlanRequest(128), port=port, api_key=KEY) as engine:
         assert engine.server.base_url == f"http://127.0.0.1:{port}"
         assert KEY not in open(f"/proc/{engine.pid}/cmdline", "rb").read().decode()  # in the environment only
         url = f"http://127.0.0.1:{port}/v1"
@@ -51,13 +52,13 @@ def test_a_taken_port_is_a_start_error_with_the_childs_message(model_dir):
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(EngineStartError, match=f"cannot listen on 127.0.0.1:{port}: .*choose another") as e:
-            EngineProcess.start(model_dir, context_tokens=128, port=port, api_key=KEY)
+            EngineProcess.start(model_dir, PlanRequest(128), port=port, api_key=KEY)
     assert "\n" not in str(e.value) and "Traceback" not in str(e.value)
 
 
 def test_every_address_with_a_key_is_reached_here_on_loopback(model_dir):
     port = free_port()
-    with EngineProcess.start(model_dir, context_tokens=128, host="0.0.0.0", port=port, api_key=KEY) as engine:
+    with EngineProcess.start(model_dir, PlanRequest(128), host="0.0.0.0", port=port, api_key=KEY) as engine:
         assert engine.server.base_url == f"http://127.0.0.1:{port}"  # the child printed http://0.0.0.0:PORT
         assert engine.server.models()[0]["id"] == "model"
         with httpx.Client(trust_env=False) as plain:
@@ -65,7 +66,7 @@ def test_every_address_with_a_key_is_reached_here_on_loopback(model_dir):
 
 
 def test_two_sequences_serve_two_requests_at_once(model_dir):
-    with EngineProcess.start(model_dir, context_tokens=128, parallel=2) as engine:
+    with EngineProcess.start(model_dir, PlanRequest(128, num_seqs=2)) as engine:
         kv_bytes = sum(device["kv_bytes"] for device in engine.server.plan()["devices"])
         assert kv_bytes == 2 * plan_for(model_dir, 128).kv_bytes > 0  # planned for two sequences
         key = engine.server.api_key
@@ -83,10 +84,12 @@ def test_two_sequences_serve_two_requests_at_once(model_dir):
 
 
 def test_the_command_line_carries_the_listening_settings_but_no_key():
-    command = serve_command("M", context_tokens=64, port=8080, host="0.0.0.0", parallel=3)
+    command = serve_command("M", PlanRequest(64, num_seqs=3), port=8080, host="0.0.0.0")
     assert command[command.index("--port") + 1] == "8080" and command[command.index("--host") + 1] == "0.0.0.0"
-    assert command[command.index("--parallel") + 1] == "3" and "--api-key" not in command
-    unix = serve_command("M", context_tokens=64, unix="/tmp/x/engine.sock")
+    # the plan request itself crosses, not flags rebuilt from it
+    assert PlanRequest.from_json(command[command.index("--plan-request") + 1]) == PlanRequest(64, num_seqs=3)
+    assert "--api-key" not in command and "--context" not in command and "--parallel" not in command
+    unix = serve_command("M", PlanRequest(64), unix="/tmp/x/engine.sock")
     assert unix[unix.index("--unix") + 1] == "/tmp/x/engine.sock" and "--port" not in unix and "--host" not in unix
     assert client_url("http://0.0.0.0:8080") == "http://127.0.0.1:8080"
     assert client_url("http://[::]:8080") == "http://[::1]:8080"
@@ -97,12 +100,12 @@ def test_the_command_line_carries_the_listening_settings_but_no_key():
 # -- a Unix socket ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def unix_engine(model_dir):
-    with EngineProcess.start(model_dir, context_tokens=256, unix=True) as engine:
+    with EngineProcess.start(model_dir, PlanRequest(256), unix=True) as engine:
         yield engine
 
 
 def test_the_socket_is_private_and_gone_after_close(model_dir):
-    engine = EngineProcess.start(model_dir, context_tokens=64, unix=True)
+    engine = EngineProcess.start(model_dir, PlanRequest(64), unix=True)
     url = engine.server.base_url
     assert url.startswith("unix:") and url.endswith("/engine.sock")
     path = url.removeprefix("unix:")
@@ -114,7 +117,7 @@ def test_the_socket_is_private_and_gone_after_close(model_dir):
 
 
 def test_a_killed_childs_socket_folder_is_removed_too(model_dir):
-    engine = EngineProcess.start(model_dir, context_tokens=64, unix=True)
+    engine = EngineProcess.start(model_dir, PlanRequest(64), unix=True)
     engine.proc.kill()
     engine.proc.wait()
     engine.close()

@@ -16,7 +16,7 @@ from stowage.engine.runtime.engine import Engine
 from stowage.engine.runtime.generation import GenerationResult
 from stowage.engine.runtime.sampler import SamplingParams
 from stowage.engine.server.app import MAX_HEAD_BYTES, create_app
-from stowage.engine.cli.serve import http_server, listen
+from stowage.engine.server.listener import http_server, listen
 from stowage.engine.serving.scheduler import Scheduler
 
 TIMEOUT = 60  # seconds a test waits for the server before failing instead of hanging
@@ -81,7 +81,7 @@ def test_chat_completion_is_the_engines_greedy_reply(served, reference):
     assert r.status_code == 200, r.text
     body = r.json()
     messages = [{"role": "user", "content": "Stowage plans memory"}]
-    expected = reference.chat(reference.new_conversation(), messages, SamplingParams(temperature=0, max_tokens=10)).run()
+    expected = reference.chat(messages, SamplingParams(temperature=0, max_tokens=10)).run()
     assert body["object"] == "chat.completion" and body["model"] == "model" and body["id"].startswith("chatcmpl-")
     (choice,) = body["choices"]
     assert choice["message"] == {"role": "assistant", "content": expected.text}
@@ -117,7 +117,7 @@ def test_completions_take_text_or_token_ids_and_stream_the_same(served, referenc
     ids = reference.tokenizer.encode("Stowage plans memory")
     by_text = client.post("/v1/completions", json={"prompt": "Stowage plans memory", "temperature": 0}).json()
     by_ids = client.post("/v1/completions", json={"prompt": ids, "temperature": 0}).json()
-    expected = reference.generate(reference.new_conversation(), ids, SamplingParams(temperature=0, max_tokens=16)).run()
+    expected = reference.generate(ids, SamplingParams(temperature=0, max_tokens=16)).run()
     assert by_text["object"] == "text_completion"
     assert by_text["choices"][0]["text"] == by_ids["choices"][0]["text"] == expected.text
     assert by_text["usage"]["prompt_tokens"] == len(ids)

@@ -75,7 +75,7 @@ def greedy_ids(model_dir, max_tokens=12):
     engine = Engine.load(model_dir, cpu_plan(model_dir, 1024))
     try:
         sampling = SamplingParams(temperature=0, max_tokens=max_tokens)
-        return engine.generate(engine.new_conversation(), PROMPT, sampling).run()
+        return engine.generate(PROMPT, sampling).run()
     finally:
         engine.close()
 
@@ -108,7 +108,7 @@ def test_lists_the_models_of_this_machine_by_id(remote, places):
 def test_switching_models_answers_with_the_new_models_tokens(remote, places):
     models = places / "models"
     events = []
-    loaded = remote.load("beta", context=128, progress=lambda *e: events.append(e))
+    loaded = remote.load("beta", context_tokens=128, progress=lambda *e: events.append(e))
     assert loaded["id"] == "beta" and loaded["max_model_len"] == 128 and loaded["parallel"] == 1
     assert "layers on CPU" in loaded["plan"]
     assert [m["id"] for m in remote.models()] == ["beta"]
@@ -119,7 +119,7 @@ def test_switching_models_answers_with_the_new_models_tokens(remote, places):
     assert any(stage.startswith("layer ") for stage, *_ in events)
     assert events[0][0] == "unloading alpha"
 
-    remote.load("alpha", context=128)
+    remote.load("alpha", context_tokens=128)
     assert served_ids(remote, "alpha") == greedy_ids(models / "alpha").token_ids
     with pytest.raises(InvalidArgumentError, match="does not exist"):  # the old model's name is gone
         served_ids(remote, "beta")
@@ -127,7 +127,7 @@ def test_switching_models_answers_with_the_new_models_tokens(remote, places):
 
 @pytest.mark.parametrize("model_id", ["../outside", "/etc", "/etc/passwd", "alpha/../beta", "outside", "~/x"])
 def test_a_model_not_listed_is_refused_before_anything_changes(server, remote, places, model_id):
-    remote.load("alpha", context=128)
+    remote.load("alpha", context_tokens=128)
     response = httpx.post(f"{server}/stowage/load", json={"model": str(places / "outside") if model_id == "outside"
                                                           else model_id}, headers={"Authorization": f"Bearer {KEY}"})
     assert response.status_code == 404
@@ -138,7 +138,7 @@ def test_a_model_not_listed_is_refused_before_anything_changes(server, remote, p
 
 def test_a_bad_load_body_is_a_400_naming_the_field(server):
     headers = {"Authorization": f"Bearer {KEY}"}
-    for body, param in [({}, "model"), ({"model": 3}, "model"), ({"model": "beta", "context": 0}, "context"),
+    for body, param in [({}, "model"), ({"model": 3}, "model"), ({"model": "beta", "context_tokens": 0}, "context_tokens"),
                         ({"model": "beta", "parallel": "2"}, "parallel"), ({"model": "beta", "dtype": "int4"}, "dtype"),
                         ({"model": "beta", "path": "/etc"}, "path")]:
         response = httpx.post(f"{server}/stowage/load", json=body, headers=headers)
@@ -155,15 +155,15 @@ def test_the_key_is_required(server):
 
 def test_a_plan_that_does_not_fit_is_an_error_event(server, remote):
     with pytest.raises(InvalidArgumentError, match="prefill chunk"):  # the planner's refusal, in the stream
-        remote.load("alpha", context=128, parallel=4096)
+        remote.load("alpha", context_tokens=128, parallel=4096)
     assert httpx.get(f"{server}/health").json() == {"status": "no model is loaded"}
-    remote.load("alpha", context=128)
+    remote.load("alpha", context_tokens=128)
 
 
 def test_a_disconnect_mid_load_leaves_no_model_and_the_next_load_works(server, remote, places):
-    remote.load("alpha", context=128)
+    remote.load("alpha", context_tokens=128)
     headers = {"Authorization": f"Bearer {KEY}"}
-    with httpx.stream("POST", f"{server}/stowage/load", json={"model": "slow", "context": 64, "dtype": "bfloat16"},
+    with httpx.stream("POST", f"{server}/stowage/load", json={"model": "slow", "context_tokens": 64, "dtype": "bfloat16"},
                       headers=headers, timeout=TIMEOUT) as response:
         assert response.status_code == 200
         first = next(line for line in response.iter_lines() if line.startswith("data:"))
@@ -175,28 +175,28 @@ def test_a_disconnect_mid_load_leaves_no_model_and_the_next_load_works(server, r
     assert chat.status_code == 503
     assert chat.json()["error"]["code"] == "model_not_loaded"
     assert remote.models() == []
-    remote.load("alpha", context=128)
+    remote.load("alpha", context_tokens=128)
     assert httpx.get(f"{server}/health").json() == {"status": "ok"}
     assert served_ids(remote, "alpha") == greedy_ids(places / "models" / "alpha").token_ids
 
 
 def test_cancel_through_the_client(server, remote):
-    remote.load("alpha", context=128)
+    remote.load("alpha", context_tokens=128)
     cancel = threading.Event()
 
     def progress(stage, done, total):
         cancel.set()  # at the first event
 
     with pytest.raises(GenerationCancelled):
-        remote.load("slow", context=64, dtype="bfloat16", progress=progress, cancel=cancel)
+        remote.load("slow", context_tokens=64, dtype="bfloat16", progress=progress, cancel=cancel)
     wait_health(server, "no model is loaded")
-    remote.load("alpha", context=128)
+    remote.load("alpha", context_tokens=128)
 
 
 def test_a_second_load_while_one_runs_is_a_409(server, remote):
-    remote.load("alpha", context=128)
+    remote.load("alpha", context_tokens=128)
     headers = {"Authorization": f"Bearer {KEY}"}
-    with httpx.stream("POST", f"{server}/stowage/load", json={"model": "slow", "context": 64, "dtype": "bfloat16"},
+    with httpx.stream("POST", f"{server}/stowage/load", json={"model": "slow", "context_tokens": 64, "dtype": "bfloat16"},
                       headers=headers, timeout=TIMEOUT) as response:
         lines = response.iter_lines()
         next(line for line in lines if line.startswith("data:"))
@@ -206,17 +206,17 @@ def test_a_second_load_while_one_runs_is_a_409(server, remote):
         health = httpx.get(f"{server}/health")
         assert health.status_code == 503 and health.json() == {"status": "loading"}, list(lines)
     wait_health(server, "no model is loaded")
-    remote.load("alpha", context=128)
+    remote.load("alpha", context_tokens=128)
 
 
 def test_a_request_running_during_a_load_ends_with_its_final_event(remote, places):
-    remote.load("alpha", context=1024)
+    remote.load("alpha", context_tokens=1024)
     expected = greedy_ids(places / "models" / "alpha", max_tokens=900)
     assert expected.finish_reason == "length"  # alone it would run all 900 tokens
     stream = remote.complete(PROMPT, SamplingParams(temperature=0, max_tokens=900), model="alpha")
     texts = iter(stream)
     next(texts)
-    remote.load("beta", context=128)
+    remote.load("beta", context_tokens=128)
     list(texts)  # it ends: the last chunk, then [DONE]
     assert stream.result.finish_reason == "cancelled"  # the engine's reason, in the last chunk's figures
     assert 0 < len(stream.result.token_ids) < 900
@@ -225,7 +225,7 @@ def test_a_request_running_during_a_load_ends_with_its_final_event(remote, place
 
 def test_no_model_is_a_503_on_every_model_endpoint(server, remote):
     with pytest.raises(InvalidArgumentError):
-        remote.load("alpha", context=128, parallel=4096)
+        remote.load("alpha", context_tokens=128, parallel=4096)
     headers = {"Authorization": f"Bearer {KEY}"}
     for path, body in (("/v1/completions", {"prompt": "x"}),
                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})):
@@ -235,7 +235,7 @@ def test_no_model_is_a_503_on_every_model_endpoint(server, remote):
     assert httpx.get(f"{server}/stowage/plan", headers=headers).status_code == 503
     with pytest.raises(RemoteError, match="503"):
         remote.plan()
-    remote.load("alpha", context=128)
+    remote.load("alpha", context_tokens=128)
 
 
 def test_the_connection_limit_follows_a_load_with_more_sequences(server, remote):
@@ -261,7 +261,7 @@ def test_the_connection_limit_follows_a_load_with_more_sequences(server, remote)
     def load(**plan):  # on a connection of its own, closed after: a kept-alive one would count too
         r = RemoteServer(server, KEY)
         try:
-            return r.load("alpha", context=128, **plan)
+            return r.load("alpha", context_tokens=128, **plan)
         finally:
             r.close()
 

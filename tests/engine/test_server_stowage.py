@@ -12,7 +12,7 @@ from stowage.engine.runtime.engine import Engine
 from stowage.engine.planning.report import to_dict
 from stowage.engine.runtime.sampler import SamplingParams
 from stowage.engine.server.app import create_app
-from stowage.engine.cli.serve import parse_progress, write_progress
+from stowage.engine.protocol import parse_progress, write_progress
 from stowage.engine.serving.scheduler import Scheduler
 
 KEY = "secret"
@@ -77,7 +77,7 @@ def test_a_long_prompt_streams_its_prefill_progress_and_the_last_chunk_the_engin
     last = chunks[-1]
     assert last["choices"][0]["finish_reason"] == "length"
     alone = Engine.load(engine.model_dir, cpu_plan(engine.model_dir, 256, prefill_chunk=16))
-    expected = alone.generate(alone.new_conversation(), prompt_ids, SamplingParams(temperature=0, max_tokens=8)).run()
+    expected = alone.generate(prompt_ids, SamplingParams(temperature=0, max_tokens=8)).run()
     figures = last["stowage"]
     assert figures["token_ids"] == expected.token_ids
     assert figures["prefilled_tokens"] == len(prompt_ids)

@@ -57,7 +57,8 @@ def test_ops_share_the_reference_signatures():
 def test_importing_kernels_leaves_triton_alone():
     # A fresh interpreter: TRITON_INTERPRET only works if no kernel is decorated before it is set.
     # Planning for a GPU asks its kernel's workspace_bytes, which must not import triton either.
-    code = ("import sys, kernels, engine.model; kernels.attention_ops('cpu'); "
+    code = ("import sys; from stowage import kernels; import stowage.engine.runtime.model; "
+            "kernels.attention_ops('cpu'); "
             "import stowage.engine.planning.plan; kernels.attention_ops('cuda').workspace_bytes; "
             "print('triton' in sys.modules)")
     out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True)

@@ -58,13 +58,13 @@ def _start(args, context_tokens: int):
 
 
 def run_generate(args) -> int:
-    from ..formats.source import read_config, read_tokenizer
+    from ..formats.source import open_source
     from ..text.tokenizer import check_text
 
     sampling = _sampling(args)  # every argument is checked before anything is read or loaded
     check_text(args.prompt, "--prompt")
-    read_config(args.model_dir)  # the first thing to be wrong with a model is its config
-    tokenizer = read_tokenizer(args.model_dir)  # tokenizer.json, or a GGUF file's metadata
+    # the config is the first thing to be wrong with a model; the tokenizer is tokenizer.json or GGUF metadata
+    tokenizer = open_source(args.model_dir).tokenizer
     messages = [{"role": "user", "content": args.prompt}]
     ids = tokenizer.apply_chat_template(messages) if args.chat else tokenizer.encode(args.prompt)
     if not ids:

@@ -1,17 +1,25 @@
-"""Which format a model path holds, and its config and tokenizer either way: the one place that tells them apart.
+"""A model path opened, whatever its format: the one place that tells the formats apart (`open_source`).
 
-A Hugging Face folder (config.json, *.safetensors) or a GGUF model: a .gguf file (or a file that starts with
-GGUF's magic, as Ollama's blobs do), any part of a split one, or a folder holding one and no config.json.
+A Hugging Face folder (config.json, *.safetensors, single or sharded) or a GGUF model: a .gguf file (or a file
+that starts with GGUF's magic, as Ollama's blobs do), any part of a split one, or a folder holding one and no
+config.json. Planning (inspect), the loader (Engine.load), the CLI and the app ask this module, never the
+formats themselves.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from functools import cached_property
 from pathlib import Path
 
+import torch
+
+from .checkpoint import Checkpoint
 from .config import ModelConfig
 from .gguf import is_gguf_file
-from .gguf_model import open_model
-from ..text.tokenizer import Tokenizer
+from .gguf_model import GGUFModel, Matrices, open_model
+from .layout import ModelLayout, TensorInfo
+from ..text.tokenizer import TOKENIZER_FILE, Tokenizer
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -21,15 +29,69 @@ def is_gguf(path: str | Path) -> bool:
     return path.is_dir() and not (path / "config.json").exists() and any(path.glob("*.gguf"))
 
 
+class ModelSource:
+    """One model's config, tensor headers, weight files and tokenizer, from headers only (no tensor data).
+
+    The config is read at once (the first thing to be wrong with a model); the safetensors headers and the
+    tokenizer when first asked for. A GGUF file is parsed once per process (gguf_model.open_model)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.name = self.path.name
+        self.gguf: GGUFModel | None = open_model(self.path) if is_gguf(self.path) else None
+        self.config: ModelConfig = self.gguf.config if self.gguf else ModelConfig.from_dir(self.path)
+
+    @cached_property
+    def _checkpoint(self) -> Checkpoint:
+        return Checkpoint(self.path)
+
+    @property
+    def specs(self) -> Mapping[str, TensorInfo]:
+        """Every tensor by its Hugging Face name (a GGUF file's names translated)."""
+        return self.gguf.specs if self.gguf else self._checkpoint.specs
+
+    @property
+    def files(self) -> list[Path]:
+        """The weight files (shards, or the parts of a split GGUF)."""
+        return self.gguf.files if self.gguf else self._checkpoint.files
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return self.gguf is not None or (self.path / TOKENIZER_FILE).exists()
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        """tokenizer.json, or the one the GGUF metadata describes."""
+        return self.gguf.tokenizer if self.gguf else Tokenizer(self.path)
+
+    def layout(self) -> ModelLayout:
+        return ModelLayout.of(self.config, self.specs, self.name)
+
+    def matrices(self, layout: ModelLayout) -> Matrices | None:
+        """The shapes of the matrices kept in ggml blocks (None: a safetensors model, whose products are torch's)."""
+        return self.gguf.matrices(layout.layers, layout.embed, layout.lm_head) if self.gguf else None
+
+    @property
+    def qk_order(self) -> torch.Tensor | None:
+        """The per-head gather that undoes a GGUF converter's Q/K permutation (None: none to undo)."""
+        return self.gguf.qk_order if self.gguf else None
+
+    def weights(self, dtype: torch.dtype, *, converts: bool):
+        """The tensors as the loader places them (runtime/weights.py place): a GGUF file's blocks compute in
+        `dtype` tile by tile; safetensors are mapped views."""
+        return self.gguf.weights(dtype, converts=converts) if self.gguf else self._checkpoint
+
+
+def open_source(path: str | Path) -> ModelSource:
+    """The model at `path`, whatever its format: the one way in."""
+    return ModelSource(path)
+
+
 def read_config(path: str | Path) -> ModelConfig:
     """The model's config: config.json, or the GGUF metadata."""
-    if is_gguf(path):
-        return open_model(path).config
-    return ModelConfig.from_dir(path)
+    return open_source(path).config
 
 
 def read_tokenizer(path: str | Path) -> Tokenizer:
     """The model's tokenizer: tokenizer.json, or the one the GGUF metadata describes."""
-    if is_gguf(path):
-        return open_model(path).tokenizer
-    return Tokenizer(path)
+    return open_source(path).tokenizer

@@ -1,8 +1,8 @@
 """What a model costs in memory, from its config and the weight files' headers alone (no tensor data); the
 tokenizer is read too, to check its ids against the embeddings.
 
-Either format: a Hugging Face folder (config.json, *.safetensors) or a GGUF model (engine/formats.py tells
-them apart); both come out as the same ModelLayout and ModelInfo."""
+Either format: a Hugging Face folder (config.json, *.safetensors) or a GGUF model (engine/formats/source.py
+opens either); both come out as the same ModelLayout and ModelInfo."""
 
 from __future__ import annotations
 
@@ -12,16 +12,14 @@ from pathlib import Path
 
 from stowage.kernels.quants import FORMATS
 
-from ..formats.checkpoint import Checkpoint
-from ..formats.config import ModelConfig
 from ..defaults import BLOCK_SIZE
 from ..dtypes import COMPUTE, kv_dtype
-from ..formats.source import is_gguf
+from ..formats.config import ModelConfig
 from ..formats.gguf import GGUFTensor
-from ..formats.gguf_model import Matrices, open_model
+from ..formats.gguf_model import Matrices
+from ..formats.source import open_source
 from ..runtime.kv_cache import CacheSpec
 from ..formats.layout import ModelLayout, TensorInfo
-from ..text.tokenizer import TOKENIZER_FILE, Tokenizer
 
 # Stored dtypes the loader can convert (converted_names says which it does): the floats; block formats never.
 _CONVERTIBLE = frozenset(COMPUTE) | {"float64", "float8_e4m3fn", "float8_e5m2"}
@@ -144,14 +142,11 @@ class ModelInfo:
 def inspect(model_dir: str | Path) -> ModelInfo:
     """Read the config and every weight file's header (no tensor data) into a ModelInfo."""
     model_dir = Path(model_dir)
-    gguf = open_model(model_dir) if is_gguf(model_dir) else None
-    config = gguf.config if gguf else ModelConfig.from_dir(model_dir)
-    source = gguf or Checkpoint(model_dir)
+    source = open_source(model_dir)
     specs = source.specs
-    layout = ModelLayout.of(config, specs, model_dir.name)
-    tokenizer = gguf.tokenizer if gguf else Tokenizer(model_dir) if (model_dir / TOKENIZER_FILE).exists() else None
-    if tokenizer is not None:  # a folder without one is refused by the load, which needs it
-        layout.check_token_ids(tokenizer.num_token_ids, model_dir.name)
+    layout = source.layout()
+    if source.has_tokenizer:  # a folder without one is refused by the load, which needs it
+        layout.check_token_ids(source.tokenizer.num_token_ids, model_dir.name)
     compute = compute_dtype_of(layout, specs)
     converted = converted_names(layout, specs, compute)
 
@@ -168,5 +163,5 @@ def inspect(model_dir: str | Path) -> ModelInfo:
         other=group(layout.unused),
         file_bytes=sum(p.stat().st_size for p in source.files),
         compute_dtype=compute,
-        matrices=gguf.matrices(layout.layers, layout.embed, layout.lm_head) if gguf else None,
+        matrices=source.matrices(layout),
     )

@@ -1,4 +1,4 @@
-"""Paged attention on the CPU in C (kernels/csrc/decode_layer.c): the cache read in place through the block table.
+"""Paged attention on the CPU in C (kernels/csrc/prefill_attention.h): the cache read in place through the block table.
 
 The same signatures as kernels/reference.py, which stays the oracle in the tests. No gathered copy of the
 context, no dense mask, no scores matrix: a chunk's queries go through their keys a cache block at a time
@@ -16,7 +16,8 @@ NAME = "cpu-native"
 write_kv = reference.write_kv  # one row per token: nothing to gain in C
 _TYPES = {torch.float32: cpu_decode.W_F32, torch.float16: cpu_decode.W_F16, torch.bfloat16: cpu_decode.W_BF16,
           torch.float8_e4m3fn: cpu_decode.CACHE_FP8}
-STATES, MAX_HEAD_DIM = 64, 512  # decode_layer.c's PF_STATES (query heads per KV head at most), MAX_HEAD_DIM
+# prefill_attention.h's PF_STATES (query heads per KV head at most), decode_types.h's MAX_HEAD_DIM
+STATES, MAX_HEAD_DIM = 64, 512
 
 
 def prefill_attention(query, k_cache, v_cache, block_table, start_pos: int, scale: float, k_scale: float = 1.0,

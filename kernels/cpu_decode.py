@@ -5,7 +5,7 @@ One library per instruction set (`avx512bf16`, `avx512`, `avx2`, `scalar`), the 
 built: kernels/build.py) is used first; otherwise it is compiled at first use (a developer
 convenience; kernels/cbuild.py). `STOWAGE_NATIVE_DECODE=0` or `STOWAGE_FORCE_REFERENCE=1` turns it off, and
 no library at all (no compiler, no prebuilt one) leaves the torch path: `active()` says which runs.
-The ctypes structures below mirror the C structs field for field.
+The ctypes structures below mirror the C structs (kernels/csrc/decode_types.h) field for field.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ W_F32, W_F16, W_BF16, CACHE_FP8 = 100, 101, 102, 3
 ACT_SILU, ACT_GELU_TANH = 0, 1
 
 
-MAX_LANES = 64  # decode_layer.c's: the most sequences one batched step takes
+MAX_LANES = 64  # decode_types.h's: the most sequences one batched step takes
 
 
 class Matrix(ctypes.Structure):
@@ -71,12 +71,12 @@ def selected_isa() -> str | None:
     return choose(tuple(ISAS), cpu_flags(), "STOWAGE_DECODE_ISA", os.environ)
 
 
-MAX_SPLITS = 64  # decode_layer.c's: key ranges one attention call splits a context into
+MAX_SPLITS = 64  # decode_types.h's: key ranges one attention call splits a context into
 
 
 def scratch_bytes(*, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, intermediate: int,
                   lanes: int = 1) -> int:
-    """What the native step keeps allocated once it has run (decode_layer.c ensure_lane, per lane: a sequence of
+    """What the native step keeps allocated once it has run (decode_scratch.h ensure_lane, per lane: a sequence of
     a batched step): the layer's vectors, x in its bf16 and integer forms, and attention's per-split sums."""
     q, kv = num_heads * head_dim, num_kv_heads * head_dim
     wide = max(hidden, q)
@@ -155,7 +155,7 @@ def use_default_threads() -> int:
 def torch_on_one_thread():
     """torch on one thread inside the block, for the per-token work around the native step (sampling over the
     vocabulary): those ops are too small to split, and after each split op torch's OpenMP threads spin on the
-    cores the native step's threads need (135m shape, 2 threads, loaded machine: 33-96 ms a token, 12-20 without)."""
+    cores the native step's threads need (docs/kernels.md, the CPU decode step's "Threads")."""
     import torch
 
     n = torch.get_num_threads()

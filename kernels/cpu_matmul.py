@@ -1,9 +1,9 @@
 """Prefill products of 16-bit weights on CPUs whose torch kernels for that dtype are slow: fp32 GEMM on widened tiles.
 
 torch multiplies bf16 at speed only where oneDNN finds AVX512-BF16 or AMX, and f16 only with AVX512-FP16 or
-AMX-FP16. Elsewhere (Zen 2/3, Intel client parts; f16 on Zen 4) its fallback runs ~18-20 GFLOP/s a core, four to
-five times below its own fp32 product on the same core (measured: docs/kernels.md, "Prefill on CPUs without fast
-16-bit products"). There a chunk of `n >= MIN_ROWS` tokens is multiplied tile by tile: TILE_BYTES of weight rows
+AMX-FP16. Elsewhere (Zen 2/3, Intel client parts; f16 on Zen 4) its fallback runs several times below its own fp32
+product on the same core (measured: docs/kernels.md, "CPU prefill on 16-bit weights without fast 16-bit
+products"). There a chunk of `n >= MIN_ROWS` tokens is multiplied tile by tile: TILE_BYTES of weight rows
 widened to fp32 (exact: every bf16 and f16 value is an fp32 value), an fp32 GEMM against the chunk widened once,
 and the tile's columns of the output rounded to the weights' dtype once. The products are exact and the sums are
 fp32, as in torch's 16-bit kernels, so results differ from theirs only in the order of the sums.

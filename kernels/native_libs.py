@@ -46,10 +46,15 @@ def quant_gemv(isa: str) -> NativeLibrary:
                          needs=frozenset(ISAS[isa][1]))
 
 
+# decode_layer.c and every header it includes (the build's digest covers them all)
+DECODE_LAYER_SOURCES = ("decode_layer.c", "decode_types.h", "vec_math.h", "thread_pool.h", "row_dots.h",
+                        "decode_scratch.h", "decode_attention.h", "prefill_attention.h", "prefill_lanes.h",
+                        "prefill_bf16.h", "bf16.h", "quant_dots.h", "quant_blocks.h", "quant_x86.h")
+
+
 def decode_layer(isa: str) -> NativeLibrary:
-    """kernels/cpu_decode.py's decode step."""
-    return NativeLibrary(f"decode_layer_{isa}", ("decode_layer.c", "prefill_lanes.h", "prefill_bf16.h", "bf16.h",
-                                                 "quant_dots.h", "quant_blocks.h", "quant_x86.h"),
+    """kernels/cpu_decode.py's decode step (and kernels/cpu_attention.py's prefill attention)."""
+    return NativeLibrary(f"decode_layer_{isa}", DECODE_LAYER_SOURCES,
                          ("-O3", "-ffp-contract=off", "-shared", "-fPIC", "-pthread", *ISAS[isa][0]), ("-lm",),
                          frozenset(ISAS[isa][1]))
 

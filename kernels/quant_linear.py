@@ -27,7 +27,7 @@ from . import attention_ops, cpu_quant, reference
 from .quants import FORMATS, dequantize, dequantize_rows
 
 # Weights dequantized per tile: 4 MiB of float32, big enough that the per-tile Python cost is small
-# against the work (measured: 2^18 is up to 2x slower on a 4096 x 4096 matrix), small enough to stay in cache-ish sizes.
+# against the work (smaller tiles were slower: docs/kernels.md), small enough to stay in cache-ish sizes.
 TILE_WEIGHTS = 1 << 20
 # Input rows up to which the CPU uses the native kernels: each reads the blocks once for all rows, so a few rows cost
 # little more than one; past this the tile's float32 matmul (BLAS) is faster (measured in docs/kernels.md).

@@ -5,7 +5,7 @@ memory cost: `workspace_bytes` states the peak scratch of one call, and the plan
 that (no library kernel whose scratch differs between processors). Attention is written out as two
 fp32 matrix products and a softmax over query tiles, so the scores never exceed SCORES_BYTES. fp32, not the
 compute dtype: a bf16 bmm on the CPU goes through oneDNN, which keeps a primitive (and a copy of K) per shape
-it has seen, and the shape changes with every token (measured: 4 GB retained after 100 tiles at 64k tokens).
+it has seen, and the shape changes with every token (what it retained: docs/kernels.md, "prefill_attention").
 Cache layout per layer: k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim].
 A slot is block_id * block_size + offset. fp8 caches store value / scale; reads multiply back.
 `window` (sliding-window layers): a query at position p sees keys p - window + 1 .. p, and only the blocks

@@ -7,7 +7,7 @@ Every field a request may carry is either supported, or accepted only at its neu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..dtypes import COMPUTE, KV
 from ..errors import InvalidArgumentError
@@ -43,24 +43,14 @@ class CompletionRequest:
     messages: tuple[dict, ...] = ()  # chat: {"role", "content"} with content as text
     prompt: str | tuple[int, ...] | None = None  # completions: text, or token ids
     max_tokens: int | None = None  # None: the rest of the context (chat), COMPLETION_MAX_TOKENS (completions)
-    temperature: float = 1.0  # OpenAI's default
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
+    # the engine's own record; its max_tokens is set per request by sampling(), once the room left is known
+    params: SamplingParams = SamplingParams(temperature=1.0)  # OpenAI's default temperature
     stream: bool = False
     include_usage: bool = False
 
     def sampling(self, max_tokens: int) -> SamplingParams:
         """The engine's sampling settings, with the reply capped at max_tokens."""
-        try:
-            return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
-                                  repetition_penalty=self.repetition_penalty, max_tokens=max_tokens, seed=self.seed,
-                                  stop=self.stop)
-        except InvalidArgumentError as e:  # the fields were checked one by one; this is the last guard
-            raise _bad(None, str(e)) from None
+        return replace(self.params, max_tokens=max_tokens)
 
 
 # Fields accepted only at a value that asks for nothing: the value(s) allowed, and what to say otherwise.
@@ -180,14 +170,18 @@ def _common(body: dict) -> dict:
     if seed is not None and not (_is_int(seed) and 0 <= seed <= MAX_SEED):
         raise _bad("seed", f"seed must be an integer in [0, 2**64), got {seed!r:.40}")
     top_k = _number(body, "top_k", 0, lambda v: v == -1 or v >= 0, "an integer >= 0 (0 or -1: off)", integer=True)
-    return dict(
-        model=model, stream=stream, include_usage=include_usage, stop=stops, seed=seed,
+    fields = dict(
         temperature=_number(body, "temperature", 1.0, lambda v: 0 <= v <= 2, "a number in [0, 2] (0 is greedy)"),
         top_p=_number(body, "top_p", 1.0, lambda v: 0 < v <= 1, "a number in (0, 1]"),
         top_k=max(top_k, 0),
         min_p=_number(body, "min_p", 0.0, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
         repetition_penalty=_number(body, "repetition_penalty", 1.0, lambda v: v > 0, "a number > 0 (1 is off)"),
     )
+    try:
+        params = SamplingParams(**fields, stop=stops, seed=seed)
+    except InvalidArgumentError as e:  # the fields were checked one by one; this is the last guard
+        raise _bad(None, str(e)) from None
+    return dict(model=model, stream=stream, include_usage=include_usage, params=params)
 
 
 def _max_tokens(body: dict, alias: str | None) -> int | None:

@@ -1,5 +1,6 @@
 // Chunked prefill attention for bf16 queries over a bf16 or fp8 (e4m3) paged cache, on AVX512-BF16: included by
-// decode_layer.c after its generic prefill (prefill_task, store_scalar, vexp), which serves every other case.
+// prefill_attention.h after its generic prefill (prefill_task, store_scalar; vexp from vec_math.h), which serves
+// every other case.
 //
 // The same units as the generic kernel (a KV head and a tile of queries; its (query, head) pairs are "states"),
 // the cache read in place a step of at most 16 keys at a time, online softmax. What differs is where the

@@ -1,5 +1,5 @@
-// Chunked prefill attention in float32 with the unit's states in vector lanes: included by decode_layer.c after its
-// generic prefill, on every vector build (AVX2, AVX-512); the CPUs with AVX512-BF16 run prefill_bf16.h for bf16
+// Chunked prefill attention in float32 with the unit's states in vector lanes: included by prefill_attention.h after
+// its generic prefill, on every vector build (AVX2, AVX-512); the CPUs with AVX512-BF16 run prefill_bf16.h for bf16
 // queries over bf16/fp8 caches without a soft-cap.
 //
 // The same units as the generic kernel (a KV head and a tile of queries: its (query, head) pairs are "states"), the

@@ -1,4 +1,4 @@
-// AVX2 and AVX-512 kernels: the float32 vector layer decode_layer.c's float rows use (vf: 8 or 16 lanes), and
+// AVX2 and AVX-512 kernels: the float32 vector layer (vf: 8 or 16 lanes) that row_dots.h's float rows use, and
 // the integer row dots of every ggml block type with an activation vector quantized to int8 (quant_dots.h's
 // `qvec`): the weights stay integers, 32 products at a time go through one AVX-512 VNNI `vpdpbusd` (u8 x s8,
 // sums of 4 per int32 lane) or, without VNNI, AVX2's `vpmaddubsw` + `vpmaddwd`; each 32 products' int32 sums

@@ -1,0 +1,394 @@
+// Decode attention over the paged cache: each lane's one new query token against its sequence's blocks, read in place
+// through the block table (online softmax, grouped KV heads, the keys split into ranges over the threads and merged).
+#pragma once
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "decode_scratch.h"
+#include "decode_types.h"
+#include "thread_pool.h"
+#include "vec_math.h"
+
+static inline float dot(const float *a, const float *b, int n) {
+#ifdef VEC_LANES
+    vf acc = vzero();
+    int i = 0;
+    for (; i + VEC_LANES <= n; i += VEC_LANES) acc = vfma(vload(a + i), vload(b + i), acc);
+    float s = vsum(acc);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+#else
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+#endif
+}
+
+static inline void axpy(float *y, float a, const float *x, int n) {  // y += a x
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+typedef struct {
+    const model *m;
+    const layer *l;
+    const int32_t *block_table;
+    int64_t lo, hi;  // the keys attended: positions [lo, hi)
+    int64_t splits, per_split;
+    scratch *s;  // the lane's: its queries, partial sums and output
+} attn_task;
+
+// q . key row, through a converted row (fp8 caches, rows of no whole vectors; block_scores has the vector path)
+static inline float key_dot(const float *q, const void *cache, int32_t type, int64_t offset, int n, float scale) {
+    float row[MAX_HEAD_DIM];
+    load_row(cache, type, offset, n, scale, row);
+    return dot(q, row, n);
+}
+
+// acc[g] += p[g] v for the `group` heads, v widened from its cache row (caches of no whole vectors, fp8)
+static inline void value_axpy(float *acc, int64_t acc_stride, const float *p, int64_t p_stride, int group,
+                              const void *cache, int32_t type, int64_t offset, int n, float scale) {
+    float row[MAX_HEAD_DIM];
+    load_row(cache, type, offset, n, scale, row);
+    for (int g = 0; g < group; g++) axpy(acc + g * acc_stride, p[g * p_stride], row, n);
+}
+
+#ifdef VEC_LANES
+// one vector of a bf16, f16 or f32 cache row from element o, as float32
+static inline vf cache_vec(const void *cache, int32_t type, int64_t o) {
+    return type == W_BF16  ? vload_bf16((const uint16_t *)cache + o)
+           : type == W_F16 ? vload_f16((const uint16_t *)cache + o)
+                           : vload((const float *)cache + o);
+}
+
+// acc[h] += sum_j p[h][j] v_j for ng (1-4, a constant where it is inlined) heads: p: [ng][64], acc rows acc_stride
+// apart. Each output vector stays in a register across the block's values: accumulating in memory, one value at a
+// time, stalled on every store (the rows of acc are not vector-aligned). A head past ng costs nothing (it was
+// computed and dropped: a quarter of the products for groups of three).
+static inline __attribute__((always_inline)) void values_heads(float *acc, int64_t acc_stride, const float *p,
+                                                               const void *cache, int32_t type, int64_t offset,
+                                                               int64_t stride, int cnt, int n, const int ng) {
+    float *c0 = acc, *c1 = acc + acc_stride, *c2 = acc + 2 * acc_stride, *c3 = acc + 3 * acc_stride;
+    for (int i = 0; i < n; i += VEC_LANES) {  // named sums: an array would be spilled
+        vf a0 = vload(c0 + i), a1 = vzero(), a2 = vzero(), a3 = vzero();
+        if (ng > 1) a1 = vload(c1 + i);
+        if (ng > 2) a2 = vload(c2 + i);
+        if (ng > 3) a3 = vload(c3 + i);
+        for (int j = 0; j < cnt; j++) {
+            const int64_t o = offset + j * stride + i;
+            const vf v = cache_vec(cache, type, o);
+            a0 = vfma(vset(p[j]), v, a0);
+            if (ng > 1) a1 = vfma(vset(p[64 + j]), v, a1);
+            if (ng > 2) a2 = vfma(vset(p[128 + j]), v, a2);
+            if (ng > 3) a3 = vfma(vset(p[192 + j]), v, a3);
+        }
+        vstore(c0 + i, a0);
+        if (ng > 1) vstore(c1 + i, a1);
+        if (ng > 2) vstore(c2 + i, a2);
+        if (ng > 3) vstore(c3 + i, a3);
+    }
+}
+#endif
+
+// acc[g] += sum_j p[g][j] v_j over a block's `cnt` values (v_j at offset + j * stride), p: [group][64], four heads
+// at a time
+static inline void block_values(float *acc, int64_t acc_stride, const float *p, int group, const void *cache,
+                                int32_t type, int vec, int64_t offset, int64_t stride, int cnt, int n, float scale) {
+#ifdef VEC_LANES
+    if (vec) {
+        for (int g0 = 0; g0 < group; g0 += 4) {
+            float *a = acc + g0 * acc_stride;
+            const float *pg = p + g0 * 64;
+            switch (group - g0) {
+            case 1: values_heads(a, acc_stride, pg, cache, type, offset, stride, cnt, n, 1); break;
+            case 2: values_heads(a, acc_stride, pg, cache, type, offset, stride, cnt, n, 2); break;
+            case 3: values_heads(a, acc_stride, pg, cache, type, offset, stride, cnt, n, 3); break;
+            default: values_heads(a, acc_stride, pg, cache, type, offset, stride, cnt, n, 4);
+            }
+        }
+        return;
+    }
+#endif
+    for (int j = 0; j < cnt; j++)
+        value_axpy(acc, acc_stride, p + j, 64, group, cache, type, offset + j * stride, n, scale);
+}
+
+#ifdef VEC_LANES
+// sc[h][j] = q_h . key_j for ng (1-4, a constant where it is inlined) heads of one KV head, q_h n apart, sc: [ng][64]:
+// the heads' sums share each key vector loaded (and converted) and are independent chains
+static inline __attribute__((always_inline)) void scores_heads(float *sc, const float *q, const void *cache,
+                                                               int32_t type, int64_t offset, int64_t stride, int cnt,
+                                                               int n, const int ng) {
+    for (int j = 0; j < cnt; j++) {
+        const int64_t o = offset + j * stride;
+        vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+        for (int i = 0; i < n; i += VEC_LANES) {
+            const vf k = cache_vec(cache, type, o + i);
+            a0 = vfma(vload(q + i), k, a0);
+            if (ng > 1) a1 = vfma(vload(q + n + i), k, a1);
+            if (ng > 2) a2 = vfma(vload(q + 2 * n + i), k, a2);
+            if (ng > 3) a3 = vfma(vload(q + 3 * n + i), k, a3);
+        }
+        if (ng == 1) {
+            sc[j] = vsum(a0);
+            continue;
+        }
+        float four[4];
+        _mm_storeu_ps(four, vsum4(a0, a1, a2, a3));
+        sc[j] = four[0], sc[64 + j] = four[1];
+        if (ng > 2) sc[128 + j] = four[2];
+        if (ng > 3) sc[192 + j] = four[3];
+    }
+}
+#endif
+
+// sc[g][j] = q_g . key_j for the `group` query heads of a KV head over a block's `cnt` keys (key_j at offset +
+// j * stride), sc: [group][64]. Four heads' sums at a time share each key vector loaded (and converted), and are
+// independent chains; one head (no grouping: MHA) takes four keys at a time instead.
+static inline void block_scores(float *sc, const float *q, int group, const void *cache, int32_t type,
+                                int64_t offset, int64_t stride, int cnt, int n) {
+#ifdef VEC_LANES
+    if (group == 1) {
+        int j = 0;
+        for (; j + 4 <= cnt; j += 4) {
+            const int64_t o = offset + j * stride;
+            vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+            for (int i = 0; i < n; i += VEC_LANES) {
+                vf qi = vload(q + i);
+                a0 = vfma(qi, cache_vec(cache, type, o + i), a0);
+                a1 = vfma(qi, cache_vec(cache, type, o + stride + i), a1);
+                a2 = vfma(qi, cache_vec(cache, type, o + 2 * stride + i), a2);
+                a3 = vfma(qi, cache_vec(cache, type, o + 3 * stride + i), a3);
+            }
+            _mm_storeu_ps(sc + j, vsum4(a0, a1, a2, a3));
+        }
+        for (; j < cnt; j++) {
+            vf a0 = vzero();
+            for (int i = 0; i < n; i += VEC_LANES)
+                a0 = vfma(vload(q + i), cache_vec(cache, type, offset + j * stride + i), a0);
+            sc[j] = vsum(a0);
+        }
+        return;
+    }
+    for (int g0 = 0; g0 < group; g0 += 4) {
+        const float *qg = q + (int64_t)g0 * n;
+        float *sg = sc + g0 * 64;
+        switch (group - g0) {
+        case 1: scores_heads(sg, qg, cache, type, offset, stride, cnt, n, 1); break;
+        case 2: scores_heads(sg, qg, cache, type, offset, stride, cnt, n, 2); break;
+        case 3: scores_heads(sg, qg, cache, type, offset, stride, cnt, n, 3); break;
+        default: scores_heads(sg, qg, cache, type, offset, stride, cnt, n, 4);
+        }
+    }
+#else
+    (void)q, (void)group, (void)cache, (void)type, (void)offset, (void)stride, (void)cnt, (void)n, (void)sc;
+#endif
+}
+
+// The cache lines of [p, p + bytes) on their way into the core's L2: a block's keys and values lie together (all
+// KV heads of a block), but the next block is anywhere, where the hardware prefetcher cannot follow. Into L2, not
+// L1: a block's lines at once filled L1's few miss buffers, and the prefetches themselves stalled (docs/kernels.md,
+// "Attention, decode").
+static inline void prefetch_range(const void *p, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)p + b, 0, 2);
+}
+
+// [k, k + bytes) and [v, v + bytes) loaded in memory order (the values discarded). A step's keys are then read a KV
+// head at a time, rows strided by the other heads' (360m shape: 128 of every 640 bytes); from memory that pattern
+// streams well below the rate of a sequential one, from L1 it costs nothing (docs/kernels.md, "Attention, decode").
+static inline void load_in_order(const void *k, const void *v, int64_t bytes) {
+    const char *a = k, *b = v;
+#if defined(VEC_LANES) && VEC_LANES == 16
+    __m512i x = _mm512_setzero_si512();
+    for (int64_t i = 0; i + 64 <= bytes; i += 64)
+        x = _mm512_or_si512(x, _mm512_or_si512(_mm512_loadu_si512(a + i), _mm512_loadu_si512(b + i)));
+    __asm__ volatile("" : : "v"(x));
+#elif defined(VEC_LANES)
+    __m256i x = _mm256_setzero_si256();
+    for (int64_t i = 0; i + 32 <= bytes; i += 64)
+        x = _mm256_or_si256(x, _mm256_or_si256(_mm256_loadu_si256((const __m256i *)(a + i)),
+                                               _mm256_loadu_si256((const __m256i *)(b + i))));
+    __asm__ volatile("" : : "x"(x));
+#else
+    (void)a, (void)b, (void)bytes;
+#endif
+}
+
+// One head's scores of a block's `cnt` keys (sc: room for 64) into their weights exp(score - max), and its running
+// maximum, sum and weighted values p = [max, sum, acc[hd]] brought up to date. Vector builds take whole vectors,
+// the keys past cnt at -inf (weight 0): the maximum and the sum were scalar chains, one add waiting on the last.
+static inline void block_softmax(float *sc, int cnt, const model *m, float *p, int hd) {
+    if (m->attn_softcap > 0.0f)
+        for (int j = 0; j < cnt; j++) sc[j] = tanhf(sc[j] * m->attn_scale / m->attn_softcap) * m->attn_softcap;
+    else
+        for (int j = 0; j < cnt; j++) sc[j] *= m->attn_scale;
+    float top = p[0], sum = 0.0f;
+#ifdef VEC_LANES
+    const int whole = (cnt + VEC_LANES - 1) / VEC_LANES * VEC_LANES;
+    for (int j = cnt; j < whole; j++) sc[j] = -INFINITY;
+    vf vt = vset(-INFINITY);
+    for (int j = 0; j < whole; j += VEC_LANES) vt = vmaxv(vt, vload(sc + j));
+    const float block_top = vmax_all(vt);
+    top = block_top > top ? block_top : top;
+#else
+    for (int j = 0; j < cnt; j++) top = sc[j] > top ? sc[j] : top;
+#endif
+    if (top > p[0]) {  // a new maximum: rescale what was summed so far
+        float c = expf(p[0] - top);
+        p[1] *= c;
+        for (int i = 0; i < hd; i++) p[2 + i] *= c;
+        p[0] = top;
+    }
+#ifdef VEC_LANES
+    vf vs = vzero();
+    const vf neg_top = vset(-top);
+    for (int j = 0; j < whole; j += VEC_LANES) {
+        const vf e = vexp(_vadd(vload(sc + j), neg_top));  // exp(-inf) = 0
+        vstore(sc + j, e);
+        vs = _vadd(vs, e);
+    }
+    sum = vsum(vs);
+#else
+    for (int j = 0; j < cnt; j++) sc[j] -= top;
+    exp_inplace(sc, cnt);
+    for (int j = 0; j < cnt; j++) sum += sc[j];
+#endif
+    p[1] += sum;
+}
+
+// One unit = one split of the keys, for every head: the running maximum, sum and weighted values of each query
+// head (flash decoding), a cache block of keys at a time; merged afterwards. All KV heads of a block are read
+// together, so the cache is one sequential stream (a head at a time, its rows strided by the other heads',
+// read it at a fraction of the bandwidth), and the next block is prefetched while this one is summed.
+#ifndef PREFETCH_BYTES
+#define PREFETCH_BYTES 65536
+#endif
+static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
+    attn_task *t = ctx;
+    const model *m = t->m;
+    const int hd = m->head_dim, kvh = m->num_kv_heads, group = m->num_heads / kvh, bs = m->block_size;
+    const int32_t type = m->cache_type;
+    const int64_t elem = type == W_F32 ? 4 : type == CACHE_FP8 ? 1 : 2;
+#ifdef VEC_LANES
+    const int vec = hd % VEC_LANES == 0 && type != CACHE_FP8;
+#else
+    const int vec = 0;
+#endif
+    // blocks prefetched ahead: two while their keys and values take a small part of L2 (more were no faster), else
+    // one (large blocks, such as the 1.7b shape's of 32 KV heads: 128 KiB with the values); docs/kernels.md
+    const int64_t block_bytes = (int64_t)bs * kvh * hd * elem;
+    int64_t ahead = PREFETCH_BYTES / (2 * block_bytes);
+    if (ahead > 2) ahead = 2;
+    if (ahead < 1) ahead = 1;
+    float scores[MAX_GROUP * 64];  // [group][keys of a block]: blocks are read 64 tokens at most at a time
+    for (int64_t split = begin; split < end; split++) {
+        int64_t t0 = t->lo + split * t->per_split, t1 = t0 + t->per_split < t->hi ? t0 + t->per_split : t->hi;
+        float *parts = t->s->part + split * m->num_heads * (hd + 2);  // per head: max, sum, acc
+        for (int h = 0; h < m->num_heads; h++) {
+            parts[h * (hd + 2)] = -INFINITY;
+            parts[h * (hd + 2) + 1] = 0.0f;
+            memset(parts + h * (hd + 2) + 2, 0, (size_t)hd * 4);
+        }
+        for (int64_t pos = t0; pos < t1;) {
+            int off = (int)(pos % bs), cnt = bs - off;
+            if (cnt > t1 - pos) cnt = (int)(t1 - pos);
+            if (cnt > 64) cnt = 64;
+            const int64_t slot = (int64_t)t->block_table[pos / bs] * bs + off;
+            // `ahead` blocks on: at a split's start all of them at once, after that the one `ahead` blocks on, a KV
+            // head's share at each head (all at once stalled on the core's outstanding misses)
+            const char *pk = NULL, *pv = NULL;
+            int64_t share = 0;
+            for (int64_t b = pos / bs + 1; b <= pos / bs + ahead && b * bs < t1; b++) {
+                if (pos != t0 && b < pos / bs + ahead) continue;
+                const int64_t at = (int64_t)t->block_table[b] * block_bytes,
+                              bytes = (b * bs + bs < t1 ? bs : t1 - b * bs) * kvh * hd * elem;
+                pk = (const char *)t->l->k_cache + at, pv = (const char *)t->l->v_cache + at;
+                share = pos == t0 ? 0 : (bytes / kvh + 63) & ~(int64_t)63;
+                if (!share) {
+                    prefetch_range(pk, bytes);
+                    prefetch_range(pv, bytes);
+                }
+            }
+            load_in_order((const char *)t->l->k_cache + slot * kvh * hd * elem,
+                          (const char *)t->l->v_cache + slot * kvh * hd * elem, (int64_t)cnt * kvh * hd * elem);
+            for (int kh = 0; kh < kvh; kh++) {
+                if (share) {
+                    prefetch_range(pk + kh * share, share);
+                    prefetch_range(pv + kh * share, share);
+                }
+                const int64_t first = slot * kvh + kh;  // in rows of head_dim; the next token's is kvh rows on
+                float *part = parts + (int64_t)kh * group * (hd + 2);
+                const float *qh = t->s->qkv + (int64_t)kh * group * hd;
+                if (vec)
+                    block_scores(scores, qh, group, t->l->k_cache, type, first * hd, (int64_t)kvh * hd, cnt, hd);
+                else
+                    for (int g = 0; g < group; g++)
+                        for (int j = 0; j < cnt; j++)
+                            scores[g * 64 + j] = key_dot(qh + (int64_t)g * hd, t->l->k_cache, type,
+                                                         (first + (int64_t)j * kvh) * hd, hd, t->l->k_scale);
+                for (int g = 0; g < group; g++) block_softmax(scores + g * 64, cnt, m, part + g * (hd + 2), hd);
+                block_values(part + 2, hd + 2, scores, group, t->l->v_cache, type, vec, first * hd,
+                             (int64_t)kvh * hd, cnt, hd, t->l->v_scale);
+            }
+            pos += cnt;
+        }
+    }
+}
+
+// The keys each lane attends, split so that all lanes' splits together keep every thread busy (none under 32
+// keys), and one parallel call over all of them: a batched step has as many attentions per layer as lanes.
+typedef struct {
+    attn_task *lane;  // [lanes]
+    int64_t first[MAX_LANES + 1];  // lane b's splits are units [first[b], first[b + 1])
+    int lanes;
+} attn_batch;
+
+static void attn_units(void *ctx, int64_t begin, int64_t end) {
+    attn_batch *t = ctx;
+    int b = 0;
+    for (int64_t u = begin; u < end; u++) {
+        while (u >= t->first[b + 1]) b++;
+        attn_chunk(&t->lane[b], u - t->first[b], u - t->first[b] + 1);
+    }
+}
+
+static void attention(const model *m, const layer *l, int lanes, const int32_t *const *block_tables,
+                      const int64_t *positions) {
+    const int hd = m->head_dim;
+    attn_task task[MAX_LANES];
+    attn_batch batch = {task, {0}, lanes};
+    const int64_t share = (2 * pool.num_threads + lanes - 1) / lanes;  // splits a lane needs to fill the threads
+    for (int b = 0; b < lanes; b++) {
+        attn_task *t = &task[b];
+        *t = (attn_task){m, l, block_tables[b], 0, positions[b] + 1, 1, 0, &LANES[b]};
+        if (l->window > 0 && positions[b] + 1 > l->window) t->lo = positions[b] + 1 - l->window;
+        int64_t n = t->hi - t->lo, want = share;
+        if (n / 256 > want) want = n / 256;
+        if (want > n / 32) want = n / 32;
+        if (want > MAX_SPLITS) want = MAX_SPLITS;
+        if (want < 1) want = 1;
+        t->per_split = (n + want - 1) / want;
+        t->splits = (n + t->per_split - 1) / t->per_split;
+        batch.first[b + 1] = batch.first[b] + t->splits;
+    }
+    parallel(attn_units, &batch, batch.first[lanes], 1);
+    for (int b = 0; b < lanes; b++) {
+        const scratch *s = &LANES[b];
+        for (int h = 0; h < m->num_heads; h++) {  // merge the splits of each head
+            float top = -INFINITY, total = 0.0f, *out = s->attn + (int64_t)h * hd;
+            for (int64_t k = 0; k < task[b].splits; k++) {
+                float mx = s->part[(k * m->num_heads + h) * (hd + 2)];
+                if (mx > top) top = mx;
+            }
+            memset(out, 0, (size_t)hd * 4);
+            for (int64_t k = 0; k < task[b].splits; k++) {
+                const float *p = s->part + (k * m->num_heads + h) * (hd + 2);
+                if (p[1] == 0.0f) continue;
+                float c = expf(p[0] - top);
+                total += p[1] * c;
+                axpy(out, c, p + 2, hd);
+            }
+            for (int i = 0; i < hd; i++) out[i] /= total;
+        }
+    }
+}

@@ -20,12 +20,14 @@ venv: $(BIN)/.installed
 run: venv
 	$(BIN)/stowage
 
+# -P: the working folder (the checkout, whose kernels/ would shadow Hugging Face's `kernels`) is not put on
+# sys.path; the tests run against the installed `stowage` package.
 test: venv
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -P -m pytest -q
 
 # The long fuzz of model files (10,000 cases; STOWAGE_FUZZ_CASES=N for another count): docs/robustness.md
 fuzz: venv
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -s -m fuzz tests/engine/test_fuzz.py
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -P -m pytest -q -s -m fuzz tests/engine/test_fuzz.py
 
 bench: venv
 	$(BIN)/python bench/engine_bench.py
@@ -36,10 +38,15 @@ bench-gui: venv
 install-desktop: venv
 	packaging/install_desktop.sh
 
+# The bundle is built from a normal (not editable) install of the package in a venv of its own.
+BUNDLE_VENV := build/bundle-venv
 bundle: venv
-	$(BIN)/pip install -q -e '.[bundle]'
 	$(BIN)/python kernels/build.py
-	$(BIN)/pyinstaller --noconfirm --distpath dist --workpath build/pyinstaller packaging/stowage.spec
+	$(PY) -m venv $(BUNDLE_VENV)
+	$(BUNDLE_VENV)/bin/pip install -q --upgrade pip
+	$(BUNDLE_VENV)/bin/pip install -q $(TORCH)
+	$(BUNDLE_VENV)/bin/pip install -q '.[bundle]'
+	$(BUNDLE_VENV)/bin/pyinstaller --noconfirm --distpath dist --workpath build/pyinstaller packaging/stowage.spec
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

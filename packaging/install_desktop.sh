@@ -76,11 +76,14 @@ esac
 EXEC_VALUE="\"$(printf '%s' "$GUI" | sed -e 's/[\\"`$]/\\&/g' -e 's/%/%%/g' -e 's/\\/\\\\/g')\""
 TRY_VALUE=$(printf '%s' "$GUI" | sed -e 's/\\/\\\\/g')
 
+# the checkout's assets/, or a bundle's (_internal/stowage/assets: the installed package's layout)
+ASSETS=$ROOT/assets
+[ -d "$ASSETS" ] || ASSETS=$ROOT/stowage/assets
 mkdir -p "$APPS" "$ICONS/scalable/apps"
-install -m 644 "$ROOT/assets/icons/stowage.svg" "$ICONS/scalable/apps/stowage.svg"
+install -m 644 "$ASSETS/icons/stowage.svg" "$ICONS/scalable/apps/stowage.svg"
 for size in $SIZES; do
     mkdir -p "$ICONS/${size}x${size}/apps"
-    install -m 644 "$ROOT/assets/icons/stowage-$size.png" "$ICONS/${size}x${size}/apps/stowage.png"
+    install -m 644 "$ASSETS/icons/stowage-$size.png" "$ICONS/${size}x${size}/apps/stowage.png"
 done
 # awk reads the values from the environment, so no character of the path means anything to it.
 EXEC_VALUE=$EXEC_VALUE TRY_VALUE=$TRY_VALUE awk '

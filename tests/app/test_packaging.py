@@ -97,15 +97,21 @@ def test_spec_is_windowed_and_bundles_existing_assets():
     console = spec_call_keywords("EXE")["console"]
     assert isinstance(console, ast.Constant) and console.value is False
     destinations = {dst for _, dst in consts["DATAS"]}
-    assert {"assets/demo-model", "assets/icons"} <= destinations
+    assert {"stowage/assets/demo-model", "stowage/assets/icons"} <= destinations
     for src, _ in consts["DATAS"]:
         assert (ROOT / src).exists(), f"stowage.spec bundles {src}, which does not exist"
-    # Every package-data file pyproject.toml ships with a package is in the bundle too, under the same path.
+    # Every package-data file pyproject.toml ships with a package is in the bundle too, where the package has it.
+    folders = pyproject()["tool"]["setuptools"]["package-dir"]
+    shipped = 0
     for package, patterns in pyproject()["tool"]["setuptools"]["package-data"].items():
         for pattern in patterns:
-            for path in (ROOT / package).glob(pattern):
+            for path in (ROOT / folders[package]).glob(pattern):
                 relative = path.relative_to(ROOT)
-                assert any(relative.is_relative_to(src) for src, _ in consts["DATAS"]), f"the bundle lacks {relative}"
+                where = [dst for src, dst in consts["DATAS"] if relative.is_relative_to(src)]
+                assert where, f"the bundle lacks {relative}"
+                assert where[0].startswith(package.replace(".", "/")), f"{relative} lies outside {package}"
+                shipped += 1
+    assert shipped > 10  # the demo model, the icons, the C sources at least
     assert {"packaging/stowage.desktop", "packaging/install_desktop.sh"} <= {src for src, _ in consts["DATAS"]}
     model = ROOT / "assets" / "demo-model"
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
@@ -324,3 +330,34 @@ def test_the_installer_inside_a_bundle_launches_the_bundle(tmp_path):
                             text=True)
     assert result.returncode == 0, result.stderr
     assert unquote_exec(installed_entry(tmp_path)["Exec"]) == [str(gui)]
+
+
+def test_the_wheel_installs_one_top_level_package(tmp_path):
+    # app/, engine/, kernels/ and assets/ install as stowage.*: a top-level `kernels` would overwrite Hugging Face's
+    # (which transformers imports by that name), and `app`/`engine` are as likely to clash.
+    import sys
+    import zipfile
+
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                          str(tmp_path), str(ROOT)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    (wheel,) = tmp_path.glob("stowage-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"stowage", "stowage_entry.py"}
+    assert "stowage/__init__.py" not in names  # a namespace package: no folder of the checkout shadows it
+    for needed in ("stowage/engine/cli/__main__.py", "stowage/kernels/csrc/decode_layer.c",
+                   "stowage/assets/demo-model/model.safetensors", "stowage/app/main.py"):
+        assert needed in names
+
+
+def test_the_checkout_is_not_on_sys_path():
+    # the tests import the installed package; the checkout's folders are not importable under their own names
+    # (pytest runs with -P and --import-mode=importlib), so Hugging Face's `kernels` is the one transformers finds
+    import importlib.util
+
+    for name in ("app", "engine", "kernels"):
+        spec = importlib.util.find_spec(name)
+        places = [*(spec.submodule_search_locations or []), spec.origin] if spec else []
+        assert ROOT / name not in [Path(p) if Path(p).is_dir() else Path(p).parent for p in places if p], (
+            f"{name} resolves to the checkout: {spec}")

@@ -238,7 +238,7 @@ class ChatPanel(QWidget):
             changed = self.store.conversation(started.conversation_id).memory_start_id != memory_start
         except KeyError:  # deleted while the prompt was being prepared
             changed = False
-        if changed:  # a write is a commit (~5-10 ms on a busy disk): only when the line moves
+        if changed:  # a write is a commit, slow on a busy disk: only when the line moves
             self.store.set_memory_start(started.conversation_id, memory_start)
         self._prompt_tokens = started.prompt_tokens
         self._reply_started_at = time.perf_counter()

@@ -160,9 +160,9 @@ class MainWindow(QMainWindow):
         if self.store.warning:
             # Once the window is up (a dialog before it would float alone); the app runs on behind it.
             QTimer.singleShot(0, lambda: self._show_history_warning(self.store.warning))
-        # torch, Qt and pyqtgraph leave ~200,000 long-lived objects; a full garbage collection walks them
-        # all (~100-250 ms) while holding the GIL, in whichever thread happens to allocate, and froze the
-        # window during loads. Frozen, they are never walked again.
+        # torch, Qt and pyqtgraph leave hundreds of thousands of long-lived objects; a full garbage collection
+        # walks them all while holding the GIL, in whichever thread happens to allocate, and froze the window
+        # during loads (docs/benchmarks.md). Frozen, they are never walked again.
         gc.collect()
         gc.freeze()
 
@@ -241,7 +241,7 @@ class MainWindow(QMainWindow):
         target = self.remote or (Path(self.model_dir) if self.model_dir else None)
         if target is not None:
             self._unsaved = (target, settings)
-            self._save_timer.start()  # writing the INI file costs ~20 ms: once after a burst, not per move
+            self._save_timer.start()  # writing the INI file is slow for a slider's pace: once after a burst
 
     def _save_settings(self) -> None:
         if self._unsaved is not None:

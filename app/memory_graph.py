@@ -35,7 +35,7 @@ def _plot(title: str, history_s: float) -> pg.PlotWidget:
     plot.getPlotItem().setContentsMargins(0, 4, 14, 0)  # room for the "0" tick at the right edge
     for name in ("left", "bottom"):
         # Each new sample repaints the curve's rectangle, which touches the axes; from a pixmap cache
-        # that is a copy instead of laying out the tick text again (~3 ms per axis).
+        # that is a copy instead of laying out the tick text again (docs/benchmarks.md).
         plot.getAxis(name).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
     return plot
 
@@ -89,7 +89,7 @@ class MemoryGraph(QWidget):
         self.ram_plot.addItem(self.ram_predicted)
         layout.addWidget(self.ram_plot, 1)
         # The y range is set by hand: autoranging moves the axis on every sample, and redrawing the
-        # axis text cost ~20 ms per sample where a fixed axis costs under 1 ms.
+        # axis text costs far more per sample than a fixed axis (docs/benchmarks.md).
         self.ram_top_gib = 0.0
 
         self.timer = QTimer(self)

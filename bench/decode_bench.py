@@ -50,8 +50,8 @@ def work_stowage(model_dir: Path, threads: int, prompt: int, decode: int) -> dic
     engine.eos_ids = set()  # random weights: never stop early
     vocab = engine.config.vocab_size
     greedy = SamplingParams(temperature=0, max_tokens=decode)
-    engine.generate(engine.new_conversation(), prompt_ids(32, vocab)[::-1], SamplingParams(temperature=0, max_tokens=4)).run()
-    res = engine.generate(engine.new_conversation(), prompt_ids(prompt, vocab), greedy).run()
+    engine.generate(prompt_ids(32, vocab)[::-1], SamplingParams(temperature=0, max_tokens=4)).run()
+    res = engine.generate(prompt_ids(prompt, vocab), greedy).run()
     assert len(res.token_ids) == decode, res.finish_reason
     return {"prefill_tok_s": res.prefill_tokens_per_s, "decode_tok_s": res.decode_tokens_per_s,
             "kernels": cpu_decode.active()}

@@ -68,7 +68,7 @@ def work_stowage(model_dir: Path, threads: int, w: Workload, profile: Path | Non
     r = {"import_s": time.perf_counter() - t, "torch": torch.__version__}
     anon = anonymous_bytes()
     t = time.perf_counter()
-    engine = Engine.load(model_dir, plan_for(model_dir, CONTEXT_TOKENS))
+    engine = Engine.load(model_dir, plan_for(model_dir, CONTEXT_TOKENS, kv_disk_budget=0))  # pool.clear() drops
     r["load_s"] = time.perf_counter() - t
     r["private_load_mib"] = anonymous_bytes() / MiB
     kv_bytes = sum(d["kv_cache"] for d in engine.memory_report().values())
@@ -76,31 +76,26 @@ def work_stowage(model_dir: Path, threads: int, w: Workload, profile: Path | Non
     r["private_growth_mib"] = (anonymous_bytes() - anon - kv_bytes) / MiB  # the KV cache is not a weight copy
     engine.eos_ids = set()  # random weights: never stop early
 
-    def generate(conv, ids, max_tokens):
-        return engine.generate(conv, ids, SamplingParams(temperature=0, max_tokens=max_tokens)).run()
+    def generate(ids, max_tokens):
+        return engine.generate(ids, SamplingParams(temperature=0, max_tokens=max_tokens)).run()
 
-    conv = engine.new_conversation()  # warm-up: first calls build kernels and caches
-    generate(conv, token_ids(64, 9), 4)
-    engine.release(conv)
+    generate(token_ids(64, 9), 4)  # warm-up: first calls build kernels and caches
 
-    conv = engine.new_conversation()
+    engine.pool.clear()  # each measurement starts with nothing cached
     prompt, history, new = prompts(w)
-    res = generate(conv, prompt, w.decode_tokens)
+    res = generate(prompt, w.decode_tokens)
     assert len(res.token_ids) == w.decode_tokens, res.finish_reason
     r["prefill_tok_s"], r["decode_tok_s"] = res.prefill_tokens_per_s, res.decode_tokens_per_s
-    engine.release(conv)
 
-    conv = engine.new_conversation()
-    turn1 = generate(conv, history, w.turn1_tokens)
+    engine.pool.clear()
+    turn1 = generate(history, w.turn1_tokens)
     prompt2 = history + turn1.token_ids + new
-    turn2 = generate(conv, prompt2, 1)
+    turn2 = generate(prompt2, 1)  # continues turn 1's conversation
     r["ttft2_s"], r["turn2_prefilled"], r["turn2_reused"] = turn2.first_token_seconds, turn2.prefilled_tokens, turn2.reused_tokens
-    engine.release(conv)
-    conv = engine.new_conversation()
-    again = generate(conv, prompt2, 1)
+    engine.pool.clear()
+    again = generate(prompt2, 1)
     r["reprefill_s"], r["reprefill_prefilled"] = again.first_token_seconds, again.prefilled_tokens
     r["turn2_same_token"] = turn2.token_ids == again.token_ids
-    engine.release(conv)
     r["peak_rss_mib"], r["private_end_mib"] = common.peak_rss_bytes() / MiB, anonymous_bytes() / MiB
     if profile:
         r |= profile_decode(engine, prompt, profile)
@@ -112,20 +107,23 @@ def profile_decode(engine, prompt: list[int], path: Path, steps: int = 16) -> di
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    conv = engine.new_conversation()
-    engine.model.forward(prompt, conv.seq, engine.cache)
+    from stowage.engine.runtime.kv_cache import Sequence
+
+    engine.pool.clear()  # the measurements' conversations: the cache is this sequence's
+    seq = Sequence()
+    engine.model.forward(prompt, seq, engine.cache)
     for _ in range(2):  # settle
-        engine.model.forward([prompt[0]], conv.seq, engine.cache)
+        engine.model.forward([prompt[0]], seq, engine.cache)
     t = time.perf_counter()
     for _ in range(steps):
-        engine.model.forward([prompt[0]], conv.seq, engine.cache)
+        engine.model.forward([prompt[0]], seq, engine.cache)
     plain_ms = (time.perf_counter() - t) / steps * 1e3
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         t = time.perf_counter()
         for _ in range(steps):
-            engine.model.forward([prompt[0]], conv.seq, engine.cache)
+            engine.model.forward([prompt[0]], seq, engine.cache)
         wall_ms = (time.perf_counter() - t) / steps * 1e3
-    engine.release(conv)
+    engine.cache.release(seq)
     events = prof.key_averages()
     ops_ms = sum(e.self_cpu_time_total for e in events) / 1e3 / steps
     path.write_text(f"Stowage decode step at {len(prompt)} tokens of context, {steps} steps, torch {torch.__version__}, "

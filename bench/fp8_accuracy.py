@@ -23,6 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 from stowage.engine.runtime.engine import Engine
+from stowage.engine.runtime.kv_cache import Sequence  # noqa: E402
 from stowage.engine.planning import plan_for  # noqa: E402
 
 FP8_MAX = 448.0
@@ -53,38 +54,38 @@ def prompt_ids(engine: Engine, text: str) -> list[int]:
 
 def greedy(engine: Engine, ids: list[int], num_tokens: int) -> list[int]:
     """num_tokens greedy tokens, EOS included and not stopped at, so every engine makes as many."""
-    conv = engine.new_conversation()
-    logits = engine.model.forward(ids, conv.seq, engine.cache)[-1]
+    seq = Sequence()
+    logits = engine.model.forward(ids, seq, engine.cache)[-1]
     out = []
     for _ in range(num_tokens):
         out.append(int(logits.argmax()))
-        logits = engine.model.forward([out[-1]], conv.seq, engine.cache)[-1]
-    engine.release(conv)
+        logits = engine.model.forward([out[-1]], seq, engine.cache)[-1]
+    engine.cache.release(seq)
     return out
 
 
 def forced_logits(engine: Engine, ids: list[int], continuation: list[int]) -> torch.Tensor:
     """Logits predicting each continuation token, fed one decode step at a time: [len, vocab]."""
-    conv = engine.new_conversation()
-    rows = [engine.model.forward(ids, conv.seq, engine.cache)[-1]]
+    seq = Sequence()
+    rows = [engine.model.forward(ids, seq, engine.cache)[-1]]
     for token in continuation[:-1]:
-        rows.append(engine.model.forward([token], conv.seq, engine.cache)[-1])
-    engine.release(conv)
+        rows.append(engine.model.forward([token], seq, engine.cache)[-1])
+    engine.cache.release(seq)
     return torch.stack(rows)
 
 
 def kv_amax(engine: Engine, ids: list[int]) -> list[tuple[float, float]]:
     """Per layer, the largest |K| and |V| the model writes for these tokens."""
-    conv = engine.new_conversation()
-    engine.model.forward(ids, conv.seq, engine.cache)
-    blocks = torch.tensor(conv.seq.block_table)
-    n = conv.seq.num_tokens
+    seq = Sequence()
+    engine.model.forward(ids, seq, engine.cache)
+    blocks = torch.tensor(seq.block_table)
+    n = seq.num_tokens
     out = []
     for k, v in zip(engine.cache.k_cache, engine.cache.v_cache):
         rows_k = k[blocks.to(k.device)].flatten(0, 1)[:n].float()
         rows_v = v[blocks.to(v.device)].flatten(0, 1)[:n].float()
         out.append((rows_k.abs().max().item(), rows_v.abs().max().item()))
-    engine.release(conv)
+    engine.cache.release(seq)
     return out
 
 

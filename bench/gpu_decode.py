@@ -82,7 +82,7 @@ def plan_for_placement(model_dir: Path, placement: str, dry_run: bool):
     budgets = given_budgets([64 * GiB], 64 * GiB) if dry_run else detect_budgets()
     if not budgets.gpus:
         raise SystemExit(f"no CUDA GPU: {budgets.note}")
-    request = PlanRequest(CONTEXT_TOKENS)
+    request = PlanRequest(CONTEXT_TOKENS, kv_disk_budget=0)  # no disk store: pool.clear() between runs only drops
     if placement == "split":
         gpu = budgets.gpus[0]
         half = plan(info, PlanRequest(CONTEXT_TOKENS, gpu_layers=info.num_layers // 2), budgets).devices[0]
@@ -125,9 +125,8 @@ def work_stowage(model_dir: Path, placement: str, w: Workload, dry_run: bool) ->
     decode = w.decode_for(placement)
 
     def generate(prompt, max_tokens):
-        conv = engine.new_conversation()
-        res = engine.generate(conv, prompt, SamplingParams(temperature=0, max_tokens=max_tokens)).run()
-        engine.release(conv)
+        engine.pool.clear()  # nothing cached: each run prefills the whole prompt
+        res = engine.generate(prompt, SamplingParams(temperature=0, max_tokens=max_tokens)).run()
         if len(res.token_ids) != max_tokens:
             raise RuntimeError(f"generated {len(res.token_ids)} tokens, not {max_tokens} ({res.finish_reason})")
         return res

@@ -15,6 +15,7 @@ import torch
 from memory import rss_bytes
 from stowage.engine.dtypes import COMPUTE
 from stowage.engine.runtime.engine import Engine
+from stowage.engine.runtime.kv_cache import Sequence
 from stowage.engine.planning.gpus import used_bytes
 from stowage.engine.planning.plan import Plan
 from stowage.engine.units import format_bytes
@@ -103,14 +104,14 @@ def _warm_up(dtype: torch.dtype) -> None:
 def _run_heaviest_chunk(engine, plan: Plan) -> None:
     # The last prefill chunk of a full context holds the most: its attention spans every cached token.
     chunk = min(plan.prefill_chunk, plan.context_tokens)
-    conv = engine.new_conversation()
+    seq = Sequence()
     earlier = plan.context_tokens - chunk
     for start in range(0, earlier, chunk):  # a chunk at a time, as a prefill does: window groups recycle as they go
         n = min(chunk, earlier - start)
-        engine.cache.reserve(conv.seq, n)  # their K/V stay zeros: the memory is the same
-        conv.seq.token_ids.extend([0] * n)
-    engine.model.forward([1] * chunk, conv.seq, engine.cache)
-    engine.release(conv)
+        engine.cache.reserve(seq, n)  # their K/V stay zeros: the memory is the same
+        seq.token_ids.extend([0] * n)
+    engine.model.forward([1] * chunk, seq, engine.cache)
+    engine.cache.release(seq)
 
 
 def _reset_peak_rss() -> None:

@@ -48,9 +48,9 @@ def measure(model_dir: Path, mode: str, prompts: list[list[int]], reply: int) ->
         plan = plan_for(model_dir, context, given_budgets([], 64 * GiB), num_seqs=len(prompts), kv_disk_budget=0)
         engine = Engine.load(model_dir, plan)
         engine.eos_ids.clear()  # every reply runs to --reply tokens
-        warm = engine.new_conversation()  # the weights' pages and the kernels warmed, as on a server that ran before
-        engine.generate(warm, [7 + i for i in range(32)], SamplingParams(temperature=0, max_tokens=4)).run()
-        engine.release(warm)
+        # the weights' pages and the kernels warmed, as on a server that ran before; then nothing cached
+        engine.generate([7 + i for i in range(32)], SamplingParams(temperature=0, max_tokens=4)).run()
+        engine.pool.clear()
         allocator, model = engine.cache.allocator, engine.model
         peak = [0]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,18 +14,18 @@ import torch
 from stowage.kernels import attention_ops
 
 from ..formats.checkpoint import Checkpoint
-from ..formats.config import ModelConfig
 from ..dtypes import COMPUTE, KV
 from ..errors import InsufficientMemoryError, InvalidArgumentError, ModelFormatError
-from ..formats.source import is_gguf
-from .generation import Conversation, Generation, PrefillProgress
-from ..formats.gguf_model import open_model
+from ..formats.source import open_source
+from .generation import Generation, PrefillProgress
 from .kv_cache import CacheSpec, KVCache
 from ..formats.layout import ModelLayout
 from .model import Transformer
 from ..planning.inspect import compute_dtype_of, converted_names
 from ..planning.plan import Plan
 from .sampler import SamplingParams
+from ..serving.prefix_pool import PrefixPool
+from ..serving.scheduler import Scheduler
 from ..text.tokenizer import Tokenizer
 from .weights import load_layers, place
 
@@ -53,11 +54,15 @@ class Engine:
         self.stats = EngineStats()
         self._checkpoint = checkpoint
         self._devices = devices  # the plan's device names -> where their tensors live
-        self._conversations: list[Conversation] = []
         self.eos_ids = set(self.config.eos_token_ids) | ({tokenizer.token_id(tokenizer.eos_token)} - {None})
         builtin = tokenizer.use_builtin_template(self.config.model_type)  # GGUF files often carry no template
         if builtin is not None:
             self.eos_ids |= {tokenizer.token_id(t) for t in builtin.stop_tokens} - {None}
+        # The cached conversations and their eviction, for this engine's replies in process and served alike
+        self.pool = PrefixPool(self)
+        # In-process replies run one at a time, stepped by the thread that iterates each, in the order their
+        # iterations start; a server runs its own scheduler of the plan's sequences on its thread (server/serving.py).
+        self.scheduler = Scheduler(self, max_running=1, max_waiting=sys.maxsize)
 
     @classmethod
     def load(cls, model_dir: str | Path, plan: Plan, progress: Progress | None = None,
@@ -71,15 +76,12 @@ class Engine:
         report = progress or (lambda fraction, message: None)
         is_cancelled = cancel.is_set if cancel is not None else (lambda: False)
         report(0.0, "reading config and headers")
-        gguf = open_model(model_dir) if is_gguf(model_dir) else None
-        if gguf:
-            config, specs, tokenizer = gguf.config, gguf.specs, gguf.tokenizer
-            # mapped in place; matrices in blocks compute in the plan's dtype, tile by tile
-            checkpoint = gguf.weights(COMPUTE[plan.dtype], converts=plan.forced_dtype is not None)
-        else:
-            config, checkpoint = ModelConfig.from_dir(model_dir), Checkpoint(model_dir)
-            specs, tokenizer = checkpoint.specs, Tokenizer(model_dir)
-        layout = ModelLayout.of(config, specs, model_dir.name)
+        source = open_source(model_dir)
+        config, specs = source.config, source.specs
+        # mapped in place; matrices in ggml blocks compute in the plan's dtype, tile by tile
+        checkpoint = source.weights(COMPUTE[plan.dtype], converts=plan.forced_dtype is not None)
+        tokenizer = source.tokenizer
+        layout = source.layout()
         if plan.num_layers != layout.num_layers or compute_dtype_of(layout, specs, plan.forced_dtype) != plan.dtype:
             raise ModelFormatError(f"{model_dir.name}: the plan was made for another model ({plan.num_layers} layers, "
                                    f"{plan.dtype}); plan again for this model")
@@ -106,7 +108,7 @@ class Engine:
                      converted=converted)
         layers = load_layers(checkpoint, layout.layers, layer_devices, plan.layer_devices, dtype, report,
                              is_cancelled, converted)
-        model = Transformer(config, embed, head, layers, cache.max_tokens, qk_order=gguf.qk_order if gguf else None)
+        model = Transformer(config, embed, head, layers, cache.max_tokens, qk_order=source.qk_order)
         # The objects a load leaves (tokenizer tables, tensor records) live as long as the model: out of the
         # collector's way, so the few objects each decode step makes do not have them scanned again and again
         # (measured: the collector was 5-7% of a small model's decode step). The young generations only: a full
@@ -125,38 +127,14 @@ class Engine:
                 f"the plan charged {name} for the {planned!r} attention kernel, but {running!r} would run there "
                 "(a plan made on another machine, or STOWAGE_FORCE_REFERENCE changed since); plan again")
 
-    # -- conversations -------------------------------------------------------------------------
-    def new_conversation(self) -> Conversation:
-        conv = Conversation()
-        self._conversations.append(conv)
-        return conv
-
-    def release(self, conv: Conversation) -> None:
-        self.cache.release(conv.seq)
-        if conv in self._conversations:
-            self._conversations.remove(conv)
-
-    def make_room(self, conv: Conversation, num_tokens: int) -> None:
-        """Free other conversations' blocks (least recently used first) until conv can hold num_tokens."""
-        if num_tokens > self.cache.max_tokens:
-            raise InsufficientMemoryError(
-                f"the conversation needs {num_tokens:,} tokens but the KV cache holds {self.cache.max_tokens:,}; "
-                "load with a larger context or start a new conversation"
-            )
-        growth = [(conv.seq, max(0, num_tokens - conv.seq.num_tokens))]
-        if self.cache.can_fit(growth):  # the per-token fast path
-            return
-        for other in sorted(self._conversations, key=lambda c: c.last_used):  # every group's pool must fit it
-            if other is not conv:
-                self.cache.release(other.seq)
-            if self.cache.can_fit(growth):
-                break
-
     # -- generation ----------------------------------------------------------------------------
-    def generate(self, conv: Conversation, prompt_ids: list[int], sampling: SamplingParams,
-                 *, cancel: threading.Event | None = None, progress: PrefillProgress | None = None) -> Generation:
+    def generate(self, prompt_ids: list[int], sampling: SamplingParams, *, cancel: threading.Event | None = None,
+                 progress: PrefillProgress | None = None) -> Generation:
         """A lazy generation: iterate it for TokenEvents; `.result` once finished. `progress(done, total)` is called
-        after each prefill chunk (the tokens computed so far, of those the cache did not hold)."""
+        after each prefill chunk (the tokens computed so far, of those the cache did not hold).
+
+        The longest prefix of the prompt the engine holds cached (a chat's history, from its last turn) is reused;
+        cached conversations are evicted least recently used first when a reply needs their room."""
         prompt_ids = list(prompt_ids)
         if not prompt_ids:
             raise InvalidArgumentError("the prompt is empty: give at least one token (a chat message, or text)")
@@ -165,14 +143,19 @@ class Engine:
         if bad is not None:
             raise InvalidArgumentError(f"the prompt holds token id {bad!r:.40}, but {self.name}'s token ids are "
                                        f"integers from 0 to {rows - 1:,}; tokenize with the model's own tokenizer")
-        return Generation(self, conv, prompt_ids, sampling, cancel, progress=progress)
+        context = self.cache.max_tokens
+        if len(prompt_ids) >= context:
+            raise InsufficientMemoryError(f"the prompt takes {len(prompt_ids):,} tokens, but the context holds "
+                                          f"{context:,} with at least one left for the reply; shorten it, or load "
+                                          "with a larger context")
+        return Generation(self.scheduler, prompt_ids, sampling, cancel, progress=progress)
 
-    def chat(self, conv: Conversation, messages: list[dict], sampling: SamplingParams,
-             *, cancel: threading.Event | None = None, progress: PrefillProgress | None = None) -> Generation:
+    def chat(self, messages: list[dict], sampling: SamplingParams, *, cancel: threading.Event | None = None,
+             progress: PrefillProgress | None = None) -> Generation:
         """generate() on the chat template's tokens for `messages` ([{"role", "content"}], at least one)."""
         if not messages:
             raise InvalidArgumentError("no messages to reply to: give at least one {\"role\", \"content\"} message")
-        return self.generate(conv, self.tokenizer.apply_chat_template(messages), sampling, cancel=cancel,
+        return self.generate(self.tokenizer.apply_chat_template(messages), sampling, cancel=cancel,
                              progress=progress)
 
     def check_weights(self) -> None:
@@ -204,7 +187,7 @@ class Engine:
     def close(self) -> None:
         self.model = None
         self.cache = None
+        self.pool = self.scheduler = None  # they hold the cache too (the pool's disk store)
         self._checkpoint.close()
-        self._conversations.clear()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

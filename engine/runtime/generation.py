@@ -1,48 +1,15 @@
-"""One reply: prefill what is not cached yet, then sample token by token, streaming text."""
+"""One reply in process: a request to the engine's scheduler (engine/serving/scheduler.py), stepped by the thread
+that iterates it; and the records every reply fills, in process or served."""
 
 from __future__ import annotations
 
 import threading
-import time
+from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import torch
-
-from stowage.kernels.cpu_decode import torch_on_one_thread
-
-from .kv_cache import KVCache, Sequence
-from .sampler import Sampler, SamplingParams
-from ..text.tokenizer import Tokenizer
-
-
-@dataclass
-class Conversation:
-    """A chat whose K/V stay cached between turns."""
-
-    seq: Sequence = field(default_factory=Sequence)
-    last_used: float = 0.0
-
-    @property
-    def num_tokens(self) -> int:
-        return self.seq.num_tokens
-
-
-class Host(Protocol):
-    """What a generation needs of the engine that runs it (engine/engine.py Engine)."""
-
-    model: object  # engine.model.Transformer: forward(token_ids, seq, cache) -> logits
-    cache: KVCache
-    tokenizer: Tokenizer
-    eos_ids: set[int]
-    stats: object  # EngineStats: prefilled_tokens, reused_tokens, generated_tokens
-    prefill_chunk: int
-
-    def make_room(self, conv: Conversation, num_tokens: int) -> None: ...
-
-    def check_weights(self) -> None: ...  # raises if a weight file changed on disk since it was mapped
+from .sampler import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -85,18 +52,28 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 PrefillProgress = Callable[[int, int], None]  # (tokens prefilled so far, tokens this prefill computes)
 
 
+class Stepper(Protocol):
+    """What a Generation drives (serving/scheduler.py Scheduler): the one generation loop."""
+
+    def submit(self, prompt_ids: list[int], sampling: SamplingParams, emit: Callable[[object], None],
+               cancel: threading.Event) -> GenerationResult: ...
+
+    def step(self) -> None: ...
+
+
 class Generation:
     """Iterate for TokenEvents; `result` fills in as it goes and is final when iteration ends.
 
-    `progress`, when given (or set before iterating), is called from the iterating thread after each
-    prefill chunk with (done, total): the prompt tokens computed so far and all it computes now (the
-    cached prefix not counted), so a long prompt can show a progress bar.
+    Iterating submits the prompt to the scheduler and steps it on this thread until the reply ends; a failed step's
+    error is raised here. Leaving the iteration early cancels the reply. `progress`, when given (or set before
+    iterating), is called after each prefill chunk with (done, total): the prompt tokens computed so far and all it
+    computes now (the cached prefix not counted), so a long prompt can show a progress bar.
     """
 
-    def __init__(self, engine: Host, conv: Conversation, prompt_ids: list[int],
-                 sampling: SamplingParams, cancel: threading.Event | None, *, progress: PrefillProgress | None = None):
-        self.engine, self.conv, self.prompt_ids = engine, conv, prompt_ids
-        self.sampling, self.cancel, self.progress = sampling, cancel, progress
+    def __init__(self, scheduler: Stepper, prompt_ids: list[int], sampling: SamplingParams,
+                 cancel: threading.Event | None, *, progress: PrefillProgress | None = None):
+        self.scheduler, self.prompt_ids, self.sampling = scheduler, prompt_ids, sampling
+        self.cancel, self.progress = cancel, progress
         self.result = GenerationResult(prompt_tokens=len(prompt_ids))
         self._started = False
 
@@ -111,85 +88,34 @@ class Generation:
             pass
         return self.result
 
-    def _cancelled(self) -> bool:
-        return self.cancel is not None and self.cancel.is_set()
-
-    def _prefill(self) -> torch.Tensor | None:
-        engine, seq, prompt = self.engine, self.conv.seq, self.prompt_ids
-        # Reuse the cached prefix; keep at least one token to compute, since we need its logits.
-        reuse = min(common_prefix(seq.token_ids, prompt), len(prompt) - 1)
-        reuse = engine.cache.truncate(seq, reuse)  # what the cache could keep: 0 when a window was recycled
-        engine.make_room(self.conv, len(prompt) + 1)
-        r = self.result
-        r.reused_tokens = reuse
-        start = time.perf_counter()
-        chunk = engine.prefill_chunk
-        logits = None
-        for i in range(reuse, len(prompt), chunk):
-            if self._cancelled():
-                return None
-            engine.check_weights()
-            logits = engine.model.forward(prompt[i : i + chunk], seq, engine.cache)
-            r.prefilled_tokens += len(prompt[i : i + chunk])
-            if self.progress is not None:
-                self.progress(r.prefilled_tokens, len(prompt) - reuse)
-        r.prefill_seconds = time.perf_counter() - start
-        engine.stats.prefilled_tokens += r.prefilled_tokens
-        engine.stats.reused_tokens += reuse
-        return logits[-1]
-
     def _run(self) -> Iterator[TokenEvent]:
-        engine, r, p = self.engine, self.result, self.sampling
-        self.conv.last_used = time.monotonic()
-        t0 = time.perf_counter()
-        logits = self._prefill()
-        if logits is None:
-            r.finish_reason = "cancelled"
-            return
-        sampler = Sampler(p)
-        seen = torch.tensor(self.prompt_ids, dtype=torch.int64)
-        decoder = engine.tokenizer.stream_decoder()
-        stops = StopMatcher(p.stop)
-        # the native step's layers: torch's part of a token is small ops (kernels/cpu_decode.torch_on_one_thread)
-        one_thread = torch_on_one_thread if engine.model.native(engine.cache) is not None else nullcontext
-        decode_start = time.perf_counter()
-        while True:
-            with one_thread():
-                token = sampler(logits, seen if p.repetition_penalty != 1.0 else None)
-            if not r.token_ids:
-                r.first_token_seconds = time.perf_counter() - t0
-            if token in engine.eos_ids:
-                r.finish_reason = "stop"
-                break
-            r.token_ids.append(token)
-            engine.stats.generated_tokens += 1
-            text, stopped = stops.feed(decoder.push(token))
-            r.text += text
-            if text:
-                yield TokenEvent(token, text)
-            if stopped:
-                r.finish_reason = "stop"
-                break
-            if len(r.token_ids) >= p.max_tokens:
-                r.finish_reason = "length"
-                break
-            if self._cancelled():
-                r.finish_reason = "cancelled"
-                break
-            if self.conv.seq.num_tokens >= engine.cache.max_tokens:
-                r.finish_reason = "context_full"
-                break
-            if p.repetition_penalty != 1.0:
-                seen = torch.cat([seen, torch.tensor([token])])
-            engine.make_room(self.conv, self.conv.seq.num_tokens + 1)
-            engine.check_weights()
-            with one_thread():
-                logits = engine.model.forward([token], self.conv.seq, engine.cache)[-1]
-        r.decode_seconds = time.perf_counter() - decode_start
-        tail = stops.flush()  # empty after a stop string: the match dropped what followed it
-        if tail:
-            r.text += tail
-            yield TokenEvent(-1, tail)
+        events: deque[object] = deque()
+        # the request's own: set when the caller's is, and when the caller stops iterating (the caller's stays as it was)
+        cancel = threading.Event()
+        r = self.result = self.scheduler.submit(self.prompt_ids, self.sampling, events.append, cancel)
+        last: object = None  # the request's last event: its result, or the error that ended it
+        reported = 0  # prefilled tokens told to progress
+        try:
+            while last is None:
+                if self.cancel is not None and self.cancel.is_set():
+                    cancel.set()
+                self.scheduler.step()
+                if self.progress is not None and r.prefilled_tokens > reported:
+                    reported = r.prefilled_tokens
+                    self.progress(reported, r.prompt_tokens - r.reused_tokens)
+                while events and last is None:
+                    event = events.popleft()
+                    if isinstance(event, TokenEvent):
+                        yield event
+                    elif isinstance(event, (GenerationResult, Exception)):
+                        last = event
+        finally:
+            cancel.set()  # a no-op once the request ended; else it ends at the next step
+            while last is None:
+                self.scheduler.step()
+                last = next((e for e in events if isinstance(e, (GenerationResult, Exception))), None)
+        if isinstance(last, Exception):
+            raise last
 
 
 class StopMatcher:

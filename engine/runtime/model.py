@@ -55,7 +55,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.
         return cpu_gemv.gemv(x, weight, bias)
     if cpu_matmul.applies(x, weight):  # a prefill chunk where torch's 16-bit product is slow: fp32 on widened tiles
         return cpu_matmul.mm(x, weight, bias)
-    # mm/addmm beat F.linear for bf16 on the CPU (measured: ~15%, decode and prefill), same on CUDA.
+    # mm/addmm beat F.linear for bf16 on the CPU (docs/benchmarks.md, "Figures behind code comments").
     return torch.mm(x, weight.t()) if bias is None else torch.addmm(bias, x, weight.t())
 
 

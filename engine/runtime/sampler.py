@@ -88,8 +88,8 @@ class Sampler:
 
 def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
     """A token drawn with probability probs[i] / probs.sum() (probs >= 0, float64): the first whose running sum
-    passes a uniform draw, so a token of probability 0 is never drawn. torch.multinomial costs ~1.7 ms on a 49k
-    vocabulary, which a server pays for every stream's every token; this ~0.1 ms."""
+    passes a uniform draw, so a token of probability 0 is never drawn. Much cheaper than torch.multinomial on a
+    large vocabulary, which a server pays for every stream's every token (docs/benchmarks.md)."""
     total = probs.cumsum(0)
     u = torch.rand((), generator=generator, dtype=torch.float64) * total[-1]
     return min(int(torch.searchsorted(total, u, right=True)), probs.numel() - 1)

@@ -3,17 +3,31 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
-from ..runtime.generation import Conversation, common_prefix
+from ..runtime.generation import common_prefix
 from ..runtime.kv_cache import Sequence
 from .kv_store import KVStore
+
+
+@dataclass
+class Conversation:
+    """A sequence whose K/V stay cached between requests: a chat's history, a shared system prompt."""
+
+    seq: Sequence = field(default_factory=Sequence)
+    last_used: float = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.seq.num_tokens
 
 
 class PrefixPool:
     """Idle cached conversations of an engine; a request starts from the longest prefix of its prompt cached anywhere.
 
-    A shared system prompt or a chat's growing history is then prefilled only past what is cached (the
-    per-conversation prefix reuse of engine/generation.py, across requests). Two ways to start from a cached prefix:
+    A shared system prompt or a chat's growing history is then prefilled only past what is cached: a chat's next turn,
+    whose prompt starts with the history, continues the history's conversation. Two ways to start from a cached
+    prefix:
     - continue an idle conversation (truncated to the prefix): a conversation serves one request at a time, and one
       that shares less than half of what it holds with the prompt is left alone;
     - share the whole blocks of the prefix with any cached sequence, idle or running (KVCache.share): both hold
@@ -25,7 +39,7 @@ class PrefixPool:
     """
 
     def __init__(self, engine):
-        self.engine = engine  # engine/engine.py Engine: new_conversation, release, cache, plan
+        self.engine = engine  # runtime/engine.py Engine: cache, plan (and model_dir for the store)
         self.store = KVStore.of(engine)  # None: the plan spills nothing to disk
         self._idle: list[Conversation] = []
 
@@ -44,19 +58,19 @@ class PrefixPool:
         # A file on disk loses nothing by being read in part; a block in common is worth reading rather than computing.
         entry, on_disk = self.store.best(prompt_ids) if self.store else (None, 0)
         if on_disk > max(reuse, shared) and on_disk >= self.engine.cache.spec.block_size:
-            conv = self.engine.new_conversation()
+            conv = Conversation()
             self.store.touch(entry)  # the conversations evicted to make room for it are written without deleting it
             self.make_room([(conv.seq, on_disk)])
             if self.store.load(entry, on_disk, conv.seq):
                 return conv, on_disk
-            self.engine.release(conv)
+            self.release(conv)
             best, reuse, source, shared = self._in_memory(prompt_ids, running, wanted)  # some were evicted for it
         # on a tie, sharing keeps what the idle conversation holds past the prefix, which continuing it would drop
         if shared > reuse or (shared and shared == reuse and best.num_tokens > reuse):
-            conv = self.engine.new_conversation()
+            conv = Conversation()
             return conv, self.engine.cache.share(conv.seq, source, shared)
         if best is None:
-            return self.engine.new_conversation(), 0
+            return Conversation(), 0
         self._idle.remove(best)
         return best, self.engine.cache.truncate(best.seq, reuse)
 
@@ -87,7 +101,11 @@ class PrefixPool:
         if conv.num_tokens:
             self._idle.append(conv)
         else:
-            self.engine.release(conv)
+            self.release(conv)
+
+    def release(self, conv: Conversation) -> None:
+        """Free a conversation's blocks (those no other sequence shares), cached no more."""
+        self.engine.cache.release(conv.seq)
 
     def make_room(self, growth: list[tuple[Sequence, int]]) -> None:
         """Evict idle conversations, least recently used first, until each sequence can grow by its tokens.
@@ -110,4 +128,4 @@ class PrefixPool:
     def _evict(self, conv: Conversation) -> None:
         if self.store is not None:
             self.store.save(conv.seq)
-        self.engine.release(conv)
+        self.release(conv)

@@ -1,6 +1,8 @@
-"""Continuous batching: one thread owns the engine; requests join and leave between decode steps.
+"""The one generation loop: continuous batching, requests joining and leaving between decode steps.
 
-Each step runs at most one prefill chunk (so one long prompt does not stall the other streams), then one
+`Scheduler.step` drives every reply: the server's scheduler thread calls it for the requests of all its clients,
+and an in-process reply (Engine.generate, runtime/generation.py) calls it on the thread that iterates it, on the
+engine's own scheduler of one sequence. One step runs at most one prefill chunk (so one long prompt does not stall the other streams), then one
 decode step for every sequence that has a token to feed: one pass over the weights for all of them
 (`Transformer.decode_step`), attention per sequence through its block table. The KV cache is planned for
 `max_running` sequences of the whole context, so a running sequence always finds room once idle cached
@@ -28,11 +30,10 @@ from stowage.kernels.cpu_decode import MAX_LANES, torch_on_one_thread
 from ..errors import GenerationCancelled, StowageError
 from ..runtime.generation import GenerationResult, StopMatcher, TokenEvent
 from ..runtime.sampler import Sampler, SamplingParams
-from .prefix_pool import PrefixPool
 
 log = logging.getLogger(__name__)
 
-# Called on the scheduler thread: TokenEvents (PrefillProgress while a long prompt is read), then one
+# Called on the thread that steps the scheduler: TokenEvents (PrefillProgress while a long prompt is read), then one
 # GenerationResult, or an exception in its place.
 Emit = Callable[[object], None]
 
@@ -50,7 +51,7 @@ class ServerBusyError(StowageError):
 
 
 class _Request:
-    """One admitted request: its conversation and the per-token state a Generation holds for one sequence."""
+    """One submitted request: its conversation, and the per-token state of its sequence."""
 
     def __init__(self, prompt_ids: list[int], sampling: SamplingParams, emit: Emit, cancel: threading.Event,
                  tokenizer):
@@ -64,6 +65,7 @@ class _Request:
         self.conv = None  # the Conversation whose Sequence holds this request's K/V, once admitted
         self.cursor = 0  # prompt tokens in the cache
         self.next_token: int | None = None  # sampled, to be fed by the next decode step
+        self.stop_matched = False  # the last token was EOS, or its text completed a stop string
 
     def start(self, conv, reused: int) -> None:
         self.conv, self.cursor = conv, reused
@@ -82,23 +84,37 @@ class _Request:
         r = self.result
         if not r.token_ids:
             r.first_token_seconds = time.perf_counter() - self.submitted
-        if token in engine.eos_ids:
-            return self.finish("stop")
-        r.token_ids.append(token)
-        self.seen.append(token)
-        engine.stats.generated_tokens += 1
-        text, stopped = self.stops.feed(self.decoder.push(token))
-        if text:
-            r.text += text
-            self.send(TokenEvent(token, text))
-        if stopped:
-            self.finish("stop")
-        elif len(r.token_ids) >= self.sampling.max_tokens:
-            self.finish("length")
-        elif self.conv.seq.num_tokens + 1 >= engine.cache.max_tokens:  # this token fills the context
-            self.finish("context_full")
+        self.stop_matched = token in engine.eos_ids
+        if not self.stop_matched:
+            r.token_ids.append(token)
+            self.seen.append(token)
+            engine.stats.generated_tokens += 1
+            text, self.stop_matched = self.stops.feed(self.decoder.push(token))
+            if text:
+                r.text += text
+                self.send(TokenEvent(token, text))
+        reason = self.stop_reason(engine.cache.max_tokens)
+        if reason is not None:
+            self.finish(reason)
         else:
             self.next_token = token
+
+    def stop_reason(self, context_tokens: int) -> str | None:
+        """Why this request ends now, or None: the stop rule of every reply, asked after each sampled token and
+        before each step.
+
+        A full context: the prompt and the reply fill the context's tokens. The last token sampled needs no K/V to be
+        shown, but a chat feeds the whole reply back with the next turn's prompt, where it must fit."""
+        r = self.result
+        if self.stop_matched:
+            return "stop"
+        if len(r.token_ids) >= self.sampling.max_tokens:
+            return "length"
+        if r.prompt_tokens + len(r.token_ids) >= context_tokens:
+            return "context_full"
+        if self.cancel.is_set():
+            return "cancelled"
+        return None
 
     def finish(self, reason: str) -> None:
         self.next_token = None
@@ -116,12 +132,13 @@ class _Request:
 
 
 class Scheduler:
-    """Owns the engine on its own thread; `submit` from any thread."""
+    """Runs an engine's replies, `max_running` at a time: `submit` from any thread; `step` from one thread only,
+    its own once started (the server) or the one iterating an in-process reply."""
 
     def __init__(self, engine, *, max_running: int, max_waiting: int):
         self.engine = engine
         self.max_running, self.max_waiting = max_running, max_waiting
-        self.pool = PrefixPool(engine)
+        self.pool = engine.pool  # the engine's one eviction policy, whichever scheduler runs it
         self._cond = threading.Condition()
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
@@ -149,8 +166,10 @@ class Scheduler:
         if self._thread.is_alive():
             self._thread.join()
 
-    def submit(self, prompt_ids: list[int], sampling: SamplingParams, emit: Emit, cancel: threading.Event) -> None:
-        """Queue a completion of prompt_ids; its events go to emit on the scheduler thread; cancel.set() stops it.
+    def submit(self, prompt_ids: list[int], sampling: SamplingParams, emit: Emit,
+               cancel: threading.Event) -> GenerationResult:
+        """Queue a completion of prompt_ids; its events go to emit on the stepping thread; cancel.set() stops it.
+        Returns the result the steps fill in (its last event, unless an error takes its place).
 
         Raises ServerBusyError when max_running requests run and max_waiting more wait already."""
         with self._cond:
@@ -160,11 +179,34 @@ class Scheduler:
                 raise ServerBusyError(
                     f"the server is busy: all {self.max_running} sequences are generating and {self.max_waiting} "
                     "requests are waiting; retry shortly (or serve with a larger --parallel or --max-queue)")
-            self._waiting.append(_Request(list(prompt_ids), sampling, emit, cancel, self.engine.tokenizer))
+            request = _Request(list(prompt_ids), sampling, emit, cancel, self.engine.tokenizer)
+            self._waiting.append(request)
             self._num_active += 1
             self._cond.notify()
+        return request.result
 
-    # -- the scheduler thread --------------------------------------------------------------------
+    def step(self) -> None:
+        """Admit what waits (up to max_running), then run at most one prefill chunk and one decode step for every
+        sequence with a token to feed; send each request its events, and its last one once it ends."""
+        with self._cond:
+            admitted = [self._waiting.popleft()
+                        for _ in range(min(len(self._waiting), self.max_running - len(self._running)))]
+        for request in admitted:
+            self._admit(request)
+        for request in self._running:  # cancelled since the last step
+            reason = request.stop_reason(self.engine.cache.max_tokens)
+            if reason is not None and request.result.finish_reason is None:
+                request.finish(reason)
+        prefilling = next((r for r in self._running if r.is_prefilling and r.result.finish_reason is None), None)
+        if prefilling is not None:
+            self._guarded([prefilling], self._prefill_chunk)
+        decoding = [r for r in self._running if r.next_token is not None]
+        if decoding:
+            self._guarded(decoding, self._decode)
+        for request in [r for r in self._running if r.result.finish_reason is not None]:
+            self._answer(request, request.result)
+
+    # -- the scheduler thread ----------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
             with self._cond:
@@ -172,18 +214,15 @@ class Scheduler:
                     self._cond.wait()
                 if self._closed:
                     break
-                admitted = [self._waiting.popleft()
-                            for _ in range(min(len(self._waiting), self.max_running - len(self._running)))]
-            for request in admitted:
-                self._admit(request)
-            self._step()
+            self.step()
         for request in [*self._running, *self._waiting]:
             self._answer(request, GenerationCancelled("the server is shutting down"))
         self.pool.clear()
 
     def _admit(self, request: _Request) -> None:
-        if request.cancel.is_set():  # gone while it waited: leave the cached conversations as they are
-            request.finish("cancelled")
+        reason = request.stop_reason(self.engine.cache.max_tokens)
+        if reason is not None:  # cancelled while it waited: leave the cached conversations as they are
+            request.finish(reason)
             return self._answer(request, request.result)
         self._running.append(request)
 
@@ -193,19 +232,6 @@ class Scheduler:
         conv, reused = self.pool.take(request.prompt_ids, running)
         request.start(conv, reused)
         self.engine.stats.reused_tokens += reused
-
-    def _step(self) -> None:
-        for request in self._running:
-            if request.cancel.is_set() and request.result.finish_reason is None:
-                request.finish("cancelled")
-        prefilling = next((r for r in self._running if r.is_prefilling and r.result.finish_reason is None), None)
-        if prefilling is not None:
-            self._guarded([prefilling], self._prefill_chunk)
-        decoding = [r for r in self._running if r.next_token is not None]
-        if decoding:
-            self._guarded(decoding, self._decode)
-        for request in [r for r in self._running if r.result.finish_reason is not None]:
-            self._answer(request, request.result)
 
     def _prefill_chunk(self, requests: list[_Request]) -> None:
         (r,) = requests
@@ -223,7 +249,8 @@ class Scheduler:
         engine.stats.prefilled_tokens += len(chunk)
         if r.is_prefilling:
             r.send(PrefillProgress(r.cursor, len(r.prompt_ids)))
-        else:
+            return
+        with self._torch_part(1):
             r.accept(r.sample(logits[-1]), engine)
 
     def _decode(self, requests: list[_Request]) -> None:
@@ -232,14 +259,19 @@ class Scheduler:
         self.pool.make_room([(seq, 1) for seq in seqs])
         start = time.perf_counter()
         engine.check_weights()
-        # the native step's layers: torch's part of a step is small ops (kernels/cpu_decode.torch_on_one_thread)
-        native = engine.model.native(engine.cache) is not None and len(requests) <= MAX_LANES
-        with torch_on_one_thread() if native else nullcontext():
+        with self._torch_part(len(requests)):
             logits = engine.model.decode_step([r.next_token for r in requests], seqs, engine.cache)  # [n, vocab]
             elapsed = time.perf_counter() - start
             for r, row in zip(requests, logits):
                 r.result.decode_seconds += elapsed
                 r.accept(r.sample(row), engine)
+
+    def _torch_part(self, num_seqs: int):
+        """Where the native step runs a token's layers, torch's part of it (the rest of a decode step, sampling) is
+        small ops: on one thread (kernels/cpu_decode.torch_on_one_thread)."""
+        engine = self.engine
+        native = engine.model.native(engine.cache) is not None and num_seqs <= MAX_LANES
+        return torch_on_one_thread() if native else nullcontext()
 
     def _guarded(self, requests: list[_Request], work: Callable[[list[_Request]], None]) -> None:
         # A failure (NaN scores from a corrupt file, a bug) ends the requests in this step; the server goes on.
@@ -260,7 +292,7 @@ class Scheduler:
             if last is request.result and request.result.finish_reason != "cancelled":
                 self.pool.give_back(request.conv)
             else:
-                self.engine.release(request.conv)
+                self.pool.release(request.conv)
             request.conv = None
         request.send(last)
         with self._cond:

@@ -78,7 +78,7 @@ def load(model_dir, *, parallel=2, context=256, **request):
 def alone(model_dir, prompt_ids, n, **request):
     """A greedy reply by a fresh engine's single-sequence path: nothing cached, nothing shared."""
     engine = load(model_dir, parallel=1, **request)
-    return engine.generate(engine.new_conversation(), prompt_ids, greedy(n)).run().token_ids
+    return engine.generate(prompt_ids, greedy(n)).run().token_ids
 
 
 def held(cache):
@@ -303,7 +303,7 @@ def test_an_idle_conversation_evicted_under_a_running_sharer_frees_only_its_own_
     # went too: 2 shared + 2 + 2 own blocks at the end
     assert b.reused_tokens == c.reused_tokens == 32 and num_idle == 2
     assert b.finish_reason == c.finish_reason == "context_full" and len(b.token_ids) == 64 - len(prompts["B"])
-    # the single-sequence path stops one token later at a full context: compare what both produced
+    # alone: the same loop on one sequence, so the same tokens up to the full context
     assert b.token_ids == alone(model_dir, prompts["B"], 64, context=64)[: len(b.token_ids)]
     assert c.token_ids == alone(model_dir, prompts["C"], 64, context=64)[: len(c.token_ids)]
     assert held(engine.cache) == [0]
@@ -380,4 +380,4 @@ def test_token_events_of_a_sharer_are_those_it_streams_alone(model_dir):
         scheduler.close()
     streamed = "".join(e.text for name, e in log.events if name == "B" and isinstance(e, TokenEvent))
     reference = load(model_dir, parallel=1)
-    assert streamed == b.text == reference.generate(reference.new_conversation(), PROMPT_B, greedy(8)).run().text
+    assert streamed == b.text == reference.generate(PROMPT_B, greedy(8)).run().text

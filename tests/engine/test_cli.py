@@ -27,7 +27,7 @@ def test_generate_json_matches_the_engine(model_dir):
     result = json.loads(out.stdout)
     engine = Engine.load(model_dir, cpu_plan(model_dir, 64))
     ids = engine.tokenizer.encode("Stowage plans memory")
-    expected = engine.generate(engine.new_conversation(), ids, SamplingParams(temperature=0, max_tokens=12)).run()
+    expected = engine.generate(ids, SamplingParams(temperature=0, max_tokens=12)).run()
     assert result["token_ids"] == expected.token_ids
     assert result["text"] == expected.text
     assert result["prompt_tokens"] == len(ids)

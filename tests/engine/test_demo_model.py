@@ -30,11 +30,9 @@ def engine():
 
 
 def greedy_reply(engine, question: str, max_tokens: int = 96):
-    conv = engine.new_conversation()
-    gen = engine.chat(conv, [{"role": "user", "content": question}], SamplingParams(temperature=0, max_tokens=max_tokens))
+    gen = engine.chat([{"role": "user", "content": question}], SamplingParams(temperature=0, max_tokens=max_tokens))
     text = "".join(event.text for event in gen)
     assert text == gen.result.text  # the streamed deltas add up to the result
-    engine.release(conv)
     return gen.result
 
 

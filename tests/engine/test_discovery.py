@@ -169,6 +169,6 @@ def test_an_ollama_blob_plans_and_generates_like_its_gguf_file(home, tiny):
         plan = cpu_plan(path, 128)
         engine = Engine.load(path, plan)
         ids = engine.tokenizer.encode("hello there")
-        reply = engine.generate(engine.new_conversation(), ids, SamplingParams(temperature=0, max_tokens=8)).run()
+        reply = engine.generate(ids, SamplingParams(temperature=0, max_tokens=8)).run()
         results.append((plan.devices[0].weights_bytes, reply.token_ids))
     assert results[0] == results[1] and len(results[0][1]) > 0

@@ -453,8 +453,7 @@ def run_case(case_dir: Path) -> str:
             info = inspect(case_dir)
             plan = check(info, PlanRequest(32), BUDGETS)
             engine = Engine.load(case_dir, plan)
-            conv = engine.new_conversation()
-            engine.chat(conv, [{"role": "user", "content": "Hi"}], SamplingParams(temperature=0, max_tokens=2)).run()
+            engine.chat([{"role": "user", "content": "Hi"}], SamplingParams(temperature=0, max_tokens=2)).run()
         return "ok"
     except StowageError as e:
         return type(e).__name__

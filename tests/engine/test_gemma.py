@@ -50,10 +50,10 @@ def test_layer_kinds_are_read(model_dir):
 @pytest.mark.parametrize("chunk", [5, 64])
 def test_logits_match_with_chunks_inside_and_past_the_window(model_dir, reference, chunk):
     engine = Engine.load(model_dir, cpu_plan(model_dir, 256, prefill_chunk=chunk))
-    conv = engine.new_conversation()
+    seq = Sequence()
     ours = []
     for i in range(0, len(PROMPT), chunk):  # chunked as the generation path chunks
-        ours.append(engine.model.forward(PROMPT[i : i + chunk], conv.seq, engine.cache, all_logits=True))
+        ours.append(engine.model.forward(PROMPT[i : i + chunk], seq, engine.cache, all_logits=True))
     with torch.no_grad():
         theirs = reference(torch.tensor([PROMPT])).logits[0]
     assert theirs.abs().max() > 1.0
@@ -62,7 +62,7 @@ def test_logits_match_with_chunks_inside_and_past_the_window(model_dir, referenc
 
 def test_32_greedy_tokens_identical(model_dir, reference):
     engine = Engine.load(model_dir, cpu_plan(model_dir, 256, prefill_chunk=16))
-    result = engine.generate(engine.new_conversation(), PROMPT, SamplingParams(temperature=0, max_tokens=32)).run()
+    result = engine.generate(PROMPT, SamplingParams(temperature=0, max_tokens=32)).run()
     with torch.no_grad():
         out = reference.generate(torch.tensor([PROMPT]), attention_mask=torch.ones(1, len(PROMPT), dtype=torch.long),
                                  max_new_tokens=32, do_sample=False, eos_token_id=sorted(engine.eos_ids),
@@ -75,11 +75,10 @@ def test_multi_turn_across_the_window_reuses_the_prefix(model_dir):
     engine = Engine.load(model_dir, cpu_plan(model_dir, 512))
     greedy = SamplingParams(temperature=0, max_tokens=12)
     history = [{"role": "user", "content": "Stowage plans memory: weights, KV cache, workspace and headroom."}]
-    conv = engine.new_conversation()
-    first = engine.chat(conv, history, greedy).run()
+    first = engine.chat(history, greedy).run()
     history += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "The quick brown fox."}]
-    second = engine.chat(conv, history, greedy).run()
-    fresh = engine.chat(engine.new_conversation(), history, greedy).run()
+    second = engine.chat(history, greedy).run()
+    fresh = Engine.load(model_dir, cpu_plan(model_dir, 512)).chat(history, greedy).run()  # nothing cached
     assert second.token_ids == fresh.token_ids
     assert second.reused_tokens >= first.prompt_tokens > 8
 
@@ -101,13 +100,19 @@ def recycled(engine, seq) -> int:
     return sum(b < 0 for table in seq.window_tables.values() for b in table)
 
 
+def last_sequence(engine):
+    """The sequence of the reply that ran last: the one conversation the engine keeps cached."""
+    (conv,) = engine.pool._idle
+    return conv.seq
+
+
 @pytest.mark.parametrize("chunk", [3, 8, 20, 64])
 def test_recycling_cache_logits_match_with_chunks_smaller_and_larger_than_the_window(model_dir, reference, chunk):
     engine = recycling(Engine.load(model_dir, cpu_plan(model_dir, 256, prefill_chunk=chunk)))
-    conv = engine.new_conversation()
-    ours = [engine.model.forward(LONG_PROMPT[i : i + chunk], conv.seq, engine.cache, all_logits=True)
+    seq = Sequence()
+    ours = [engine.model.forward(LONG_PROMPT[i : i + chunk], seq, engine.cache, all_logits=True)
             for i in range(0, len(LONG_PROMPT), chunk)]
-    assert recycled(engine, conv.seq) >= 4  # blocks past every window were handed back
+    assert recycled(engine, seq) >= 4  # blocks past every window were handed back
     window_group = engine.cache.groups[-1]
     assert window_group.window == 8 and window_group.allocator.num_blocks < 256 // 16
     with torch.no_grad():
@@ -117,9 +122,8 @@ def test_recycling_cache_logits_match_with_chunks_smaller_and_larger_than_the_wi
 
 def test_recycling_cache_greedy_tokens_identical(model_dir, reference):
     engine = recycling(Engine.load(model_dir, cpu_plan(model_dir, 256, prefill_chunk=16)))
-    conv = engine.new_conversation()
-    result = engine.generate(conv, LONG_PROMPT, SamplingParams(temperature=0, max_tokens=40)).run()
-    assert recycled(engine, conv.seq) > 0
+    result = engine.generate(LONG_PROMPT, SamplingParams(temperature=0, max_tokens=40)).run()
+    assert recycled(engine, last_sequence(engine)) > 0
     with torch.no_grad():
         out = reference.generate(torch.tensor([LONG_PROMPT]), attention_mask=torch.ones(1, len(LONG_PROMPT),
                                  dtype=torch.long), max_new_tokens=40, do_sample=False,
@@ -131,13 +135,11 @@ def test_recycling_cache_multi_turn_reuses_the_prefix_across_the_window(model_di
     engine = recycling(Engine.load(model_dir, cpu_plan(model_dir, 512, prefill_chunk=16)))
     greedy = SamplingParams(temperature=0, max_tokens=24)
     history = [{"role": "user", "content": "Stowage plans memory: weights, KV cache, workspace and headroom. " * 2}]
-    conv = engine.new_conversation()
-    first = engine.chat(conv, history, greedy).run()
-    assert recycled(engine, conv.seq) > 0
+    first = engine.chat(history, greedy).run()
+    assert recycled(engine, last_sequence(engine)) > 0
     history += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "The quick brown fox."}]
-    second = engine.chat(conv, history, greedy).run()
-    engine.release(conv)  # the window pool holds one sequence's share (the plan's num_seqs)
-    fresh = engine.chat(engine.new_conversation(), history, greedy).run()
+    second = engine.chat(history, greedy).run()
+    fresh = recycling(Engine.load(model_dir, cpu_plan(model_dir, 512, prefill_chunk=16))).chat(history, greedy).run()
     assert second.token_ids == fresh.token_ids
     assert second.reused_tokens >= first.prompt_tokens > 8
 

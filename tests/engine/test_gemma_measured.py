@@ -18,6 +18,7 @@ from plan_check import _peak_rss, _reset_peak_rss, _warm_up
 from memory import rss_bytes
 from stowage.engine.formats.config import ModelConfig
 from stowage.engine.runtime.engine import Engine
+from stowage.engine.runtime.kv_cache import Sequence
 from stowage.engine.planning.budgets import given_budgets
 from stowage.engine.planning.inspect import inspect
 from stowage.engine.planning.plan import PlanRequest, plan
@@ -32,12 +33,12 @@ _warm_up(torch.bfloat16)
 _reset_peak_rss()
 before = rss_bytes()
 e = Engine.load(model_dir, p)
-conv = e.new_conversation()
+seq = Sequence()
 chunk = p.prefill_chunk
 for start in range(0, tokens - chunk, chunk):  # earlier chunks: their K/V stay zeros, the memory is the same
-    e.cache.reserve(conv.seq, chunk)
-    conv.seq.token_ids.extend([0] * chunk)
-e.model.forward([1] * chunk, conv.seq, e.cache)  # the last chunk: attention over the whole context
+    e.cache.reserve(seq, chunk)
+    seq.token_ids.extend([0] * chunk)
+e.model.forward([1] * chunk, seq, e.cache)  # the last chunk: attention over the whole context
 kv = sum(d["kv_cache"] for d in e.memory_report().values())
 print(json.dumps({"peak_bytes": _peak_rss() - before, "kv_bytes": kv, "plan": to_dict(p)}))
 """

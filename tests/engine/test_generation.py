@@ -24,9 +24,9 @@ def prompt(engine):
 
 def test_seed_makes_sampling_reproducible(engine):
     p = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=20, seed=7)
-    a = engine.generate(engine.new_conversation(), prompt(engine), p).run().token_ids
-    b = engine.generate(engine.new_conversation(), prompt(engine), p).run().token_ids
-    c = engine.generate(engine.new_conversation(), prompt(engine), SamplingParams(temperature=1.0, max_tokens=20, seed=8)).run().token_ids
+    a = engine.generate(prompt(engine), p).run().token_ids
+    b = engine.generate(prompt(engine), p).run().token_ids
+    c = engine.generate(prompt(engine), SamplingParams(temperature=1.0, max_tokens=20, seed=8)).run().token_ids
     assert a == b and a != c
 
 
@@ -45,20 +45,20 @@ def test_sampler_filters():
 
 def test_eos_stops_generation(engine):
     greedy = SamplingParams(temperature=0, max_tokens=5)
-    first = engine.generate(engine.new_conversation(), prompt(engine), greedy).run().token_ids[0]
+    first = engine.generate(prompt(engine), greedy).run().token_ids[0]
     engine.eos_ids.add(first)
     try:
-        r = engine.generate(engine.new_conversation(), prompt(engine), greedy).run()
+        r = engine.generate(prompt(engine), greedy).run()
     finally:
         engine.eos_ids.discard(first)
     assert r.finish_reason == "stop" and r.token_ids == []
 
 
 def test_stop_string_truncates_and_streams_consistently(engine):
-    free = engine.generate(engine.new_conversation(), prompt(engine), SamplingParams(temperature=0, max_tokens=30)).run()
+    free = engine.generate(prompt(engine), SamplingParams(temperature=0, max_tokens=30)).run()
     stop = free.text[5:8]
     assert len(stop) == 3
-    gen = engine.generate(engine.new_conversation(), prompt(engine),
+    gen = engine.generate(prompt(engine),
                           SamplingParams(temperature=0, max_tokens=30, stop=(stop,)))
     streamed = "".join(e.text for e in gen)
     assert gen.result.finish_reason == "stop"
@@ -75,7 +75,7 @@ def test_stop_matcher_holds_back_partial_matches():
 
 def test_cancel_stops_mid_generation(engine):
     cancel = threading.Event()
-    gen = engine.generate(engine.new_conversation(), prompt(engine),
+    gen = engine.generate(prompt(engine),
                           SamplingParams(temperature=1.0, max_tokens=200, seed=1), cancel=cancel)
     count = 0
     for _ in gen:
@@ -89,19 +89,19 @@ def test_cancel_stops_mid_generation(engine):
 def test_context_full_ends_the_reply(tmp_path):
     d = make_model(tmp_path, "llama", initializer_range=0.2)
     engine = Engine.load(d, cpu_plan(d, 20, block_size=4))
-    r = engine.generate(engine.new_conversation(), engine.tokenizer.encode("Stowage plans memory"),
+    r = engine.generate(engine.tokenizer.encode("Stowage plans memory"),
                         SamplingParams(temperature=0, max_tokens=100)).run()
     assert r.finish_reason == "context_full"
-    assert r.prompt_tokens + len(r.token_ids) == 21  # 20 cached + the last sampled token
+    # the prompt and the reply fill the context's 20 tokens: the next turn can feed the whole reply back
+    assert r.prompt_tokens + len(r.token_ids) == 20
 
 
 def test_second_turn_prefills_only_new_tokens(engine):
-    conv = engine.new_conversation()
     history = [{"role": "user", "content": "word " * 200}]
-    first = engine.chat(conv, history, SamplingParams(temperature=0, max_tokens=8)).run()
+    first = engine.chat(history, SamplingParams(temperature=0, max_tokens=8)).run()
     before = engine.stats.prefilled_tokens
     history += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "and?"}]
-    second = engine.chat(conv, history, SamplingParams(temperature=0, max_tokens=8)).run()
+    second = engine.chat(history, SamplingParams(temperature=0, max_tokens=8)).run()
     assert first.prefilled_tokens > 200
     assert second.prefilled_tokens < 30
     assert engine.stats.prefilled_tokens - before == second.prefilled_tokens
@@ -110,19 +110,19 @@ def test_second_turn_prefills_only_new_tokens(engine):
 def test_prefill_progress_comes_after_each_chunk_and_leaves_out_the_cached_prefix(tmp_path):
     model_dir = make_model(tmp_path / "m", "llama")
     engine = Engine.load(model_dir, cpu_plan(model_dir, 512, prefill_chunk=16))
-    conv, calls = engine.new_conversation(), []
+    calls = []
     prompt = list(range(3, 60))  # 57 tokens: chunks of 16, 16, 16, 9
     greedy = SamplingParams(temperature=0.0, max_tokens=1)
-    gen = engine.generate(conv, prompt, greedy, progress=lambda done, total: calls.append((done, total)))
+    gen = engine.generate(prompt, greedy, progress=lambda done, total: calls.append((done, total)))
     gen.run()
     assert calls == [(16, 57), (32, 57), (48, 57), (57, 57)]
     calls.clear()
-    longer = conv.seq.token_ids + list(range(60, 80))
-    gen = engine.generate(conv, longer, greedy, progress=lambda done, total: calls.append((done, total)))
+    longer = prompt + list(range(60, 80))  # what the cache holds (the one token sampled was not fed), and more
+    gen = engine.generate(longer, greedy, progress=lambda done, total: calls.append((done, total)))
     gen.run()
     assert calls[-1][0] == calls[-1][1] == gen.result.prefilled_tokens < len(longer)
     calls.clear()
-    engine.chat(engine.new_conversation(), [{"role": "user", "content": "hello " * 20}], greedy,
+    engine.chat([{"role": "user", "content": "hello " * 20}], greedy,
                 progress=lambda done, total: calls.append((done, total))).run()
     assert calls and calls[-1][0] == calls[-1][1]
 

@@ -55,7 +55,7 @@ from stowage.engine.runtime.engine import Engine
 from stowage.engine.runtime.sampler import SamplingParams
 from factory import cpu_plan
 engine = Engine.load(sys.argv[1], cpu_plan(sys.argv[1], 256))
-generation = engine.generate(engine.new_conversation(), [1, 2, 3, 4], SamplingParams(temperature=0, max_tokens=100))
+generation = engine.generate([1, 2, 3, 4], SamplingParams(temperature=0, max_tokens=100))
 for i, _ in enumerate(generation):
     if i == 0:  # the weights were read: their pages are mapped
         os.truncate(sys.argv[2], 4096)

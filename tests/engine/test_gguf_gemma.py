@@ -28,6 +28,7 @@ from stowage.engine.text.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
 from stowage.engine.formats.layout import layer_tensor_names  # noqa: E402
 from stowage.engine.runtime.sampler import SamplingParams  # noqa: E402
 from stowage.engine.units import GiB  # noqa: E402
+from stowage.engine.runtime.kv_cache import Sequence  # noqa: E402
 
 TOLERANCE = 1e-4  # fp32 logits, max abs difference, as for the HF path (tests/engine/test_gemma.py)
 PROMPT = "Stowage plans memory: weights, KV cache, workspace and headroom. Pick a context size with the slider;"
@@ -141,16 +142,16 @@ def test_logits_and_greedy_tokens_match_transformers(files, name, qtype, chunk):
     engine = Engine.load(path, cpu_plan(path, 256, dtype="float32", prefill_chunk=chunk))
     ids = engine.tokenizer.encode(PROMPT)
     assert ids == AutoTokenizer.from_pretrained(hf)(PROMPT)["input_ids"] and len(ids) > 3 * 8
-    conv = engine.new_conversation()
-    ours = engine.model.forward(ids, conv.seq, engine.cache, all_logits=True)
+    seq = Sequence()
+    ours = engine.model.forward(ids, seq, engine.cache, all_logits=True)
     with torch.no_grad():
         theirs = reference(torch.tensor([ids])).logits[0]
     assert theirs.abs().max() > 1.0
     assert (ours - theirs).abs().max().item() <= TOLERANCE
-    engine.release(conv)
+    engine.cache.release(seq)
     if chunk == 5:
         return  # the greedy run below does not depend on the chunk
-    result = engine.generate(engine.new_conversation(), ids, SamplingParams(temperature=0, max_tokens=24)).run()
+    result = engine.generate(ids, SamplingParams(temperature=0, max_tokens=24)).run()
     assert result.token_ids == greedy_reference(reference, ids, engine.eos_ids, 24)
     assert engine.memory_report()["cpu"]["weights_copied"] == 0  # the norms too: the +1 is in the file
 
@@ -166,7 +167,7 @@ def test_the_27b_models_scale_by_hidden_over_heads(arch, layers, tmp_path):
     assert config.attention_scale == 16**-0.5 and config.head_dim == 32
     engine = Engine.load(path, cpu_plan(path, 128, dtype="float32", prefill_chunk=64))
     ids = list(range(3, 23))
-    ours = engine.model.forward(ids, engine.new_conversation().seq, engine.cache, all_logits=True)
+    ours = engine.model.forward(ids, Sequence(), engine.cache, all_logits=True)
     with torch.no_grad():
         theirs = reference_model(hf)(torch.tensor([ids])).logits[0]
     assert (ours - theirs).abs().max().item() <= TOLERANCE
@@ -177,7 +178,7 @@ def test_a_quantized_file_computes_in_bfloat16_by_default(files):
     engine = Engine.load(path, cpu_plan(path, 256, prefill_chunk=16))
     assert engine.plan.dtype == "bfloat16"
     ids = engine.tokenizer.encode(PROMPT)
-    ours = engine.model.forward(ids, engine.new_conversation().seq, engine.cache, all_logits=True)
+    ours = engine.model.forward(ids, Sequence(), engine.cache, all_logits=True)
     with torch.no_grad():
         theirs = reference_model(hf)(torch.tensor([ids])).logits[0]
     # bf16 activations (the f32 norm weights rounded to bf16 per call, as for every GGUF model): close, not equal

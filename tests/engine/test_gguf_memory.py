@@ -20,7 +20,7 @@ before = anonymous_bytes()
 engine = Engine.load(sys.argv[1], cpu_plan(sys.argv[1], 64))
 after_load = anonymous_bytes()
 report = engine.memory_report()["cpu"]
-result = engine.generate(engine.new_conversation(), [1, 2, 3, 4], SamplingParams(temperature=0, max_tokens=2)).run()
+result = engine.generate([1, 2, 3, 4], SamplingParams(temperature=0, max_tokens=2)).run()
 after_run = anonymous_bytes()
 print(json.dumps({"load": after_load - before, "run": after_run - before, "report": report,
                   "dtype": engine.plan.dtype, "tokens": len(result.token_ids),

@@ -25,6 +25,7 @@ from stowage.engine.planning.plan import PlanRequest, plan  # noqa: E402
 from stowage.engine.runtime.rope import inverse_frequencies  # noqa: E402
 from stowage.engine.runtime.sampler import SamplingParams  # noqa: E402
 from stowage.engine.units import GiB  # noqa: E402
+from stowage.engine.runtime.kv_cache import Sequence  # noqa: E402
 from stowage.kernels.quant_linear import MatrixShape, QuantizedWeight, rows_workspace_bytes, workspace_bytes  # noqa: E402
 
 PROMPT = "Stowage plans memory: weights, KV cache, workspace and headroom. Pick a context size with the slider;"
@@ -117,14 +118,14 @@ def test_logits_and_greedy_tokens_match_transformers(files, arch, qtype):
         assert isinstance(engine.model.layers[0]["q"], QuantizedWeight)
     ids = engine.tokenizer.encode(PROMPT)
     assert ids == AutoTokenizer.from_pretrained(hf)(PROMPT)["input_ids"]
-    conv = engine.new_conversation()
-    ours = engine.model.forward(ids, conv.seq, engine.cache, all_logits=True)
+    seq = Sequence()
+    ours = engine.model.forward(ids, seq, engine.cache, all_logits=True)
     with torch.no_grad():
         theirs = reference(torch.tensor([ids])).logits[0]
     assert theirs.abs().max() > 1.0
     assert (ours - theirs).abs().max().item() <= 1e-4
-    engine.release(conv)
-    result = engine.generate(engine.new_conversation(), ids, SamplingParams(temperature=0, max_tokens=32)).run()
+    engine.cache.release(seq)
+    result = engine.generate(ids, SamplingParams(temperature=0, max_tokens=32)).run()
     assert result.token_ids == greedy_reference(reference, ids, engine.eos_ids, 32)
     assert engine.memory_report()["cpu"]["weights_copied"] == 0
 
@@ -149,14 +150,14 @@ def test_k_quants_and_an_f16_head_match_transformers(arch, tmp_path):
         theirs = reference(torch.tensor([ids])).logits[0]
     assert theirs.abs().max() > 1.0
     engine = Engine.load(path, cpu_plan(path, 256, dtype="float32", prefill_chunk=7))
-    ours = engine.model.forward(ids, engine.new_conversation().seq, engine.cache, all_logits=True)
+    ours = engine.model.forward(ids, Sequence(), engine.cache, all_logits=True)
     assert (ours - theirs).abs().max().item() <= 1e-4
-    result = engine.generate(engine.new_conversation(), ids, SamplingParams(temperature=0, max_tokens=16)).run()
+    result = engine.generate(ids, SamplingParams(temperature=0, max_tokens=16)).run()
     assert result.token_ids == greedy_reference(reference, ids, engine.eos_ids, 16)
     # by default: bf16 activations; the f16 head computes tile by tile too (converted per tile, never copied)
     engine = Engine.load(path, cpu_plan(path, 256))
     assert engine.plan.dtype == "bfloat16" and isinstance(engine.model.head["lm_head"], QuantizedWeight)
-    ours = engine.model.forward(ids, engine.new_conversation().seq, engine.cache, all_logits=True)
+    ours = engine.model.forward(ids, Sequence(), engine.cache, all_logits=True)
     assert (ours - theirs).abs().max().item() <= 0.1 * theirs.abs().max().item()
     assert engine.memory_report()["cpu"]["weights_copied"] == 0
 
@@ -169,7 +170,7 @@ def test_a_quantized_file_computes_in_bfloat16_by_default(files, arch):
     assert engine.cache.k_cache[0].dtype == torch.bfloat16 and engine.model.dtype == torch.bfloat16
     reference = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
     ids = engine.tokenizer.encode(PROMPT)
-    ours = engine.model.forward(ids, engine.new_conversation().seq, engine.cache, all_logits=True)
+    ours = engine.model.forward(ids, Sequence(), engine.cache, all_logits=True)
     with torch.no_grad():
         theirs = reference(torch.tensor([ids])).logits[0]
     # bf16 activations (8 bits of mantissa) through 3 layers: close, not equal
@@ -268,7 +269,7 @@ def test_stowage_plan_and_generate_on_a_gguf_file(files, capsys):
     generated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     engine = Engine.load(path, cpu_plan(path, 256, dtype="float32"))
     ids = read_tokenizer(path).encode(PROMPT)
-    expected = engine.generate(engine.new_conversation(), ids, SamplingParams(temperature=0, max_tokens=8)).run()
+    expected = engine.generate(ids, SamplingParams(temperature=0, max_tokens=8)).run()
     assert generated["token_ids"] == expected.token_ids and generated["prompt_tokens"] == len(ids)
 
 

@@ -27,7 +27,7 @@ def files(tmp_path_factory):
 def greedy(path):
     engine = Engine.load(path, cpu_plan(path, 256))
     ids = engine.tokenizer.encode(PROMPT)
-    result = engine.generate(engine.new_conversation(), ids, SamplingParams(temperature=0, max_tokens=24)).run()
+    result = engine.generate(ids, SamplingParams(temperature=0, max_tokens=24)).run()
     engine.close()
     return result.token_ids
 

@@ -241,7 +241,7 @@ def test_a_matrix_in_another_float_dtype_loads_and_generates(tmp_path):
     save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})
     engine = Engine.load(model_dir, cpu_plan(model_dir, 32))
     try:
-        result = engine.generate(engine.new_conversation(), [1, 2, 3], SamplingParams(temperature=0, max_tokens=2)).run()
+        result = engine.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=2)).run()
         assert result.token_ids and engine.model.layers[1]["up"].dtype == torch.float32
     finally:
         engine.close()

@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from stowage.engine.runtime.engine import Engine
 from factory import cpu_plan
 from stowage.engine.runtime.sampler import SamplingParams
+from stowage.engine.runtime.kv_cache import Sequence
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -43,19 +44,19 @@ def test_logits_match_for_a_batch_of_prompts(model_dir, reference):
     for prompt in PROMPTS:
         ids = engine.tokenizer.encode(prompt)
         assert ids == hf_tok(prompt)["input_ids"]  # same tokens, BOS post-processing included
-        conv = engine.new_conversation()
-        ours = engine.model.forward(ids, conv.seq, engine.cache, all_logits=True)
+        seq = Sequence()
+        ours = engine.model.forward(ids, seq, engine.cache, all_logits=True)
         with torch.no_grad():
             theirs = reference(torch.tensor([ids])).logits[0]
         assert theirs.abs().max() > 1.0  # the comparison is not between near-zero numbers
         assert (ours - theirs).abs().max().item() <= 1e-4
-        engine.release(conv)
+        engine.cache.release(seq)
 
 
 def test_64_greedy_tokens_identical(model_dir, reference):
     engine = Engine.load(model_dir, cpu_plan(model_dir, 256, prefill_chunk=16))
     ids = engine.tokenizer.encode(PROMPTS[1])
-    result = engine.generate(engine.new_conversation(), ids, SamplingParams(temperature=0, max_tokens=64)).run()
+    result = engine.generate(ids, SamplingParams(temperature=0, max_tokens=64)).run()
     with torch.no_grad():
         out = reference.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                  max_new_tokens=64, do_sample=False, eos_token_id=sorted(engine.eos_ids),
@@ -69,12 +70,11 @@ def test_prefix_reuse_gives_the_same_tokens_as_recomputing(model_dir):
     engine = Engine.load(model_dir, cpu_plan(model_dir, 512))
     greedy = SamplingParams(temperature=0, max_tokens=24)
     history = [{"role": "user", "content": PROMPTS[1]}]
-    conv = engine.new_conversation()
-    first = engine.chat(conv, history, greedy).run()
+    first = engine.chat(history, greedy).run()
     history += [{"role": "assistant", "content": first.text}, {"role": "user", "content": PROMPTS[0]}]
 
-    second = engine.chat(conv, history, greedy).run()
-    fresh = engine.chat(engine.new_conversation(), history, greedy).run()
+    second = engine.chat(history, greedy).run()
+    fresh = Engine.load(model_dir, cpu_plan(model_dir, 512)).chat(history, greedy).run()  # nothing cached
 
     assert second.token_ids == fresh.token_ids
     # turn 2 computed only what turn 1 had not cached: most of the prompt was reused
@@ -99,7 +99,7 @@ def test_widened_prefill_matches_transformers_in_16_bits(tmp_path, monkeypatch, 
     for widen in ("1", "0"):
         monkeypatch.setenv(cpu_matmul.WIDEN_ENV, widen)
         engine = Engine.load(model_dir, cpu_plan(model_dir, 256, prefill_chunk=64))
-        logits[widen] = engine.model.forward(ids, engine.new_conversation().seq, engine.cache, all_logits=True)
+        logits[widen] = engine.model.forward(ids, Sequence(), engine.cache, all_logits=True)
     scale, eps = theirs.abs().max(), torch.finfo(dtype).eps
     assert scale > 1.0
     err = {k: ((v - theirs).abs().max() / scale).item() for k, v in logits.items()}  # bf16 ~0.07, f16 ~0.009

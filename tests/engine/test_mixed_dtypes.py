@@ -46,7 +46,7 @@ def with_tensors(model_dir, out_dir, **dtypes):
 def generate(model_dir, p):
     engine = Engine.load(model_dir, p)
     try:
-        tokens = engine.generate(engine.new_conversation(), PROMPT, GREEDY).run().token_ids
+        tokens = engine.generate(PROMPT, GREEDY).run().token_ids
         return tokens, engine.memory_report()
     finally:
         engine.close()

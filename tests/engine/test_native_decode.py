@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from stowage.engine.runtime.engine import Engine
+from stowage.engine.runtime.kv_cache import Sequence
 from factory import cpu_plan, make_model
 from isa import native_isa
 from stowage.kernels import cpu_decode
@@ -31,7 +32,7 @@ def _engines(model_dir, context, **request):
 
 
 def _compare(native, torch_path, prompt: list[int], steps: int, tolerance: float) -> float:
-    seqs = [native.new_conversation().seq, torch_path.new_conversation().seq]
+    seqs = [Sequence(), Sequence()]
     a = native.model.forward(prompt, seqs[0], native.cache)
     b = torch_path.model.forward(prompt, seqs[1], torch_path.cache)
     worst = 0.0
@@ -101,7 +102,7 @@ def test_greedy_generation_matches_torch_path(tmp_path):
     native, torch_path = _engines(model_dir, 256)
     sampling = SamplingParams(temperature=0.0, max_tokens=40)
     ids = [3, 17, 99, 250, 4, 8]
-    results = [e.generate(e.new_conversation(), ids, sampling).run() for e in (native, torch_path)]
+    results = [e.generate(ids, sampling).run() for e in (native, torch_path)]
     assert results[0].finish_reason == "length" and results[0].token_ids == results[1].token_ids
 
 
@@ -171,7 +172,7 @@ def _batched_matches_torch_path(model_dir, prompt_lengths: list[int], context: i
     prompts = [[(i * 37 + 5 * b) % 500 + 3 for i in range(n)] for b, n in enumerate(prompt_lengths)]
     seqs = {}
     for name, engine in (("native", native), ("torch", torch_path)):
-        seqs[name] = [engine.new_conversation().seq for _ in prompts]
+        seqs[name] = [Sequence() for _ in prompts]
         for seq, prompt in zip(seqs[name], prompts):
             engine.model.forward(prompt, seq, engine.cache)
     for step in range(6):
@@ -182,7 +183,7 @@ def _batched_matches_torch_path(model_dir, prompt_lengths: list[int], context: i
         err = ((a - b).abs().amax(dim=-1) / b.abs().amax(dim=-1).clamp_min(1e-6)).max().item()
         assert err < tolerance, f"step {step}: relative logit error {err:.3g}"
     # lane 0 against the same sequence decoded alone, one more token
-    alone = native.new_conversation().seq
+    alone = Sequence()
     native.model.forward(prompts[0] + seqs["native"][0].token_ids[len(prompts[0]):], alone, native.cache)
     together = native.model.decode_step([9] * num_seqs, seqs["native"], native.cache)[0]
     single = native.model.forward([9], alone, native.cache)[-1]
@@ -191,22 +192,21 @@ def _batched_matches_torch_path(model_dir, prompt_lengths: list[int], context: i
 
 def test_torch_on_one_thread_around_native_tokens(tmp_path, monkeypatch):
     # the sampler of a native decode token sees torch on one thread; the count is back afterwards
-    from stowage.engine.runtime import generation
-    from stowage.engine.runtime.sampler import SamplingParams
+    from stowage.engine.runtime.sampler import Sampler, SamplingParams
 
     model_dir = make_model(tmp_path / "m", "llama")
     native, _ = _engines(model_dir, 256)
-    seen, sample = [], generation.Sampler.__call__
+    seen, sample = [], Sampler.__call__
 
     def counting(self, logits, seen_ids=None):
         seen.append(torch.get_num_threads())
         return sample(self, logits, seen_ids)
 
-    monkeypatch.setattr(generation.Sampler, "__call__", counting)
+    monkeypatch.setattr(Sampler, "__call__", counting)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        native.generate(native.new_conversation(), [3, 4, 5], SamplingParams(temperature=0.0, max_tokens=5)).run()
+        native.generate([3, 4, 5], SamplingParams(temperature=0.0, max_tokens=5)).run()
         assert seen == [1] * 5 and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
@@ -223,7 +223,7 @@ def test_a_second_model_of_other_dimensions_gets_its_own_scratch_layout(tmp_path
         torch_path.model._native_for = (torch_path.cache, None)
         seqs = {}
         for name, engine in (("native", native), ("torch", torch_path)):
-            seqs[name] = [engine.new_conversation().seq for _ in range(3)]
+            seqs[name] = [Sequence() for _ in range(3)]
             for b, seq in enumerate(seqs[name]):
                 engine.model.forward([3 + b, 17, 40 + b], seq, engine.cache)
         a = native.model.decode_step([5, 6, 7], seqs["native"], native.cache)
@@ -243,7 +243,7 @@ def test_two_engines_decoding_on_two_threads_at_once(tmp_path):
     prompts = [[(i * 37 + 5 * b) % 500 + 3 for i in range(20 + 9 * b)] for b in range(3)]
 
     def run(engine, out):
-        seqs = [engine.new_conversation().seq for _ in prompts]
+        seqs = [Sequence() for _ in prompts]
         for seq, prompt in zip(seqs, prompts):
             engine.model.forward(prompt, seq, engine.cache)
         for step in range(12):

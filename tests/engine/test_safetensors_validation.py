@@ -194,7 +194,7 @@ def test_symlinks_into_a_hugging_face_blobs_folder_load(two_shards, tmp_path):
     ckpt = Checkpoint(snapshot)
     assert set(ckpt.specs) == set(weight_map)
     engine = Engine.load(snapshot, cpu_plan(snapshot, 32))
-    assert engine.generate(engine.new_conversation(), [1, 2, 3], SamplingParams(temperature=0, max_tokens=2)).run()
+    assert engine.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=2)).run()
 
 
 def hang_guard(seconds=10):

@@ -32,7 +32,7 @@ def greedy(n):
 
 def alone(engine, prompt_ids, n):
     """Token ids of a greedy reply by the engine's own single-sequence path (engine.generate)."""
-    return engine.generate(engine.new_conversation(), prompt_ids, greedy(n)).run().token_ids
+    return engine.generate(prompt_ids, greedy(n)).run().token_ids
 
 
 def record_calls(engine):

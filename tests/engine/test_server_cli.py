@@ -67,7 +67,7 @@ def client(url, key=KEY):
 
 def greedy_chat(engine, content, max_tokens):
     messages = [{"role": "user", "content": content}]
-    return engine.chat(engine.new_conversation(), messages, SamplingParams(temperature=0, max_tokens=max_tokens)).run()
+    return engine.chat(messages, SamplingParams(temperature=0, max_tokens=max_tokens)).run()
 
 
 def test_the_openai_client_chats_streams_and_completes(server, reference):
@@ -85,7 +85,7 @@ def test_the_openai_client_chats_streams_and_completes(server, reference):
     assert chunks[-1].usage.prompt_tokens == reply.usage.prompt_tokens
     text = c.completions.create(model="model", prompt="The quick brown fox", temperature=0, max_tokens=8)
     ids = reference.tokenizer.encode("The quick brown fox")
-    alone = reference.generate(reference.new_conversation(), ids, SamplingParams(temperature=0, max_tokens=8)).run()
+    alone = reference.generate(ids, SamplingParams(temperature=0, max_tokens=8)).run()
     assert text.choices[0].text == alone.text
 
 

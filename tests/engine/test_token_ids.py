@@ -69,16 +69,16 @@ def test_a_post_processor_id_past_the_embeddings_is_counted(model_dir, tmp_path)
 
 def test_an_empty_prompt_is_an_invalid_argument(engine):
     with pytest.raises(InvalidArgumentError, match="the prompt is empty"):
-        engine.generate(engine.new_conversation(), [], GREEDY)
+        engine.generate([], GREEDY)
     with pytest.raises(InvalidArgumentError, match="no messages"):
-        engine.chat(engine.new_conversation(), [], GREEDY)
+        engine.chat([], GREEDY)
 
 
 @pytest.mark.parametrize("bad", [512, 10**12, -1, 2.0, "7", True])
 def test_token_ids_the_embeddings_cannot_look_up_are_invalid_arguments(engine, bad):
     with pytest.raises(InvalidArgumentError, match=r"token ids are integers from 0 to 511"):
-        engine.generate(engine.new_conversation(), [1, 2, bad], GREEDY)
+        engine.generate([1, 2, bad], GREEDY)
 
 
 def test_the_last_row_is_a_valid_id(engine):
-    assert engine.generate(engine.new_conversation(), [1, 511], GREEDY).run().token_ids
+    assert engine.generate([1, 511], GREEDY).run().token_ids

@@ -10,7 +10,7 @@ from stowage.engine.runtime.sampler import SamplingParams
 from factory import cpu_plan
 model_dir = sys.argv[1]
 engine = Engine.load(model_dir, cpu_plan(model_dir, 256))
-events = iter(engine.generate(engine.new_conversation(), [1, 2, 3, 4], SamplingParams(temperature=0, max_tokens=100)))
+events = iter(engine.generate([1, 2, 3, 4], SamplingParams(temperature=0, max_tokens=100)))
 try:
     next(events)  # the weights were read: their pages are mapped
     os.truncate(os.path.join(model_dir, "model.safetensors"), 4096)

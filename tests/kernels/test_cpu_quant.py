@@ -155,7 +155,7 @@ def test_a_gguf_model_decodes_the_same_tokens_natively(dtype, tmp_path, monkeypa
         # these products, not the native decode step (kernels/csrc/decode_layer.c, tests/engine/test_native_decode.py)
         engine.model._native_for = (engine.cache, None)
         ids = engine.tokenizer.encode("Stowage plans memory: weights, KV cache, workspace and headroom.")
-        return engine.generate(engine.new_conversation(), ids, SamplingParams(temperature=0, max_tokens=24)).run()
+        return engine.generate(ids, SamplingParams(temperature=0, max_tokens=24)).run()
 
     max_native_tokens = quant_linear.MAX_NATIVE_TOKENS
     tiles = greedy(0)

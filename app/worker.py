@@ -72,10 +72,6 @@ class EngineWorker(QObject):
         self.estimate = remote_source.TokenEstimate()  # counts a remote chat (the server's tokenizer is not here)
         self.served_model = ""  # the child's model id
         self.tokenizer = None  # counts tokens for the context policy, here whichever runs the engine
-        # One engine conversation (its KV blocks) per chat: switching back to a chat reuses what is still
-        # cached instead of reading its whole history again. The engine frees the least recently used
-        # ones when a chat needs their blocks. (A child's server keeps them by prefix: engine/server/prefix_pool.py.)
-        self.conversations: dict[int, object] = {}
         self.context_tokens = 0
         self.threads = 0  # set_threads
         self.serve = ServeSettings()  # set_serve: where the next child listens
@@ -146,10 +142,9 @@ class EngineWorker(QObject):
                 self.engine = Engine.load(Path(model_dir), plan, progress=progress, cancel=cancel)
                 self.tokenizer = self.engine.tokenizer
                 self._use_threads()
-            self.conversations = {}
             self.context_tokens = plan.context_tokens
         except Exception as e:
-            self.engine, self.process, self.tokenizer, self.conversations = None, None, None, {}
+            self.engine, self.process, self.tokenizer = None, None, None
             self.serving = None
             release_freed_memory()
             if isinstance(e, GenerationCancelled) or cancel.is_set():
@@ -229,7 +224,7 @@ class EngineWorker(QObject):
             else:
                 self.engine.close()
         finally:
-            self.engine, self.process, self.tokenizer, self.conversations = None, None, None, {}
+            self.engine, self.process, self.tokenizer = None, None, None
             self.remote = self.remote_model = self.serving = None
             release_freed_memory()
             self.unloaded.emit()
@@ -286,10 +281,8 @@ class EngineWorker(QObject):
         )
 
     def _reply_in_process(self, cid: int, messages: list[dict], sampling, cancel: threading.Event):
-        conversation = self.conversations.get(cid)
-        if conversation is None:
-            conversation = self.conversations[cid] = self.engine.new_conversation()
-        gen = self.engine.chat(conversation, messages, sampling, cancel=cancel,
+        # switching back to a chat reuses what the engine still caches of its history (found by its tokens)
+        gen = self.engine.chat(messages, sampling, cancel=cancel,
                                progress=lambda done, total: self.prefill_progress.emit(cid, done, total))
         for event in gen:
             if event.text:
@@ -311,13 +304,6 @@ class EngineWorker(QObject):
             self.token.emit(cid, text)
         return stream.result
 
-    @Slot(int)
-    def forget(self, conversation_id: int) -> None:
-        """A deleted chat: free its cached tokens at once (a child's server evicts them when it needs the room)."""
-        conversation = self.conversations.pop(conversation_id, None)
-        if conversation is not None and self.engine is not None:
-            self.engine.release(conversation)
-
     def _count_tokens(self, messages: list[dict]) -> int:
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         if isinstance(ids, str):
@@ -334,7 +320,6 @@ class EngineClient(QObject):
     _serve = Signal(object)
     _unload = Signal()
     _chat = Signal(object)
-    _forget = Signal(int)
     _connect_remote = Signal(object, object, object)
 
     def __init__(self, parent=None, *, use_process: bool | None = None):
@@ -350,7 +335,6 @@ class EngineClient(QObject):
         self._serve.connect(self.worker.set_serve)
         self._unload.connect(self.worker.unload)
         self._chat.connect(self.worker.chat)
-        self._forget.connect(self.worker.forget)
         self._connect_remote.connect(self.worker.connect_remote)
         self.thread.start()
         self._load_cancel: threading.Event | None = None
@@ -386,8 +370,8 @@ class EngineClient(QObject):
         self._chat.emit(request)
 
     def forget(self, conversation_id: int) -> None:
-        """Free what the engine caches for a deleted chat (queued behind a reply being stopped)."""
-        self._forget.emit(conversation_id)
+        """A deleted chat: nothing to free now. Wherever the engine runs (here, its child, a server), it keeps chats'
+        K/V by their tokens and evicts the least recently used when a reply needs the room."""
 
     def stop(self) -> None:
         """Stop the reply being generated; the worker finishes it with finish_reason 'cancelled'."""

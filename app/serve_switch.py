@@ -1,6 +1,6 @@
 """Serve: the loaded model for other programs (editors, agents, scripts) through the engine's own OpenAI API.
 
-The app's engine is a `stowage serve` child (engine/engine_process.py); while nothing is served it listens on a
+The app's engine is a `stowage serve` child (engine/process/engine_process.py); while nothing is served it listens on a
 private Unix socket (a loopback port where there are none) with a key of its own. Serve on restarts it on the
 chosen port, on this computer or on every address ("Allow other computers"), with the key kept between runs, and
 with "Sequences" generated at once so that another program's request does not wait behind the window's chat.

@@ -27,7 +27,7 @@ from stowage.engine.planning.budgets import detect_budgets
 from stowage.engine.runtime.engine import Engine
 from stowage.engine.process.engine_process import EngineProcess
 from stowage.engine.errors import EngineCrashedError, GenerationCancelled
-from stowage.engine.formats.source import read_config, read_tokenizer
+from stowage.engine.formats.source import open_source
 from stowage.engine.planning.inspect import inspect
 from stowage.kernels import cpu_decode
 
@@ -156,15 +156,14 @@ class EngineWorker(QObject):
         self.loaded.emit(model_dir, time.perf_counter() - start)
 
     def _start_process(self, model_dir: Path, plan, progress, cancel: threading.Event) -> None:
-        # the plan's own request, planned again by the child against the memory free now
-        request = plan.request
-        tokenizer = read_tokenizer(model_dir)
-        tokenizer.use_builtin_template(read_config(model_dir).model_type)  # as Engine does, so counts agree
+        source = open_source(model_dir)
+        tokenizer = source.tokenizer
+        tokenizer.use_builtin_template(source.config.model_type)  # as Engine does, so counts agree
         threads = self.threads or max(1, cpu_decode.default_threads() - 1)  # the GUI a core (lower_priority)
-        # the plan's sequences: Serve's while it serves (the forecast counted their KV cache), else the chat's one
+        # the plan's own request, planned again by the child against the memory free now: its sequences are
+        # Serve's while it serves (the forecast counted their KV cache), else the chat's one
         self.process = EngineProcess.start(
-            model_dir, context_tokens=plan.context_tokens, dtype=request.dtype, kv_dtype=request.kv_dtype,
-            gpu_layers=request.gpu_layers, progress=progress, cancel=cancel, parallel=plan.num_seqs,
+            model_dir, plan.request, progress=progress, cancel=cancel,
             env={"OMP_NUM_THREADS": str(threads), cpu_decode.THREADS_ENV: str(threads)}, nice=ENGINE_NICE,
             **self.serve.listen())
         self.serving = self.serve.listening()

@@ -14,7 +14,7 @@ class TemplateError(ModelFormatError):
 
 
 class TemplateLimitError(TemplateError):
-    """The chat template ran past a limit on time, size, loops or nesting (engine/template_limits.py)."""
+    """The chat template ran past a limit on time, size, loops or nesting (engine/text/template_limits.py)."""
 
 
 class UnsupportedModelError(StowageError):
@@ -42,11 +42,11 @@ class StowageWarning(UserWarning):
 
 
 class RemoteError(StowageError):
-    """A server the client talks to (engine/client.py) could not be reached, refused a request, or failed."""
+    """A server the client talks to (engine/process/client.py) could not be reached, refused a request, or failed."""
 
 
 class EngineStartError(StowageError):
-    """The engine's child process (engine/engine_process.py) refused to start: its own message says why."""
+    """The engine's child process (engine/process/engine_process.py) refused to start: its own message says why."""
 
 
 class EngineCrashedError(StowageError):

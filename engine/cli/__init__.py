@@ -1,7 +1,7 @@
 """The engine's commands: `chat`, `generate`, `plan` and `serve` (stowage_entry.py sends `stowage` with no command to
 the GUI).
 
-`chat` and `generate` run the engine as the app does, in a child process (`stowage serve`, engine/engine_process.py):
+`chat` and `generate` run the engine as the app does, in a child process (`stowage serve`, engine/process/engine_process.py):
 a crash of the engine (a weights file truncated under it, the out-of-memory killer, a native fault) ends with
 one line saying so and exit status 2, and the text printed so far stays. `chat --remote URL` is the same
 conversation with any OpenAI-compatible server.

@@ -1,8 +1,8 @@
 """Model configuration read from a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 text),
 every value checked.
 
-Types are checked where config.json is read (`from_dict`, through engine/config_values.py), ranges in
-`__post_init__`; the file itself is read by engine/json_file.py, RoPE parameters by engine/rope_config.py.
+Types are checked where config.json is read (`from_dict`, through engine/formats/config_values.py), ranges in
+`__post_init__`; the file itself is read by engine/formats/json_file.py, RoPE parameters by engine/formats/rope_config.py.
 Sliding windows: `layer_windows` holds each layer's window (None: full attention) as transformers derives it
 (Mistral: `sliding_window` on every layer; Qwen2/3: only with `use_sliding_window`; Gemma: `layer_types`, else
 Gemma 2 alternates and Gemma 3 follows `sliding_window_pattern`). Gemma 3's sliding layers rotate with their
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .config_values import get_bool, get_float, get_int, get_optional_float, require
 from ..errors import ModelFormatError, UnsupportedModelError
-from .json_file import kind_of, read_json_object  # noqa: F401 (read_json_object: engine/checkpoint.py reads it here)
+from .json_file import kind_of, read_json_object  # noqa: F401 (read_json_object: engine/formats/checkpoint.py reads it here)
 from .rope_config import RopeConfig, rope_config
 
 # model_type -> architecture class names that config.json may carry for it
@@ -90,7 +90,7 @@ class ModelConfig:
                 f"config.json: num_attention_heads ({self.num_heads}) is not a multiple of "
                 f"num_key_value_heads ({self.num_kv_heads})"
             )
-        # rotary embeddings rotate pairs of dimensions (engine/rope.py)
+        # rotary embeddings rotate pairs of dimensions (engine/runtime/rope.py)
         require(self.head_dim % 2 == 0, f"head_dim must be even, got {self.head_dim}")
         require(math.isfinite(self.rms_norm_eps) and self.rms_norm_eps > 0,
                  f"rms_norm_eps must be a positive number, got {self.rms_norm_eps}")

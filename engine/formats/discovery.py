@@ -3,7 +3,7 @@ LM Studio's models folder and Ollama's store. Each is listed where it lies and o
 
 Ollama keeps a model as a manifest (manifests/<registry>/<namespace>/<model>/<tag>, JSON) that names its
 layers by digest; the layer of mediaType `application/vnd.ollama.image.model` is a GGUF file stored as
-blobs/sha256-<hex>, which engine/gguf.py opens by its magic. A store that cannot be read (a manifest that
+blobs/sha256-<hex>, which engine/formats/gguf.py opens by its magic. A store that cannot be read (a manifest that
 is not JSON, a blob that is missing) costs one note in `Discovery.notes`, never an exception.
 """
 

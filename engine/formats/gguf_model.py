@@ -1,7 +1,7 @@
 """A GGUF model as the engine reads a Hugging Face one: config from the metadata, tensors under HF names, tokenizer.
 
 llama.cpp names tensors `blk.N.attn_q.weight`, ...; `GGUFModel.specs` holds them under the names
-engine/layout.py uses (`model.layers.N.self_attn.q_proj.weight`), so the layout, the planner and the
+engine/formats/layout.py uses (`model.layers.N.self_attn.q_proj.weight`), so the layout, the planner and the
 loader read a GGUF model through the same record as a safetensors one. Three things differ from a
 Hugging Face checkpoint, and all are undone here:
 - llama.cpp's converter permutes the Q and K rows of "llama" files for its rotary layout
@@ -38,7 +38,7 @@ from ..text.gguf_tokenizer import GGUFTokenizer, tokenizer_from_gguf
 from .layout import EMBED, FINAL_NORM, LM_HEAD, layer_tensor_names
 from ..runtime.rope import inverse_frequencies
 
-# general.architecture -> the model_type engine/config.py builds (Mistral files say "llama")
+# general.architecture -> the model_type engine/formats/config.py builds (Mistral files say "llama")
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text"}
 PERMUTED_QK = frozenset({"llama"})  # architectures whose Q/K rows llama.cpp's converter permutes
 GEMMA = frozenset({"gemma2", "gemma3"})
@@ -165,7 +165,7 @@ class GGUFModel:
         return Matrices(tuple(sorted(in_layers, key=repr)), shape(embed), shape(lm_head))
 
     def weights(self, dtype: torch.dtype, converts: bool) -> "GGUFWeights":
-        """The tensors as the loader places them, for activations of `dtype` (engine/weights.py place)."""
+        """The tensors as the loader places them, for activations of `dtype` (engine/runtime/weights.py place)."""
         return GGUFWeights(self, dtype, converts)
 
     @cached_property
@@ -183,7 +183,7 @@ class GGUFModel:
 
 
 class GGUFWeights:
-    """What engine/weights.py place() reads: `tensor(name)` by HF name, mapped in place; matrices that compute in
+    """What engine/runtime/weights.py place() reads: `tensor(name)` by HF name, mapped in place; matrices that compute in
     tiles as QuantizedWeight, the rest as torch views of the file (bf16 through its int16 view, never copied)."""
 
     def __init__(self, model: GGUFModel, dtype: torch.dtype, converts: bool):

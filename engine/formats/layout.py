@@ -27,7 +27,7 @@ _NOT_WEIGHTS = frozenset(name_of(t) for *_, t in SAFETENSORS.values() if not t.i
 
 
 class TensorInfo(Protocol):
-    """What the layout needs to know of a stored tensor (engine/safetensors.py TensorSpec, GGUF tensor infos)."""
+    """What the layout needs to know of a stored tensor (engine/formats/safetensors.py TensorSpec, GGUF tensor infos)."""
 
     @property
     def dtype_name(self) -> str: ...  # "bfloat16", "float32", or a block format such as "q8_0"
@@ -161,7 +161,7 @@ class _Dim:
 
 
 def _expected_shapes(config: ModelConfig) -> dict[str, tuple[_Dim, ...]]:
-    """Short tensor name -> the shape the forward pass (engine/model.py) needs, for this config."""
+    """Short tensor name -> the shape the forward pass (engine/runtime/model.py) needs, for this config."""
     hidden = _Dim(config.hidden_size, "hidden_size")
     q = _Dim(config.num_heads * config.head_dim, "num_attention_heads*head_dim")
     kv = _Dim(config.num_kv_heads * config.head_dim, "num_key_value_heads*head_dim")

@@ -1,4 +1,4 @@
-"""The rotary embedding's parameters as config.json gives them, every value checked (engine/rope.py builds the tables).
+"""The rotary embedding's parameters as config.json gives them, every value checked (engine/runtime/rope.py builds the tables).
 
 transformers 5 writes `rope_parameters`, older files `rope_scaling` and a top-level `rope_theta`. Given both dicts,
 transformers keeps `rope_scaling` and silently drops `rope_parameters`; Stowage merges them and refuses a file in

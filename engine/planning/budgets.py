@@ -28,7 +28,7 @@ def default_ram_reserve(total_bytes: int) -> int:
 
 
 def default_kv_disk_budget(free_bytes: int) -> int:
-    """min(4 GiB, 10% of the free disk): conversations' K/V spilled there (engine/kv_store.py) without filling it."""
+    """min(4 GiB, 10% of the free disk): conversations' K/V spilled there (engine/serving/kv_store.py) without filling it."""
     return min(MAX_KV_DISK_BYTES, int(free_bytes * KV_DISK_FRACTION))
 
 
@@ -132,7 +132,7 @@ def detect_budgets(gpu_safety_bytes: int | None = None, ram_limit_bytes: int | N
 
 
 def detect_disk(folder: str | Path | None = None) -> DiskBudget:
-    """The KV spill folder (default: engine/kv_store.py's) and the space free on its disk now (0 if unreadable)."""
+    """The KV spill folder (default: engine/serving/kv_store.py's) and the space free on its disk now (0 if unreadable)."""
     from ..serving.kv_store import default_kv_dir
 
     folder = Path(folder) if folder is not None else default_kv_dir()

@@ -41,12 +41,12 @@ def compute_dtype_of(layout: ModelLayout, tensors: Mapping[str, TensorInfo], for
 
 def converted_names(layout: ModelLayout, tensors: Mapping[str, TensorInfo], compute: str,
                     forced: bool = False) -> frozenset[str]:
-    """The tensors the loader copies into `compute` (engine/weights.py place converts exactly these).
+    """The tensors the loader copies into `compute` (engine/runtime/weights.py place converts exactly these).
 
     With a forced dtype, every floating one. Otherwise the matrices stored as another float dtype (an fp16 up_proj
     in a bf16 model, float8 embeddings): a matmul takes one dtype. Vectors (norms, biases) stay as stored, since
     the forward converts them per call; so do a GGUF model's matrices, which compute in tiles as stored instead
-    (engine/gguf_model.py computes_in_tiles)."""
+    (engine/formats/gguf_model.py computes_in_tiles)."""
     def converts(spec: TensorInfo) -> bool:
         if spec.dtype_name not in _CONVERTIBLE:
             return False

@@ -132,7 +132,7 @@ class Plan:
     head_device: str
     note: str = ""
     model_name: str = field(default="", compare=False)
-    kv_disk_bytes: int = 0  # the budget of evicted conversations' K/V on disk (engine/kv_store.py); 0: none
+    kv_disk_bytes: int = 0  # the budget of evicted conversations' K/V on disk (engine/serving/kv_store.py); 0: none
     kv_disk_free_bytes: int = 0  # free space on the disk of kv_dir when planned
     kv_dir: str = ""  # where they are written
 

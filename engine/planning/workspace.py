@@ -2,7 +2,7 @@
 
 The attention scratch is the kernel's own statement (`workspace_bytes` of the ops `kernels.attention_ops`
 picks for the device), so the forecast follows whichever implementation will run there. The rest follows
-what engine/model.py allocates; docs/planner.md derives each term. GGUF matrices computed tile by tile add the
+what engine/runtime/model.py allocates; docs/planner.md derives each term. GGUF matrices computed tile by tile add the
 largest scratch one of their products states (kernels/quant_linear.py workspace_bytes, docs/gguf.md), and so do
 16-bit weights multiplied on widened fp32 tiles where the CPU's 16-bit products are slow (kernels/cpu_matmul.py).
 """
@@ -77,7 +77,7 @@ def layer_activation_bytes(config: ModelConfig, attention: ModuleType, *, contex
 
 
 def rope_rows(context_tokens: int) -> int:
-    """Rows of the rotary cos/sin tables: engine/rope.py builds one row per position the cache holds."""
+    """Rows of the rotary cos/sin tables: engine/runtime/rope.py builds one row per position the cache holds."""
     return context_tokens
 
 
@@ -88,7 +88,7 @@ def rope_table_bytes(config: ModelConfig, context_tokens: int, dtype: torch.dtyp
 
 
 def rope_build_bytes(config: ModelConfig, context_tokens: int) -> int:
-    """The fp32 temporaries on the CPU while a rotary table is built (engine/rope.py RotaryTable._build)."""
+    """The fp32 temporaries on the CPU while a rotary table is built (engine/runtime/rope.py RotaryTable._build)."""
     rows = rope_rows(context_tokens)
     # positions (fp32), the angles [rows, head_dim / 2] and one cos/sin temporary of the same size
     return rows * 4 + 2 * rows * (config.head_dim // 2) * 4

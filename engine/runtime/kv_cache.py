@@ -293,7 +293,7 @@ class KVCache:
         return torch.tensor([[g.table(s) + [-1] * (width - len(g.table(s))) for s in seqs] for g in self.groups],
                             dtype=torch.int32)
 
-    # -- a sequence's blocks out of the cache and back (engine/kv_store.py) ------------------------
+    # -- a sequence's blocks out of the cache and back (engine/serving/kv_store.py) ------------------------
     def held_range(self, seq: Sequence, group: int) -> tuple[int, int]:
         """The logical blocks [first, end) one group holds of seq's tokens (a window group's recycled ones before)."""
         table = self.groups[group].table(seq)

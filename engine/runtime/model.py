@@ -83,7 +83,7 @@ class Transformer:
                  max_positions: int, qk_order: torch.Tensor | None = None):
         self.config = config
         # [head_dim]: puts each head's Q/K outputs in Hugging Face order when the file stores the rows permuted
-        # (llama.cpp's llama files, engine/gguf_model.py); per device, as the layers are
+        # (llama.cpp's llama files, engine/formats/gguf_model.py); per device, as the layers are
         self.qk_order = {layer.device: qk_order.to(layer.device) for layer in layers} if qk_order is not None else None
         self.embed = embed  # the embeddings, on their device
         self.head = head  # the final norm and lm_head, on the head's device

@@ -1,5 +1,5 @@
-"""Chat templates rendered as Hugging Face does, in jinja2's immutable sandbox (engine/template_sandbox.py), under
-limits on time and size (engine/template_limits.py); the built-in formats for models that bring none."""
+"""Chat templates rendered as Hugging Face does, in jinja2's immutable sandbox (engine/text/template_sandbox.py), under
+limits on time and size (engine/text/template_limits.py); the built-in formats for models that bring none."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """What one chat-template render may spend (TemplateLimits), and the checks that keep it within: sizes of the
 values it builds, judged before they are built, and a Budget of time, loop iterations, printed text and depth.
 
-engine/template_sandbox.py wires these into jinja2's sandbox; engine/chat_template.py renders under a Budget.
+engine/text/template_sandbox.py wires these into jinja2's sandbox; engine/text/chat_template.py renders under a Budget.
 """
 
 from __future__ import annotations

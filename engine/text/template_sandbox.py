@@ -1,5 +1,5 @@
 """The jinja2 environment chat templates render in: the immutable sandbox, with every operation that can grow
-without bound (filters, operators, str methods, loops, macros, range) checked against engine/template_limits.py."""
+without bound (filters, operators, str methods, loops, macros, range) checked against engine/text/template_limits.py."""
 
 from __future__ import annotations
 

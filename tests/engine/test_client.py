@@ -1,4 +1,4 @@
-"""engine/client.py against a live `stowage serve` child (real HTTP), and `stowage chat --remote URL`."""
+"""engine/process/client.py against a live `stowage serve` child (real HTTP), and `stowage chat --remote URL`."""
 
 import os
 import subprocess

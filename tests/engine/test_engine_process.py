@@ -1,4 +1,4 @@
-"""The engine in a child process (engine/engine_process.py): real `stowage serve` children on a tiny model,
+"""The engine in a child process (engine/process/engine_process.py): real `stowage serve` children on a tiny model,
 killed and truncated for real; the caller survives and says how the engine died."""
 
 import os

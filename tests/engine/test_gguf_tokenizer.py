@@ -2,7 +2,7 @@
 tokens) exactly as the Hugging Face tokenizer of the same vocabulary does, for each pre-tokenizer we read.
 
 Vocabularies are trained here with the `tokenizers` library; each is written to a GGUF file the way
-convert_hf_to_gguf.py writes one. The references are independent of engine/gguf_tokenizer.py: the
+convert_hf_to_gguf.py writes one. The references are independent of engine/text/gguf_tokenizer.py: the
 tokenizer.json layout each model family publishes (Llama 3, Qwen2, SmolLM, GPT-2, Llama 2), built from
 transformers' own regexes and merge recovery, transformers' tokenizer classes, and transformers' GGUF loader.
 """

@@ -1,4 +1,4 @@
-"""Evicted conversations' K/V written to disk and read back (engine/kv_store.py) on real tiny models and files."""
+"""Evicted conversations' K/V written to disk and read back (engine/serving/kv_store.py) on real tiny models and files."""
 
 import os
 import threading

@@ -1,6 +1,6 @@
 """A checkpoint with a matrix in another float dtype than the rest loads and generates (issue 12, found by the fuzz).
 
-The loader copies such a matrix into the compute dtype (engine/weights.py place, the names from
+The loader copies such a matrix into the compute dtype (engine/runtime/weights.py place, the names from
 planning/inspect.py converted_names); the forecast counts that copy on the device that holds it, so the load
 holds exactly what the plan says. Everything else stays a view of the file.
 """

@@ -86,7 +86,7 @@ def test_workspace_shrinks_to_the_window():
 
 def _recycle(paged, lens, window, chunk=1):
     """Block tables with every block wholly before the window of a chunk's first query set to -1, as the
-    sliding-window cache (engine/kv_cache.py) leaves them."""
+    sliding-window cache (engine/runtime/kv_cache.py) leaves them."""
     tables = paged.block_tables.clone()
     block_size = paged.k_cache.shape[1]
     for i, n in enumerate(lens):

@@ -2,7 +2,7 @@
 
 Names, metadata keys, the Q/K row permutation of llama files, Llama 3's `rope_freqs.weight` and the
 tokenizer metadata follow the converter; only what the tiny models use is written. Kept apart from the
-engine's own mapping (engine/gguf_model.py) so the tests check one against the other.
+engine's own mapping (engine/formats/gguf_model.py) so the tests check one against the other.
 """
 
 from __future__ import annotations

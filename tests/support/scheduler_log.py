@@ -1,4 +1,4 @@
-"""A record of what the server's scheduler emits, for tests that drive engine/server/scheduler.py directly."""
+"""A record of what the server's scheduler emits, for tests that drive engine/serving/scheduler.py directly."""
 
 from __future__ import annotations
 

@@ -90,7 +90,7 @@ class Generation:
 
     def _run(self) -> Iterator[TokenEvent]:
         events: deque[object] = deque()
-        # the request's own: set when the caller's is, and when the caller stops iterating (the caller's stays as it was)
+        # the request's own: set when the caller's is, and when the caller stops iterating (never the caller's)
         cancel = threading.Event()
         r = self.result = self.scheduler.submit(self.prompt_ids, self.sampling, events.append, cancel)
         last: object = None  # the request's last event: its result, or the error that ended it

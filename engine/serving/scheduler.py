@@ -2,9 +2,9 @@
 
 `Scheduler.step` drives every reply: the server's scheduler thread calls it for the requests of all its clients,
 and an in-process reply (Engine.generate, runtime/generation.py) calls it on the thread that iterates it, on the
-engine's own scheduler of one sequence. One step runs at most one prefill chunk (so one long prompt does not stall the other streams), then one
-decode step for every sequence that has a token to feed: one pass over the weights for all of them
-(`Transformer.decode_step`), attention per sequence through its block table. The KV cache is planned for
+engine's own scheduler of one sequence. One step runs at most one prefill chunk (so one long prompt does not stall
+the other streams), then one decode step for every sequence that has a token to feed: one pass over the weights for
+all of them (`Transformer.decode_step`), attention per sequence through its block table. The KV cache is planned for
 `max_running` sequences of the whole context, so a running sequence always finds room once idle cached
 conversations are evicted (prefix_pool.py): blocks it shares with others are counted once, which only lowers use.
 

@@ -104,18 +104,15 @@ def test_deleting_a_chat_while_it_replies_stops_the_reply(app_driver, tiny_model
     window.settings_panel.max_tokens.setValue(900)
     chat = window.chat
 
-    deleted = []
-
     def send_then_delete():
         app_driver.send(window, "Tell me a long story")
         qtbot.waitUntil(lambda: len(chat.view.reply_text) > 3, timeout=app_driver.timeout_ms)
-        deleted.append(chat.conversation_id)
         window.conversations.delete(chat.conversation_id)
 
     reply = app_driver.reply(window, send_then_delete)
     assert reply.finish_reason == "cancelled" and reply.completion_tokens < 900
-    # Its cached tokens are freed too (the engine thread does it once the stopped reply has ended).
-    qtbot.waitUntil(lambda: deleted[0] not in window.client.worker.conversations, timeout=app_driver.timeout_ms)
+    # Its cached tokens are freed too: the engine releases a cancelled reply's K/V as it ends it (the app keeps no
+    # handle per chat; tests/engine/test_server_batching.py checks the engine's side)
     assert chat.send_button.isEnabled() and not chat.stop_button.isEnabled()
     assert window.store.conversations() == []  # nothing was stored for the deleted chat
     assert chat.view.widgets == []

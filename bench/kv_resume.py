@@ -2,11 +2,11 @@
 
     .venv/bin/python bench/kv_resume.py [--shape 360m] [--tokens 4000] [--runs 3] [--threads 2]
 
-In-process, as `stowage serve` runs it (engine/server/scheduler.py, one sequence of --tokens + 512 context):
+In-process, as `stowage serve` runs it (engine/serving/scheduler.py, one sequence of --tokens + 512 context):
 chat A (--tokens random token ids), then chat B of the same length, whose blocks need A's, so A is evicted;
 then A's next turn (its history + its reply + 8 new tokens), B's, A's, ... one switch each run. With the disk
 store off (--kv-disk-budget 0) every switch prefills the whole history again; with it, the evicted chat was
-written to a file (engine/kv_store.py) and is read back. "cold": the file's pages are dropped from the page
+written to a file (engine/serving/kv_store.py) and is read back. "cold": the file's pages are dropped from the page
 cache before the switch (fdatasync + posix_fadvise DONTNEED on that file only), so it is read from the disk.
 Reports the medians of --runs switches, the write time at eviction, the file size and the load average.
 """

@@ -4,7 +4,7 @@ with the requests sharing the prompt's blocks (KVCache.share) and without.
     .venv/bin/python bench/prefix_sharing.py [--shape 360m] [--streams 4] [--system 600] [--tail 24] [--reply 16]
                                              [--threads 2] [--modes off,on]
 
-In-process, as `stowage serve` runs it (engine/server/scheduler.py, --streams sequences of system + tail + reply
+In-process, as `stowage serve` runs it (engine/serving/scheduler.py, --streams sequences of system + tail + reply
 tokens, no disk store): --streams requests, each --system random token ids in common and a --tail of its own, are
 submitted together (admitted in one scheduler step, prefilled one after another) and decode --reply greedy tokens.
 "off" is the engine with sharing taken out (KVCache.num_shareable answers 0: every request prefills its whole

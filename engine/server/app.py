@@ -2,7 +2,7 @@
 
 Handlers only validate, tokenize and wait: the scheduler thread does all the engine's work and hands events
 back through the event loop. Nothing a request says can reach the filesystem: a load names a model by the id
-this machine lists it under (engine/discovery.py), never by a path.
+this machine lists it under (engine/formats/discovery.py), never by a path.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ class PrefixPool:
     - share the whole blocks of the prefix with any cached sequence, idle or running (KVCache.share): both hold
       them read-only, and the new request computes its own blocks from the first one not in common.
     When running sequences need blocks, the least recently used idle ones are evicted: written to the plan's disk
-    store first (engine/kv_store.py) when it has one, from where a later request reads back what it shares instead
+    store first (engine/serving/kv_store.py) when it has one, from where a later request reads back what it shares instead
     of prefilling it. An evicted conversation frees only the blocks no running sequence shares. The server's end
     (clear) writes the idle ones too, so a restart resumes them.
     """

@@ -8,6 +8,7 @@ import openai
 import pytest
 from processes import TIMEOUT_S, free_port, openai_client
 
+from stowage.engine.planning.plan import PlanRequest
 from stowage.app.model_settings import open_settings
 from stowage.app.serve_settings import (
     ServeSettings, lan_address, load_serve_settings, save_serve_settings, url_for_others,
@@ -82,7 +83,9 @@ def test_each_setting_restarts_the_engine_with_it_and_is_remembered(app_driver, 
     process = restart(qtbot, window, lambda: serve.sequences.setValue(1))
     assert window.loaded_plan.num_seqs == 1
     assert 2 * process.server.plan()["devices"][-1]["kv_bytes"] == 2 * window.loaded_plan.kv_bytes == two_kv
-    assert "--parallel\x001\x00" in open(f"/proc/{process.pid}/cmdline").read()
+    # the plan's request crosses whole (serve --plan-request), its one sequence with it
+    argv = open(f"/proc/{process.pid}/cmdline").read().split("\x00")
+    assert PlanRequest.from_json(argv[argv.index("--plan-request") + 1]).num_seqs == 1
 
     # a new key: the old one is refused from now on
     restart(qtbot, window, serve.new_key.click)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from factory import make_model, run_fresh
 
-# Engine.load does not pass the model's windows to KVCache yet (engine/engine.py, docs/gemma.md): here the
+# Engine.load does not pass the model's windows to KVCache yet (engine/runtime/engine.py, docs/gemma.md): here the
 # cache is built with them, as the load will build it, and the rest is the load as it is.
 MEASURE = """
 import functools, json, sys

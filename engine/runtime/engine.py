@@ -108,7 +108,7 @@ class Engine:
                      converted=converted)
         layers = load_layers(checkpoint, layout.layers, layer_devices, plan.layer_devices, dtype, report,
                              is_cancelled, converted)
-        model = Transformer(config, embed, head, layers, cache.max_tokens, qk_order=source.qk_order)
+        model = Transformer(config, embed, head, layers, cache.context_tokens, qk_order=source.qk_order)
         # The objects a load leaves (tokenizer tables, tensor records) live as long as the model: out of the
         # collector's way, so the few objects each decode step makes do not have them scanned again and again
         # (measured: the collector was 5-7% of a small model's decode step). The young generations only: a full
@@ -143,7 +143,7 @@ class Engine:
         if bad is not None:
             raise InvalidArgumentError(f"the prompt holds token id {bad!r:.40}, but {self.name}'s token ids are "
                                        f"integers from 0 to {rows - 1:,}; tokenize with the model's own tokenizer")
-        context = self.cache.max_tokens
+        context = self.cache.context_tokens
         if len(prompt_ids) >= context:
             raise InsufficientMemoryError(f"the prompt takes {len(prompt_ids):,} tokens, but the context holds "
                                           f"{context:,} with at least one left for the reply; shorten it, or load "

@@ -147,18 +147,18 @@ def first_held(table: list[int]) -> int:
 
 
 class KVCache:
-    """Per-layer K/V block pools, each on its layer's device, sized for exactly num_tokens per sequence.
+    """Per-layer K/V block pools, each on its layer's device, sized for exactly context_tokens per sequence.
 
     `layer_windows` (ModelConfig.layer_windows; () when every layer is full) and `prefill_chunk` (the most
     tokens one forward adds) size the window groups. A window that reaches the whole context is a full layer here."""
 
-    def __init__(self, spec: CacheSpec, layer_devices: list[torch.device], num_tokens: int, num_seqs: int = 1, *,
+    def __init__(self, spec: CacheSpec, layer_devices: list[torch.device], context_tokens: int, num_seqs: int = 1, *,
                  layer_windows: tuple[int | None, ...] = (), prefill_chunk: int = PREFILL_CHUNK):
         self.spec = spec
-        self.max_tokens = num_tokens
+        self.context_tokens = context_tokens  # what one sequence may hold: the plan's context
         self.prefill_chunk = prefill_chunk
         assert not layer_windows or len(layer_windows) == len(layer_devices), "one window (or None) per layer"
-        kept = {w: spec.blocks_per_seq(num_tokens, w, prefill_chunk) for w in set(layer_windows) | {None}}
+        kept = {w: spec.blocks_per_seq(context_tokens, w, prefill_chunk) for w in set(layer_windows) | {None}}
         windows = [w if kept[w] < kept[None] else None for w in layer_windows or [None] * len(layer_devices)]
         keys = sorted(set(windows), key=lambda w: -1 if w is None else w)  # the full group first
         self.groups = [CacheGroup(w, kept[w], BlockAllocator(num_seqs * kept[w])) for w in keys]

@@ -118,7 +118,7 @@ def serve(engine, sock: socket.socket, defaults, *, api_key: str | None) -> None
     server = http_server(serving, api_key=api_key)
     print(url, flush=True)  # the one line on stdout: a parent process reads the port from it
     api = url if url.startswith(UNIX_SCHEME) else f"{url}/v1"
-    sys.stderr.write(f"serving {engine.name} at {api} ({parallel} x {engine.cache.max_tokens:,}-token "
+    sys.stderr.write(f"serving {engine.name} at {api} ({parallel} x {engine.cache.context_tokens:,}-token "
                      f"sequences{', API key required' if api_key else ''}); Ctrl-C stops\n")
     try:
         server.run(sockets=[sock])

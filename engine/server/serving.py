@@ -61,7 +61,7 @@ class Served:
         self.created = int(time.time())
         # fixed once loaded (the KV cache is allocated whole), and read here rather than from the event loop while
         # the scheduler thread runs the engine; kept after close, for handlers that read them during a swap
-        self.context_tokens = self.engine.cache.max_tokens
+        self.context_tokens = self.engine.cache.context_tokens
         self.memory_report = self.engine.memory_report()
         self._lock = threading.Lock()
         self._cancels: set[threading.Event] = set()  # the open requests' cancel events

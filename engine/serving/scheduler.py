@@ -93,7 +93,7 @@ class _Request:
             if text:
                 r.text += text
                 self.send(TokenEvent(token, text))
-        reason = self.stop_reason(engine.cache.max_tokens)
+        reason = self.stop_reason(engine.cache.context_tokens)
         if reason is not None:
             self.finish(reason)
         else:
@@ -194,7 +194,7 @@ class Scheduler:
         for request in admitted:
             self._admit(request)
         for request in self._running:  # cancelled since the last step
-            reason = request.stop_reason(self.engine.cache.max_tokens)
+            reason = request.stop_reason(self.engine.cache.context_tokens)
             if reason is not None and request.result.finish_reason is None:
                 request.finish(reason)
         prefilling = next((r for r in self._running if r.is_prefilling and r.result.finish_reason is None), None)
@@ -220,7 +220,7 @@ class Scheduler:
         self.pool.clear()
 
     def _admit(self, request: _Request) -> None:
-        reason = request.stop_reason(self.engine.cache.max_tokens)
+        reason = request.stop_reason(self.engine.cache.context_tokens)
         if reason is not None:  # cancelled while it waited: leave the cached conversations as they are
             request.finish(reason)
             return self._answer(request, request.result)

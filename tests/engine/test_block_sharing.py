@@ -120,7 +120,7 @@ def grow(cache, seq, n):
 
 
 def test_share_holds_the_whole_blocks_read_only_and_writes_start_in_a_block_of_its_own():
-    cache = KVCache(SPEC, [torch.device("cpu")], num_tokens=16, num_seqs=2)  # 8 blocks
+    cache = KVCache(SPEC, [torch.device("cpu")], context_tokens=16, num_seqs=2)  # 8 blocks
     a, b = Sequence(), Sequence()
     grow(cache, a, 10)  # blocks 0, 1 full; 2 holds 2 tokens
     assert cache.num_shareable(a, 10) == 8 and cache.num_shareable(a, 7) == 4
@@ -136,7 +136,7 @@ def test_share_holds_the_whole_blocks_read_only_and_writes_start_in_a_block_of_i
 
 
 def test_truncate_inside_a_shared_block_keeps_whole_blocks_only():
-    cache = KVCache(SPEC, [torch.device("cpu")], num_tokens=16, num_seqs=2)
+    cache = KVCache(SPEC, [torch.device("cpu")], context_tokens=16, num_seqs=2)
     a, b = Sequence(), Sequence()
     grow(cache, a, 12)
     cache.share(b, a, 12)  # all three blocks
@@ -150,7 +150,7 @@ def test_truncate_inside_a_shared_block_keeps_whole_blocks_only():
 
 
 def test_can_fit_counts_shared_blocks_once():
-    cache = KVCache(SPEC, [torch.device("cpu")], num_tokens=16, num_seqs=1)  # 4 blocks
+    cache = KVCache(SPEC, [torch.device("cpu")], context_tokens=16, num_seqs=1)  # 4 blocks
     a, b = Sequence(), Sequence()
     grow(cache, a, 12)  # 3 blocks held, 1 free
     cache.share(b, a, 12)

@@ -91,7 +91,7 @@ def recycling(engine):
     """The engine over the sliding-window cache, built as Engine.load builds its cache once it passes the model's
     windows and the plan's chunk (docs/gemma.md, "Left of issue 13")."""
     old = engine.cache
-    engine.cache = KVCache(old.spec, [k.device for k in old.k_cache], old.max_tokens, engine.plan.num_seqs,
+    engine.cache = KVCache(old.spec, [k.device for k in old.k_cache], old.context_tokens, engine.plan.num_seqs,
                            layer_windows=engine.config.layer_windows, prefill_chunk=engine.plan.prefill_chunk)
     return engine
 

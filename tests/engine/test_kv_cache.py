@@ -16,7 +16,7 @@ def test_llama_8b_shape_32k_tokens_is_exactly_4_gib():
 
 def test_allocate_reserves_exactly_ceil_blocks_and_the_formula_bytes():
     spec = CacheSpec(num_kv_heads=2, head_dim=16, dtype=torch.bfloat16, block_size=16)
-    cache = KVCache(spec, [torch.device("cpu")] * 3, num_tokens=100, num_seqs=2)
+    cache = KVCache(spec, [torch.device("cpu")] * 3, context_tokens=100, num_seqs=2)
     assert cache.allocator.num_blocks == 2 * math.ceil(100 / 16) == 14
     # S * ceil(T/B) * B * 2 * kv_heads * head_dim * b per layer, times 3 layers
     assert cache.num_bytes == 3 * 2 * 7 * 16 * 2 * 2 * 16 * 2 == spec.layer_bytes(100, 2) * 3
@@ -24,7 +24,7 @@ def test_allocate_reserves_exactly_ceil_blocks_and_the_formula_bytes():
 
 def test_slots_follow_the_block_table_and_truncate_frees_blocks():
     spec = CacheSpec(num_kv_heads=1, head_dim=4, dtype=torch.float32, block_size=4)
-    cache = KVCache(spec, [torch.device("cpu")], num_tokens=16)
+    cache = KVCache(spec, [torch.device("cpu")], context_tokens=16)
     seq = Sequence()
     slots = cache.reserve(seq, 6)
     seq.token_ids.extend(range(6))

@@ -110,9 +110,9 @@ class Engine:
                              is_cancelled, converted)
         model = Transformer(config, embed, head, layers, cache.context_tokens, qk_order=source.qk_order)
         # The objects a load leaves (tokenizer tables, tensor records) live as long as the model: out of the
-        # collector's way, so the few objects each decode step makes do not have them scanned again and again
-        # (measured: the collector was 5-7% of a small model's decode step). The young generations only: a full
-        # collection walks every object torch left (~130-200 ms of a 0.3 s GGUF load) and found no garbage there.
+        # collector's way, so the few objects each decode step makes do not have them scanned again and again.
+        # The young generations only: a full collection walks every object torch left, a large part of a small
+        # load, and found no garbage there (docs/benchmarks.md, "Figures behind code comments").
         gc.collect(1)
         gc.freeze()
         report(1.0, "loaded")

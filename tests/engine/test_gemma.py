@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 from stowage.engine.formats.config import ModelConfig
 from stowage.engine.runtime.engine import Engine
 from stowage.engine.errors import UnsupportedModelError
-from stowage.engine.runtime.kv_cache import KVCache, Sequence
+from stowage.engine.runtime.kv_cache import Sequence
 from stowage.engine.runtime.sampler import SamplingParams
 
 TOLERANCE = 1e-4  # fp32 logits, max abs difference (measured: <= 1.1e-5, logits up to ~7)
@@ -88,11 +88,9 @@ LONG_PROMPT = [3 + (7 * i) % 500 for i in range(150)]  # 150 tokens: ~19 windows
 
 
 def recycling(engine):
-    """The engine over the sliding-window cache, built as Engine.load builds its cache once it passes the model's
-    windows and the plan's chunk (docs/gemma.md, "Left of issue 13")."""
-    old = engine.cache
-    engine.cache = KVCache(old.spec, [k.device for k in old.k_cache], old.context_tokens, engine.plan.num_seqs,
-                           layer_windows=engine.config.layer_windows, prefill_chunk=engine.plan.prefill_chunk)
+    """The engine as loaded: Engine.load builds its cache with the model's windows and the plan's chunk, so the
+    window layers have a group of their own that recycles blocks."""
+    assert any(group.window is not None for group in engine.cache.groups), "the load gave the windows no group"
     return engine
 
 

@@ -7,16 +7,13 @@ import pytest
 import torch
 from factory import make_model, run_fresh
 
-# Engine.load does not pass the model's windows to KVCache yet (engine/runtime/engine.py, docs/gemma.md): here the
-# cache is built with them, as the load will build it, and the rest is the load as it is.
+# The load as it is: Engine.load builds the cache with the model's windows and the plan's chunk.
 MEASURE = """
-import functools, json, sys
+import json, sys
 import torch
 torch.set_num_threads(1)
-import stowage.engine.runtime.engine as runtime_engine
 from plan_check import _peak_rss, _reset_peak_rss, _warm_up
 from memory import rss_bytes
-from stowage.engine.formats.config import ModelConfig
 from stowage.engine.runtime.engine import Engine
 from stowage.engine.runtime.kv_cache import Sequence
 from stowage.engine.planning.budgets import given_budgets
@@ -27,8 +24,6 @@ from stowage.engine.units import GiB
 model_dir, tokens = sys.argv[1], int(sys.argv[2])
 p = plan(inspect(model_dir), PlanRequest(tokens, prefill_chunk=512), given_budgets([], 16 * GiB))
 assert p.fits, p.error
-runtime_engine.KVCache = functools.partial(runtime_engine.KVCache, prefill_chunk=p.prefill_chunk,
-                                          layer_windows=ModelConfig.from_dir(model_dir).layer_windows)
 _warm_up(torch.bfloat16)
 _reset_peak_rss()
 before = rss_bytes()

@@ -286,28 +286,28 @@ def max_context(info: ModelInfo, request: PlanRequest, budgets: Budgets) -> int:
 def plan(info: ModelInfo, request: PlanRequest, budgets: Budgets) -> Plan:
     """Place the KV cache, layers and non-layer tensors on the devices; never raises for lack of memory."""
     costs = _Costs(info, request)
-    tokens = request.context_tokens
-    devices = _place(costs, budgets, tokens, request.gpu_layers)
+    context_tokens = request.context_tokens
+    devices = _place(costs, budgets, context_tokens, request.gpu_layers)
     largest = _max_context(costs, budgets)
     layer_devices = ["cpu"] * info.num_layers
     for d in devices:
         for i in d.layers:
             layer_devices[i] = d.device
-    fits = _fits(devices) and tokens <= info.max_position_embeddings
+    fits = _fits(devices) and context_tokens <= info.max_position_embeddings
     if request.gpu_layers and not budgets.gpus:
         fits = False
     result = Plan(
-        fits=fits, error=None, request=request, context_tokens=tokens, max_context_tokens=largest,
+        fits=fits, error=None, request=request, context_tokens=context_tokens, max_context_tokens=largest,
         num_layers=info.num_layers, max_position_embeddings=info.max_position_embeddings, dtype=costs.dtype_name,
         kv_dtype=costs.kv_dtype, block_size=request.block_size,
-        prefill_chunk=min(request.prefill_chunk, tokens),
+        prefill_chunk=min(request.prefill_chunk, context_tokens),
         devices=devices, layer_devices=tuple(layer_devices), embed_device=EMBED_DEVICE,
         head_device=layer_devices[-1], note=budgets.note, model_name=info.model_dir.name,
         **_kv_disk(request, budgets.disk),
     )
     if fits:
         return result
-    auto = _place(costs, budgets, tokens, None) if request.gpu_layers else devices
+    auto = _place(costs, budgets, context_tokens, None) if request.gpu_layers else devices
     max_gpu_layers = sum(len(d.layers) for d in auto if d.device != "cpu")
     reference = _place(costs, budgets, largest, request.gpu_layers) if largest else devices
     return replace(result, error=error_text(result, budgets, reference, max_gpu_layers))
@@ -332,12 +332,12 @@ def error_text(plan: Plan, budgets: Budgets, reference: tuple, max_gpu_layers: i
 
     `reference`: the device plans of the largest context that fits (this plan's own when none does).
     """
-    request, tokens = plan.request, plan.context_tokens
+    request, context_tokens = plan.request, plan.context_tokens
     limit = plan.max_position_embeddings
     clauses: list[str] = []
     advice: list[str] = []
-    if tokens > limit:
-        clauses.append(f"a {tokens:,}-token context is longer than the model's {limit:,} positions "
+    if context_tokens > limit:
+        clauses.append(f"a {context_tokens:,}-token context is longer than the model's {limit:,} positions "
                        "(max_position_embeddings in config.json)")
         advice.append(f"at most {limit:,} tokens")
     elif request.gpu_layers and not budgets.gpus:
@@ -349,8 +349,9 @@ def error_text(plan: Plan, budgets: Budgets, reference: tuple, max_gpu_layers: i
         left = [(d.label, max(0, d.budget_bytes - d.weights_bytes - d.workspace_bytes))
                 for d in reference if d.layers or d.budget_bytes]
         where = " and ".join(format_bytes(n) + (" in RAM" if label == "RAM" else f" on {label}") for label, n in left)
-        clauses.append(f"a {tokens:,}-token context needs {format_bytes(plan.kv_bytes)} of KV cache ({plan.kv_dtype}); "
-                       f"after the weights and workspace, {format_bytes(sum(n for _, n in left))} is left for it"
+        clauses.append(f"a {context_tokens:,}-token context needs {format_bytes(plan.kv_bytes)} of KV cache "
+                       f"({plan.kv_dtype}); after the weights and workspace, "
+                       f"{format_bytes(sum(n for _, n in left))} is left for it"
                        + (f": {where}" if len(left) > 1 else f" {where.split(' ', 2)[2]}"))
         by_device = {b.device: b for b in budgets.devices}
         for d in plan.devices:

@@ -143,11 +143,11 @@ class Engine:
         if bad is not None:
             raise InvalidArgumentError(f"the prompt holds token id {bad!r:.40}, but {self.name}'s token ids are "
                                        f"integers from 0 to {rows - 1:,}; tokenize with the model's own tokenizer")
-        context = self.cache.context_tokens
-        if len(prompt_ids) >= context:
+        context_tokens = self.cache.context_tokens
+        if len(prompt_ids) >= context_tokens:
             raise InsufficientMemoryError(f"the prompt takes {len(prompt_ids):,} tokens, but the context holds "
-                                          f"{context:,} with at least one left for the reply; shorten it, or load "
-                                          "with a larger context")
+                                          f"{context_tokens:,} with at least one left for the reply; shorten it, "
+                                          "or load with a larger context")
         return Generation(self.scheduler, prompt_ids, sampling, cancel, progress=progress)
 
     def chat(self, messages: list[dict], sampling: SamplingParams, *, cancel: threading.Event | None = None,

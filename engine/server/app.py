@@ -307,10 +307,10 @@ class _Api:
 
     async def _complete(self, request: Request, served: Served, req: CompletionRequest, ids: list[int], *,
                         chat: bool):
-        context = served.context_tokens
-        room = context - len(ids)
+        context_tokens = served.context_tokens
+        room = context_tokens - len(ids)
         if not ids or room < 1:
-            raise ApiError(400, f"This model's maximum context length is {context:,} tokens, and your "
+            raise ApiError(400, f"This model's maximum context length is {context_tokens:,} tokens, and your "
                                 f"{'messages take' if chat else 'prompt takes'} {len(ids):,} tokens (at least one must be "
                                 "left for the reply); shorten them, or serve with a larger --context",
                            param="messages" if chat else "prompt", code="context_length_exceeded")

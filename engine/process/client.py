@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import httpx
 
@@ -27,18 +26,6 @@ Progress = Callable[[int, int], None]  # prompt tokens read so far, of the whole
 LoadProgress = Callable[[str, int, int], None]  # a load's stage, and bytes of the model loaded of all of them
 CONNECT_SECONDS = 10.0
 CANCEL_POLL_SECONDS = 0.1  # how soon a cancel ends a read that waits on a silent server
-
-
-@dataclass
-class RemoteResult(GenerationResult):
-    """A reply as the server reported it; token_ids are known only from a Stowage server."""
-
-    completion_tokens: int = 0
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        steps = max(self.completion_tokens - 1, 0)  # as GenerationResult's: the first token is prefill's
-        return steps / self.decode_seconds if self.decode_seconds else 0.0
 
 
 def sampling_fields(sampling: SamplingParams) -> dict:
@@ -216,7 +203,7 @@ class RemoteStream:
         self.body = {**body, **({"model": model} if model else {}), "stream": True,
                      "stream_options": {"include_usage": True}}
         self.chat = path.endswith("/chat/completions")
-        self.result = RemoteResult()
+        self.result = GenerationResult()  # token_ids only from a Stowage server; completion_tokens from any usage
 
     def __iter__(self) -> Iterator[str]:
         return self._run()
@@ -266,6 +253,7 @@ class RemoteStream:
             self.progress(stowage["prefill"]["done_tokens"], stowage["prefill"]["prompt_tokens"])
         if "token_ids" in stowage:
             r.token_ids = list(stowage["token_ids"])
+            r.completion_tokens = len(r.token_ids)
             for name in ("prefilled_tokens", "prefill_seconds", "decode_seconds", "first_token_seconds"):
                 setattr(r, name, stowage[name])
         if chunk.get("usage"):

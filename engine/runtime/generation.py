@@ -22,6 +22,7 @@ class TokenEvent:
 class GenerationResult:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
+    completion_tokens: int = 0  # tokens generated: token_ids' count, or a server's usage where it sends no ids
     finish_reason: str | None = None  # "stop" (EOS or stop string), "length", "context_full", "cancelled"
     prompt_tokens: int = 0
     reused_tokens: int = 0  # prompt tokens already in the cache from earlier turns
@@ -37,7 +38,7 @@ class GenerationResult:
     @property
     def decode_tokens_per_s(self) -> float:
         # the first token comes from prefill's logits; the rest each cost one decode step
-        steps = max(len(self.token_ids) - 1, 0)
+        steps = max(self.completion_tokens - 1, 0)
         return steps / self.decode_seconds if self.decode_seconds else 0.0
 
 

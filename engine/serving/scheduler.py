@@ -87,6 +87,7 @@ class _Request:
         self.stop_matched = token in engine.eos_ids
         if not self.stop_matched:
             r.token_ids.append(token)
+            r.completion_tokens += 1
             self.seen.append(token)
             engine.stats.generated_tokens += 1
             text, self.stop_matched = self.stops.feed(self.decoder.push(token))

@@ -1,10 +1,12 @@
 """engine/process/client.py against a live `stowage serve` child (real HTTP), and `stowage chat --remote URL`."""
 
+import json
 import os
 import subprocess
 import sys
 import threading
 
+import httpx
 import pytest
 from factory import ROOT, make_model
 
@@ -75,6 +77,22 @@ def test_cancel_stops_the_stream_and_the_server_goes_on(engine):
             cancel.set()
     assert stream.result.finish_reason == "cancelled" and stream.result.text
     assert "".join(engine.server.chat([{"role": "user", "content": "Hi"}], GREEDY))
+
+
+def test_a_server_that_sends_no_token_ids_counts_the_reply_by_its_usage():
+    # vLLM, llama.cpp's server, Ollama: OpenAI's chunks and usage, no "stowage" field; the times are measured here
+    chunks = [{"choices": [{"delta": {"content": "One"}, "finish_reason": None}]},
+              {"choices": [{"delta": {"content": " two"}, "finish_reason": "length"}]},
+              {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}}]
+    body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    server = RemoteServer("http://other.test", trust_env=False)
+    server._http = httpx.Client(base_url=server.base_url,
+                                transport=httpx.MockTransport(lambda request: httpx.Response(200, text=body)))
+    stream = server.chat([{"role": "user", "content": "Count"}], GREEDY)
+    assert "".join(stream) == "One two"
+    r = stream.result
+    assert r.token_ids == [] and (r.prompt_tokens, r.completion_tokens, r.finish_reason) == (5, 2, "length")
+    assert r.decode_seconds > 0 and r.decode_tokens_per_s == 1 / r.decode_seconds  # one step after prefill's token
 
 
 def test_only_the_fields_that_ask_for_something_are_sent():

@@ -300,11 +300,12 @@ class ChatPanel(QWidget):
         return next(m for m in self.store.messages(self._generating_for) if m.id == self._reply_id)
 
     def _reply_finished(self, reply: Reply) -> None:
+        r = reply.result
         meta = self._reply_meta(
-            reply.finish_reason, tokens_per_s=round(reply.decode_tokens_per_s, 2), prompt_tokens=reply.prompt_tokens,
-            completion_tokens=reply.completion_tokens, first_token_s=round(reply.first_token_seconds, 3),
-            prompt_tokens_per_s=round(reply.prefill_tokens_per_s, 1))
-        message = self._store_reply(reply.text, meta)
+            r.finish_reason, tokens_per_s=round(r.decode_tokens_per_s, 2), prompt_tokens=r.prompt_tokens,
+            completion_tokens=r.completion_tokens, first_token_s=round(r.first_token_seconds, 3),
+            prompt_tokens_per_s=round(r.prefill_tokens_per_s, 1))
+        message = self._store_reply(r.text, meta)
         self._generating_for = None
         self.prompt_progress.finish()
         if reply.conversation_id == self.conversation_id:
@@ -312,8 +313,8 @@ class ChatPanel(QWidget):
                 self.show_conversation(self.conversation_id)
             else:
                 self.view.end_reply(message)
-            self.counter.setText(f"{reply.decode_tokens_per_s:.1f} tokens/s · " + self._context_text(reply.context_tokens))
-            if reply.finish_reason == "context_full":
+            self.counter.setText(f"{r.decode_tokens_per_s:.1f} tokens/s · " + self._context_text(reply.context_tokens))
+            if r.finish_reason == "context_full":
                 self.show_error(self._context_full_text())
         self._update_buttons()
         self.reply_done.emit(reply)

@@ -8,6 +8,8 @@ import traceback
 from dataclasses import dataclass, field
 
 from stowage.engine.errors import StowageError
+from stowage.engine.runtime.generation import GenerationResult
+from stowage.engine.runtime.sampler import SamplingParams
 
 from . import context_policy
 
@@ -17,7 +19,7 @@ class ChatRequest:
     conversation_id: int
     system: list[dict]  # [] or [{"role": "system", "content": ...}]
     messages: list[dict]  # the conversation, oldest first
-    sampling: object  # engine.sampler.SamplingParams
+    sampling: SamplingParams
     policy: str = context_policy.STOP
     cancel: threading.Event = field(default_factory=threading.Event)
 
@@ -32,19 +34,15 @@ class ReplyStarted:
 
 @dataclass(frozen=True)
 class Reply:
+    """A finished reply: the engine's own record of it (in process, from the engine's child or a server)."""
+
     conversation_id: int
-    text: str
-    finish_reason: str  # "stop" | "length" | "cancelled" | ...
-    prompt_tokens: int
-    completion_tokens: int
-    reused_tokens: int
-    decode_tokens_per_s: float
-    prefill_tokens_per_s: float
-    first_token_seconds: float = 0.0  # from the start of the prompt's prefill
+    result: GenerationResult
 
     @property
     def context_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
+        """The tokens of the context this reply filled: its prompt and its own."""
+        return self.result.prompt_tokens + self.result.completion_tokens
 
 
 def describe_error(error: BaseException) -> str:

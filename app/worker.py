@@ -4,7 +4,7 @@ Only this module calls the engine's load/chat; every result comes back to the GU
 so no widget is ever touched from the worker thread. Cancelling uses threading.Event, which the GUI
 thread may set at any time.
 
-The engine runs in a child process (engine/engine_process.py: `stowage serve` on a private Unix socket, or where
+The engine runs in a child process (engine/process/engine_process.py: `stowage serve` on a private Unix socket, or where
 Serve asks, with a key): a crash of the engine (the out-of-memory killer, SIGBUS from a weights file changed under
 the model, a native fault) is then a failed reply, and the window, its chats and the partial reply stay; the next
 Load starts a fresh child, and Unload returns all of its memory at once. STOWAGE_ENGINE_PROCESS=0 runs the engine
@@ -264,20 +264,7 @@ class EngineWorker(QObject):
             log_unexpected(e)
             self.reply_failed.emit(cid, describe_error(e))
             return
-        self.reply_finished.emit(
-            Reply(
-                conversation_id=cid,
-                text=r.text,
-                finish_reason=r.finish_reason,
-                prompt_tokens=r.prompt_tokens,
-                # a server that sends no token ids (vLLM, Ollama, ...): the count of its usage
-                completion_tokens=len(r.token_ids) or getattr(r, "completion_tokens", 0),
-                reused_tokens=getattr(r, "reused_tokens", 0),
-                decode_tokens_per_s=getattr(r, "decode_tokens_per_s", 0.0) or 0.0,
-                prefill_tokens_per_s=getattr(r, "prefill_tokens_per_s", 0.0) or 0.0,
-                first_token_seconds=r.first_token_seconds,
-            )
-        )
+        self.reply_finished.emit(Reply(cid, r))
 
     def _reply_in_process(self, cid: int, messages: list[dict], sampling, cancel: threading.Event):
         # switching back to a chat reuses what the engine still caches of its history (found by its tokens)

@@ -54,7 +54,7 @@ def test_drop_oldest_turns_marks_where_memory_starts(app_driver, tiny_model_dir)
     assert count([{"role": "user", "content": LONG}]) > 150  # three of them cannot fit in 512 tokens
     for _ in range(3):
         last = app_driver.reply(window, lambda: app_driver.send(window, LONG))
-        assert last.prompt_tokens <= 512
+        assert last.result.prompt_tokens <= 512
     cid = window.chat.conversation_id
     row = window.store.conversation(cid)
     messages = window.store.messages(cid)
@@ -110,7 +110,7 @@ def test_deleting_a_chat_while_it_replies_stops_the_reply(app_driver, tiny_model
         window.conversations.delete(chat.conversation_id)
 
     reply = app_driver.reply(window, send_then_delete)
-    assert reply.finish_reason == "cancelled" and reply.completion_tokens < 900
+    assert reply.result.finish_reason == "cancelled" and reply.result.completion_tokens < 900
     # Its cached tokens are freed too: the engine releases a cancelled reply's K/V as it ends it (the app keeps no
     # handle per chat; tests/engine/test_server_batching.py checks the engine's side)
     assert chat.send_button.isEnabled() and not chat.stop_button.isEnabled()
@@ -151,7 +151,7 @@ def test_a_reply_that_fills_the_context_says_what_can_help(app_driver, tiny_mode
     app_driver.load(window, context_tokens=512)
     panel.max_tokens.setValue(2000)
     reply = app_driver.reply(window, lambda: app_driver.send(window, "Tell me everything"))
-    assert reply.finish_reason == "context_full"
+    assert reply.result.finish_reason == "context_full"
     used, total = _used_tokens(chat.counter.text())
     assert total == 512 and used <= 512
     text = chat.error.text()
@@ -160,7 +160,7 @@ def test_a_reply_that_fills_the_context_says_what_can_help(app_driver, tiny_mode
 
     panel.policy.setCurrentIndex(panel.policy.findData(DROP_OLDEST))
     reply = app_driver.reply(window, lambda: app_driver.send(window, "And then?"))
-    assert reply.finish_reason == "context_full"
+    assert reply.result.finish_reason == "context_full"
     assert "When full" not in chat.error.text() and POLICIES[DROP_OLDEST] not in chat.error.text()
 
 
@@ -175,8 +175,8 @@ def test_switching_back_to_a_chat_reuses_its_cache(app_driver, tiny_model_dir):
     window.conversations.select(chat_a)
     again = app_driver.reply(window, lambda: app_driver.send(window, "and more"))
     # Chat A's first turn was still cached: only the reply's tail and the new message are read again.
-    assert again.reused_tokens >= first.prompt_tokens
-    assert again.prompt_tokens - again.reused_tokens < first.prompt_tokens
+    assert again.result.reused_tokens >= first.result.prompt_tokens
+    assert again.result.prompt_tokens - again.result.reused_tokens < first.result.prompt_tokens
 
 
 def test_truncate_the_middle_says_the_first_exchange_is_still_remembered(app_driver, tiny_model_dir):

@@ -9,6 +9,7 @@ from stowage.app import chat_panel
 from stowage.app.chat_panel import ChatPanel
 from stowage.app.store import ConversationStore
 from stowage.app.worker import Reply, ReplyStarted
+from stowage.engine.runtime.generation import GenerationResult
 
 
 class FakeWorker(QObject):
@@ -74,7 +75,10 @@ def ask(panel, text="Count to three"):
 
 
 def reply(cid, text, reason="stop"):
-    return Reply(cid, text, reason, 12, 3, 0, 10.0, 100.0, 0.5)
+    # 2 decode steps in 0.2 s (10 tokens/s), 12 prompt tokens in 0.12 s (100 tokens/s)
+    return Reply(cid, GenerationResult(text=text, token_ids=[1, 2, 3], completion_tokens=3, finish_reason=reason,
+                                       prompt_tokens=12, prefilled_tokens=12, prefill_seconds=0.12,
+                                       decode_seconds=0.2, first_token_seconds=0.5))
 
 
 def test_the_reply_is_written_as_it_streams_and_kept_when_it_fails(panel, monkeypatch):

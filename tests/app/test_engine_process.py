@@ -37,9 +37,9 @@ def test_worker_signals_over_a_child(engine_client, qtbot, tiny_model_dir):
     with qtbot.waitSignal(worker.reply_finished, timeout=60_000) as done:
         engine_client.chat(ChatRequest(7, [], long_message, SamplingParams(temperature=0, max_tokens=4)))
     reply = done.args[0]
-    assert reply.conversation_id == 7 and reply.completion_tokens == 4 and reply.prompt_tokens > 512
+    assert reply.conversation_id == 7 and reply.result.completion_tokens == 4 and reply.result.prompt_tokens > 512
     qtbot.waitUntil(lambda: bool(progress), timeout=10_000)
-    assert progress[0] == (7, 512, reply.prompt_tokens)
+    assert progress[0] == (7, 512, reply.result.prompt_tokens)
     with qtbot.waitSignal(worker.unloaded, timeout=60_000):
         engine_client.unload()
     assert worker.process is None and (pid is None or not alive(pid))
@@ -80,6 +80,6 @@ def test_a_killed_engine_is_a_failed_reply_and_a_new_load_starts_a_fresh_one(app
     qtbot.waitUntil(lambda: window.loaded_dir is not None, timeout=app_driver.timeout_ms)
     window.settings_panel.max_tokens.setValue(4)
     reply = app_driver.reply(window, lambda: app_driver.send(window, "Again"))
-    assert reply.finish_reason == "length" and reply.completion_tokens == 4
+    assert reply.result.finish_reason == "length" and reply.result.completion_tokens == 4
     qtbot.mouseClick(window.settings_panel.unload_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: window.loaded_dir is None, timeout=app_driver.timeout_ms)

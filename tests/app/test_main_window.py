@@ -47,12 +47,12 @@ def test_reply_streams_into_the_view_and_is_stored(window, app_driver):
     reply = app_driver.reply(window, lambda: app_driver.send(window, "Hello there"))
     assert window.chat.input.toPlainText() == ""
     assert len(tokens) > 1, "the reply should show up piece by piece while it streams"
-    assert all(reply.text.startswith(t) for t in tokens)
+    assert all(reply.result.text.startswith(t) for t in tokens)
     shown = window.chat.view.widgets[-1]
-    assert shown.message.role == "assistant" and shown.text == reply.text
+    assert shown.message.role == "assistant" and shown.text == reply.result.text
     stored = window.store.messages(window.chat.conversation_id)
     assert [m.role for m in stored] == ["user", "assistant"]
-    assert stored[1].content == reply.text
+    assert stored[1].content == reply.result.text
     assert f"/ {1024:,} tokens" in window.chat.counter.text()
     assert "tokens/s" in window.chat.counter.text()
     # What export needs to say how the reply came about: the model, the sampling, when.
@@ -76,8 +76,8 @@ def test_stop_stops_the_reply(window, app_driver, qtbot):
         qtbot.mouseClick(window.chat.stop_button, Qt.MouseButton.LeftButton)
 
     reply = app_driver.reply(window, send_then_stop)
-    assert reply.finish_reason == "cancelled"
-    assert reply.completion_tokens < 900
+    assert reply.result.finish_reason == "cancelled"
+    assert reply.result.completion_tokens < 900
     assert window.chat.send_button.isEnabled() and not window.chat.stop_button.isEnabled()
     assert window.store.messages(window.chat.conversation_id)[-1].meta["finish_reason"] == "cancelled"
     assert "stopped" in window.chat.view.widgets[-1].note.text()
@@ -87,7 +87,7 @@ def test_conversation_is_in_sqlite_after_close_and_reopen(app_driver, tiny_model
     window = app_driver.open(tiny_model_dir)
     app_driver.load(window)
     window.settings_panel.max_tokens.setValue(8)
-    reply_text = app_driver.reply(window, lambda: app_driver.send(window, "Remember me")).text
+    reply_text = app_driver.reply(window, lambda: app_driver.send(window, "Remember me")).result.text
     path = window.store.path
     window.close()
 
@@ -166,7 +166,7 @@ def test_event_loop_runs_while_the_engine_loads_and_generates(window, app_driver
     window.settings_panel.max_tokens.setValue(50)
     reply = app_driver.reply(window, lambda: app_driver.send(window, "Write something long"))
     assert during_reply == [True] and reply_ticks.count >= 20
-    assert reply.completion_tokens > 1  # the reply went on after the hold
+    assert reply.result.completion_tokens > 1  # the reply went on after the hold
 
 
 @pytest.fixture(params=["child", "in-process"])

@@ -89,11 +89,11 @@ def test_a_servers_model_is_listed_chats_and_stores_its_reply(app_driver, qtbot,
     tokens = []
     window.client.worker.token.connect(lambda cid, text: tokens.append(text))
     reply = app_driver.reply(window, lambda: app_driver.send(window, "Hello there"))
-    assert reply.finish_reason in ("stop", "length") and reply.text == "".join(tokens) and tokens
-    assert reply.prompt_tokens > 0 and reply.completion_tokens >= 1  # the server's usage
+    assert reply.result.finish_reason in ("stop", "length") and reply.result.text == "".join(tokens) and tokens
+    assert reply.result.prompt_tokens > 0 and reply.result.completion_tokens >= 1  # the server's usage
     (cid,) = [c.id for c in window.store.conversations()]
     stored = window.store.messages(cid)
-    assert [m.role for m in stored] == ["user", "assistant"] and stored[-1].content == reply.text
+    assert [m.role for m in stored] == ["user", "assistant"] and stored[-1].content == reply.result.text
     assert stored[-1].meta["model"] == tiny_model_dir.name
 
     # the next window offers the server's model again (its key was not remembered)
@@ -129,7 +129,7 @@ def test_a_server_that_does_not_answer_is_a_message_and_the_window_goes_on(app_d
     app_driver.load(window)
     panel.max_tokens.setValue(3)
     reply = app_driver.reply(window, lambda: app_driver.send(window, "Hi"))
-    assert reply.text
+    assert reply.result.text
 
 
 def test_a_server_gone_mid_session_is_an_error_in_the_chat(app_driver, qtbot, tiny_model_dir):

@@ -43,7 +43,7 @@ def test_serve_on_restarts_the_engine_at_the_port_with_the_kept_key_and_off_clos
         assert plain.get(url + "/models").status_code == 401
     # the app's own chat still works beside the other program
     window.settings_panel.max_tokens.setValue(3)
-    assert app_driver.reply(window, lambda: app_driver.send(window, "Hi")).text
+    assert app_driver.reply(window, lambda: app_driver.send(window, "Hi")).result.text
 
     # Serve off: the engine goes back to its private socket, so nothing answers at the port any more
     old_pid = worker.process.pid

@@ -125,11 +125,11 @@ class ChatPanel(QWidget):
         self._update_buttons()
 
     def conversation_deleted(self, conversation_id: int) -> None:
-        """A reply for a deleted conversation has no one to read it: stop it (its end re-enables Send), free its cache."""
+        """A reply for a deleted conversation has no one to read it: stop it (its end re-enables Send). Its K/V needs
+        nothing: the engine keeps chats' K/V by their tokens and evicts the least recently used when it needs room."""
         if self.client.is_generating and self._generating_for == conversation_id:
             self._reply_orphaned = True
             self.client.stop()
-        self.client.forget(conversation_id)
         if conversation_id == self.conversation_id:
             self.show_conversation(None)  # until the list shows the next one
 

@@ -355,10 +355,6 @@ class EngineClient(QObject):
         self._chat_request = request
         self._chat.emit(request)
 
-    def forget(self, conversation_id: int) -> None:
-        """A deleted chat: nothing to free now. Wherever the engine runs (here, its child, a server), it keeps chats'
-        K/V by their tokens and evicts the least recently used when a reply needs the room."""
-
     def stop(self) -> None:
         """Stop the reply being generated; the worker finishes it with finish_reason 'cancelled'."""
         if self._chat_request is not None:

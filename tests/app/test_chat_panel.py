@@ -37,9 +37,6 @@ class FakeClient(QObject):
     def stop(self):
         self.stopped = True
 
-    def forget(self, conversation_id):
-        pass
-
     @property
     def is_generating(self):
         return bool(self.requests)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
@@ -216,13 +216,11 @@ class ChatPanel(QWidget):
             conversation_id=self.conversation_id,
             system=replace(self.settings, system_prompt=self.system_prompt.prompt).system_messages(),
             messages=[{"role": m.role, "content": m.content} for m in messages],
-            sampling=self.settings.sampling_params(),
+            sampling=self.settings.sampling,
             policy=self.settings.overflow_policy,
         )
         self._generating_for = self.conversation_id
-        s = self.settings  # as sent: the panel may change while the reply runs
-        self._sampling = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p,
-                          "repetition_penalty": s.repetition_penalty, "max_tokens": s.max_tokens, "seed": s.seed}
+        self._sampling = asdict(request.sampling)  # as sent: the panel may change while the reply runs
         self._reply_started_at = time.perf_counter()
         self._reply_tokens = 0
         self._prompt_tokens = 0

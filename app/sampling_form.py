@@ -65,20 +65,22 @@ class SamplingForm(QGroupBox):
         self.preset.setCurrentIndex(max(0, self.preset.findData(preset_of(self.read(self.defaults), self.defaults))))
 
     def show_settings(self, s: ModelSettings) -> None:
+        p = s.sampling
         self.blockSignals(True)  # the boxes' own signals still fire; the panel ignores them while it updates
-        self.temperature.setValue(s.temperature)
-        self.top_p.setValue(s.top_p)
-        self.top_k.setValue(s.top_k)
-        self.min_p.setValue(s.min_p)
-        self.repetition_penalty.setValue(s.repetition_penalty)
-        self.max_tokens.setValue(s.max_tokens)
-        self.seed.setValue(-1 if s.seed is None else s.seed)
+        self.temperature.setValue(p.temperature)
+        self.top_p.setValue(p.top_p)
+        self.top_k.setValue(p.top_k)
+        self.min_p.setValue(p.min_p)
+        self.repetition_penalty.setValue(p.repetition_penalty)
+        self.max_tokens.setValue(p.max_tokens)
+        self.seed.setValue(-1 if p.seed is None else p.seed)
         self.blockSignals(False)
         self._show_preset()
 
     def read(self, s: ModelSettings) -> ModelSettings:
-        return replace(
-            s,
+        """`s` with the sampling the boxes show."""
+        return replace(s, sampling=replace(
+            s.sampling,
             temperature=self.temperature.value(),
             top_p=self.top_p.value(),
             top_k=self.top_k.value(),
@@ -86,7 +88,7 @@ class SamplingForm(QGroupBox):
             repetition_penalty=self.repetition_penalty.value(),
             max_tokens=self.max_tokens.value(),
             seed=None if self.seed.value() < 0 else self.seed.value(),
-        )
+        ))
 
 
 def _double(lo: float, hi: float, step: float, decimals: int) -> QDoubleSpinBox:

@@ -76,7 +76,8 @@ def test_settings_are_kept_per_model(app_driver, tiny_model_dir):
     panel.system_prompt.setPlainText("Answer in French.")
     window.close()
     saved = load_model_settings(open_settings(), tiny_model_dir)
-    assert (saved.temperature, saved.context_tokens, saved.system_prompt) == (1.25, 1536, "Answer in French.")
+    assert saved.sampling.temperature == 1.25
+    assert (saved.context_tokens, saved.system_prompt) == (1536, "Answer in French.")
     again = app_driver.open(tiny_model_dir)
     app_driver.wait_planned(again)
     assert again.settings_panel.temperature.value() == 1.25
@@ -221,20 +222,21 @@ def test_sampling_starts_from_the_models_generation_config_and_resets_to_it(app_
     form = window.settings_panel.sampling
     values = lambda: (form.temperature.value(), form.top_p.value(), form.top_k.value(),  # noqa: E731
                       form.repetition_penalty.value(), form.max_tokens.value())
+    sent = lambda: window.chat.settings.sampling  # noqa: E731
     assert values() == (0.6, 0.9, 20, 1.05, 300)
     form.temperature.setValue(1.3)
     form.top_k.setValue(77)
-    assert window.chat.settings.temperature == 1.3
+    assert sent().temperature == 1.3
     assert form.preset.currentText() == "Custom"
     form.reset_button.click()
     assert values() == (0.6, 0.9, 20, 1.05, 300)
-    assert window.chat.settings.temperature == 0.6 and window.chat.settings.top_k == 20  # and what is sent
+    assert sent().temperature == 0.6 and sent().top_k == 20  # and what is sent
     assert form.preset.currentText() == "The model's defaults"
 
     form.preset.setCurrentIndex(form.preset.findText("Creative"))
     form.preset.activated.emit(form.preset.currentIndex())  # as a pick from the list does
     creative = SAMPLING_PRESETS["Creative"]
-    assert (window.chat.settings.temperature, window.chat.settings.top_k) == (creative["temperature"], creative["top_k"])
+    assert (sent().temperature, sent().top_k) == (creative["temperature"], creative["top_k"])
     assert form.max_tokens.value() == 300  # a preset leaves the length alone
     form.min_p.setValue(0.5)
     assert form.preset.currentText() == "Custom"
@@ -247,6 +249,6 @@ def test_a_greedy_generation_config_means_temperature_zero(tmp_path):
 
     (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": False, "max_new_tokens": "lots"}))
     defaults = model_defaults(tmp_path)
-    assert defaults.temperature == 0.0
-    assert defaults.max_tokens == ModelSettings().max_tokens  # a value of the wrong type is ignored
+    assert defaults.sampling.temperature == 0.0
+    assert defaults.sampling.max_tokens == ModelSettings().sampling.max_tokens  # a value of the wrong type is ignored
     assert model_defaults(tmp_path / "nowhere") == ModelSettings()

@@ -115,4 +115,4 @@ def test_the_wheel_scrolls_the_panel_instead_of_changing_settings(panel, qtbot):
     panel.temperature.setFocus()
     qtbot.waitUntil(panel.temperature.hasFocus)
     _wheel(panel.temperature, steps=1)
-    assert panel.settings.temperature == pytest.approx(settings.temperature + 0.05)
+    assert panel.settings.sampling.temperature == pytest.approx(settings.sampling.temperature + 0.05)

@@ -4,8 +4,8 @@ Only this module calls the engine's load/chat; every result comes back to the GU
 so no widget is ever touched from the worker thread. Cancelling uses threading.Event, which the GUI
 thread may set at any time.
 
-The engine runs in a child process (engine/process/engine_process.py: `stowage serve` on a private Unix socket, or where
-Serve asks, with a key): a crash of the engine (the out-of-memory killer, SIGBUS from a weights file changed under
+The engine runs in a child process (engine/process/engine_process.py: `stowage serve` on a private Unix socket, or
+where Serve asks, with a key): a crash of the engine (the out-of-memory killer, SIGBUS from a weights file changed under
 the model, a native fault) is then a failed reply, and the window, its chats and the partial reply stay; the next
 Load starts a fresh child, and Unload returns all of its memory at once. STOWAGE_ENGINE_PROCESS=0 runs the engine
 in this process instead (a developer's switch: one process to debug; docs/server.md, "How the app uses it").

@@ -13,7 +13,7 @@ FINISH_REASONS = {"stop": "stop", "length": "length", "context_full": "length", 
 
 
 def usage(result: GenerationResult) -> dict:
-    completion = len(result.token_ids)
+    completion = result.completion_tokens
     return {"prompt_tokens": result.prompt_tokens, "completion_tokens": completion,
             "total_tokens": result.prompt_tokens + completion,
             "prompt_tokens_details": {"cached_tokens": result.reused_tokens}}

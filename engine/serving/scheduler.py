@@ -109,9 +109,9 @@ class _Request:
         r = self.result
         if self.stop_matched:
             return "stop"
-        if len(r.token_ids) >= self.sampling.max_tokens:
+        if r.completion_tokens >= self.sampling.max_tokens:
             return "length"
-        if r.prompt_tokens + len(r.token_ids) >= context_tokens:
+        if r.prompt_tokens + r.completion_tokens >= context_tokens:
             return "context_full"
         if self.cancel.is_set():
             return "cancelled"

@@ -120,27 +120,54 @@ class Generation:
 
 
 class StopMatcher:
-    """Finds stop strings in streamed text, holding back a tail that could start one."""
+    """Finds stop strings in streamed text, holding back a tail that could start one.
+
+    Incremental (Knuth-Morris-Pratt, one automaton per stop string): a feed costs its text's length times the
+    number of stop strings, whatever their length; the text held back is the longest tail of all text fed that is
+    a prefix of a stop string, so a stop split across tokens is found."""
 
     def __init__(self, stops: tuple[str, ...]):
         self.stops = tuple(s for s in stops if s)
-        self.pending = ""
+        self._fallback = [_fallback(s) for s in self.stops]
+        self._matched = [0] * len(self.stops)  # per stop: the longest tail of the text that is a prefix of it
+        self.pending = ""  # the text held back: as long as the longest of those tails
 
     def feed(self, text: str) -> tuple[str, bool]:
-        """Text safe to show now, and whether a stop string was met."""
-        self.pending += text
-        if not self.stops:
-            out, self.pending = self.pending, ""
-            return out, False
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            out, self.pending = self.pending[: min(hits)], ""
+        """Text safe to show now, and whether a stop string was met (the text before the earliest one)."""
+        start = None  # where the earliest stop met starts, in pending + text
+        for i, (stop, fallback) in enumerate(zip(self.stops, self._fallback)):
+            k = self._matched[i]
+            for j, c in enumerate(text):
+                while k and stop[k] != c:
+                    k = fallback[k - 1]
+                if stop[k] == c:
+                    k += 1
+                if k == len(stop):  # a later end of this stop starts later too: the first is the one
+                    at = len(self.pending) + j + 1 - k
+                    start = at if start is None else min(start, at)
+                    break
+            self._matched[i] = k
+        if start is not None:
+            out, self.pending = (self.pending + text)[:start], ""
             return out, True
-        hold = max((k for s in self.stops for k in range(1, len(s)) if self.pending.endswith(s[:k])), default=0)
-        cut = len(self.pending) - hold
-        out, self.pending = self.pending[:cut], self.pending[cut:]
+        pending = self.pending + text
+        cut = len(pending) - max(self._matched, default=0)
+        out, self.pending = pending[:cut], pending[cut:]
         return out, False
 
     def flush(self) -> str:
         out, self.pending = self.pending, ""
+        self._matched = [0] * len(self.stops)
         return out
+
+
+def _fallback(stop: str) -> list[int]:
+    """KMP's failure function: fallback[k] is the longest proper prefix of stop[:k + 1] that is also its suffix."""
+    fallback, k = [0] * len(stop), 0
+    for i in range(1, len(stop)):
+        while k and stop[i] != stop[k]:
+            k = fallback[k - 1]
+        if stop[i] == stop[k]:
+            k += 1
+        fallback[i] = k
+    return fallback

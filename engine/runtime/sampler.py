@@ -10,6 +10,8 @@ import torch
 from ..errors import InvalidArgumentError, ModelFormatError
 
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed's range
+MAX_STOPS = 4  # stop strings a reply takes, as OpenAI's API
+MAX_STOP_CHARS = 512  # characters of each: far past a turn marker ("\n\nUser:"); docs/robustness.md
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,11 @@ class SamplingParams:
                f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         _check(isinstance(self.stop, tuple) and all(isinstance(s, str) for s in self.stop),
                f"stop must be a tuple of strings, got {self.stop!r:.80}")
+        _check(len(self.stop) <= MAX_STOPS, f"at most {MAX_STOPS} stop strings, got {len(self.stop)}; "
+                                            f"keep the ones that end a reply")
+        for i, s in enumerate(self.stop):
+            _check(len(s) <= MAX_STOP_CHARS, f"stop string {i + 1} has {len(s):,} characters; at most "
+                                             f"{MAX_STOP_CHARS} are matched: give the text that ends a reply")
 
     @property
     def is_greedy(self) -> bool:

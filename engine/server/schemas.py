@@ -11,10 +11,9 @@ from dataclasses import dataclass, replace
 
 from ..dtypes import COMPUTE, KV
 from ..errors import InvalidArgumentError
-from ..runtime.sampler import MAX_SEED, SamplingParams
+from ..runtime.sampler import MAX_SEED, MAX_STOP_CHARS, MAX_STOPS, SamplingParams
 
 ROLES = ("system", "user", "assistant")
-MAX_STOPS = 16
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 
 
@@ -164,8 +163,10 @@ def _common(body: dict) -> dict:
     stops = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, list) else stop
     if stops is None:
         stops = ()
-    if not isinstance(stops, tuple) or not all(isinstance(s, str) for s in stops) or len(stops) > MAX_STOPS:
-        raise _bad("stop", f"stop must be a string or a list of at most {MAX_STOPS} strings")
+    if (not isinstance(stops, tuple) or not all(isinstance(s, str) and len(s) <= MAX_STOP_CHARS for s in stops)
+            or len(stops) > MAX_STOPS):
+        raise _bad("stop", f"stop must be a string or a list of at most {MAX_STOPS} strings of at most "
+                           f"{MAX_STOP_CHARS} characters each")
     seed = body.get("seed")
     if seed is not None and not (_is_int(seed) and 0 <= seed <= MAX_SEED):
         raise _bad("seed", f"seed must be an integer in [0, 2**64), got {seed!r:.40}")

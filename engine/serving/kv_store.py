@@ -7,6 +7,10 @@ reads stale K/V. A file is written under a temporary name and renamed; it is rea
 unpickled), only as many blocks as the prompt shares. A file that does not check out (short, a bad CRC, a header
 that is not ours) is deleted and the prompt prefilled instead. The folder holds at most the plan's
 `kv_disk_bytes`; the least recently used files go first (docs/kv-store.md).
+
+The disk never fails a request (docs/robustness.md): only regular files are opened (a FIFO named like an entry
+would block the open), a file that cannot be deleted is left there and forgotten, and a store that cannot write
+(a read-only or full disk) turns itself off: one warning line, then evicted conversations are dropped.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import struct
 import time
 import zlib
@@ -66,6 +71,10 @@ class CorruptEntry(Exception):
     """A file that is not a whole, intact entry of this store."""
 
 
+class NotRegularFile(Exception):
+    """A FIFO, a folder, a device where an entry's file should be: not ours, never read."""
+
+
 @dataclass(eq=False)
 class Entry:
     """One conversation on disk: its tokens, and from which logical block each cache group's layers hold K/V."""
@@ -86,16 +95,20 @@ class KVStore:
         self.block_bytes = cache.spec.block_bytes // 2  # K (or V) of one block of one layer
         self.dir.mkdir(parents=True, exist_ok=True)
         self.entries: list[Entry] = []
+        self.is_off = False  # a write failed: nothing is read or written any more
         now = time.time()
         for path in sorted(self.dir.iterdir()):
             if path.suffix == ".kv":
                 try:
                     self.entries.append(self._read_header(path))
+                except NotRegularFile:
+                    log.warning("%s: not a regular file; ignored", path)
                 except Exception as e:  # whatever a damaged header holds (JSON of another shape too)
-                    log.warning("%s: not a usable KV cache file (%s); deleted", path, e)
-                    path.unlink(missing_ok=True)
-            elif path.suffix == ".tmp" and now - path.stat().st_mtime > STALE_TMP_SECONDS:
-                path.unlink(missing_ok=True)
+                    error = _remove(path)
+                    log.warning("%s: not a usable KV cache file (%s); %s", path, e,
+                                "deleted" if error is None else f"cannot delete it ({error.strerror}), ignored")
+            elif path.suffix == ".tmp" and now - _mtime(path) > STALE_TMP_SECONDS:
+                _remove(path)
 
     @classmethod
     def of(cls, engine) -> "KVStore | None":
@@ -146,7 +159,10 @@ class KVStore:
         return best, reuse
 
     def save(self, seq: Sequence) -> None:
-        """Write seq's tokens and K/V (what every layer holds of them); never raises for the disk's sake."""
+        """Write seq's tokens and K/V (what every layer holds of them); never raises for the disk's sake: a write
+        that fails turns the store off."""
+        if self.is_off:
+            return
         tokens = list(seq.token_ids)
         same = next((e for e in self.entries if e.token_ids == tokens), None)
         if not tokens or same is not None:  # read back and not grown since: the file is still right
@@ -175,14 +191,19 @@ class KVStore:
                         f.write(rows)
                 f.write(np.asarray(crcs, dtype="<u4").tobytes())
             os.replace(tmp, path)
-        except OSError as e:
-            log.warning("could not write a conversation's KV cache to %s (%s); it will be prefilled again", path, e)
-            tmp.unlink(missing_ok=True)
+        except OSError as e:  # read-only, full, gone: a disk that refused one write refuses the next
+            _remove(tmp)
+            self.is_off = True
+            self.entries.clear()
+            log.warning("KV cache files off: cannot write to %s (%s); conversations evicted from now on are "
+                        "prefilled again when they resume", self.dir, e.strerror or e)
             return
         entry = Entry(path, tokens, firsts, data_offset, num_bytes)
         for old in [e for e in self.entries if common_prefix(e.token_ids, tokens) == len(e.token_ids)]:
             if self.cache.num_reusable(self.stand_in(entry), len(old.token_ids)) == len(old.token_ids):
-                self._delete(old)  # the new file serves every prompt the old one did
+                error = self._delete(old)  # the new file serves every prompt the old one did
+                if error is not None:
+                    log.warning("%s: cannot delete it (%s); left there, unused", old.path, error.strerror)
         self.entries.append(entry)
 
     def load(self, entry: Entry, num_tokens: int, seq: Sequence) -> bool:
@@ -191,7 +212,8 @@ class KVStore:
         bs, block_bytes = self.cache.spec.block_size, self.block_bytes
         spec = self.cache.spec
         try:
-            data = np.memmap(entry.path, dtype=np.uint8, mode="c")  # copy-on-write: a writable view, file untouched
+            with _open_regular(entry.path) as f:
+                data = np.memmap(f, dtype=np.uint8, mode="c")  # copy-on-write: a writable view, file untouched
             if data.size != entry.num_bytes:
                 raise CorruptEntry(f"{data.size} bytes, the header says {entry.num_bytes}")
             self.cache.adopt(seq, entry.token_ids[:num_tokens], entry.firsts)
@@ -212,10 +234,11 @@ class KVStore:
                     offset += n_held * block_bytes
                     index += n_held
                 self.cache.import_layer(seq, layer, *kv)
-        except (OSError, ValueError, CorruptEntry) as e:
-            log.warning("%s: cannot read it back (%s); deleted, the prompt is prefilled", entry.path, e)
+        except (OSError, ValueError, CorruptEntry, NotRegularFile) as e:
             self.cache.release(seq)
-            self._delete(entry)
+            error = self._delete(entry)
+            log.warning("%s: cannot read it back (%s); %s, the prompt is prefilled", entry.path, e,
+                        "deleted" if error is None else f"cannot delete it ({error.strerror}), left there unused")
             return False
         except Exception:  # no blocks to hold it after all, or a bug: prefill instead, keep the file
             log.exception("reading %s back failed; the prompt is prefilled", entry.path)
@@ -226,7 +249,7 @@ class KVStore:
 
     # -- files -----------------------------------------------------------------------------------
     def _read_header(self, path: Path) -> Entry:
-        with open(path, "rb") as f:
+        with _open_regular(path) as f:
             prefix = f.read(PREFIX.size)
             if len(prefix) < PREFIX.size:
                 raise CorruptEntry("shorter than its prefix")
@@ -239,11 +262,12 @@ class KVStore:
             if not 0 < num_tokens <= MAX_TOKENS or len(firsts) != len(self.cache.groups):
                 raise CorruptEntry("its layout is not this cache's")
             token_bytes = f.read(4 * num_tokens)
+            file_bytes = os.fstat(f.fileno()).st_size
         if zlib.crc32(header + token_bytes) != crc or fields.get("key") != self.key:
             raise CorruptEntry("its header does not match its CRC or this model")
         data_offset, num_bytes = self._sizes(PREFIX.size + head_len, num_tokens, firsts)
-        if path.stat().st_size != num_bytes:
-            raise CorruptEntry(f"{path.stat().st_size} bytes, {num_bytes} expected (truncated?)")
+        if file_bytes != num_bytes:
+            raise CorruptEntry(f"{file_bytes} bytes, {num_bytes} expected (truncated?)")
         tokens = np.frombuffer(token_bytes, dtype="<i4").tolist()
         return Entry(path, tokens, firsts, data_offset, num_bytes)
 
@@ -255,7 +279,8 @@ class KVStore:
                 st = path.stat()
             except OSError:
                 continue
-            files.append((st.st_mtime, st.st_size, path))
+            if stat.S_ISREG(st.st_mode):  # a folder or a FIFO named like an entry is not ours
+                files.append((st.st_mtime, st.st_size, path))
         total = sum(size for _, size, _ in files)
         for _, size, path in sorted(files):
             if total + num_bytes <= self.budget_bytes:
@@ -263,8 +288,8 @@ class KVStore:
             mine = next((e for e in self.entries if e.path == path), None)
             if mine is not None:
                 self.entries.remove(mine)
-            path.unlink(missing_ok=True)
-            total -= size
+            if _remove(path) is None:  # else the write that needs the room says why, if it fails
+                total -= size
 
     def touch(self, entry: Entry) -> None:
         """Mark the entry used now: the budget deletes it last."""
@@ -273,7 +298,38 @@ class KVStore:
         except OSError:
             pass
 
-    def _delete(self, entry: Entry) -> None:
+    def _delete(self, entry: Entry) -> OSError | None:
+        """Forget the entry and delete its file; the error if the file stays (the caller says so, in its line)."""
         if entry in self.entries:
             self.entries.remove(entry)
-        entry.path.unlink(missing_ok=True)
+        return _remove(entry.path)
+
+
+def _open_regular(path: Path):
+    """path opened to read, if it is a regular file (a link to one included); NotRegularFile if it is not.
+
+    O_NONBLOCK lets a FIFO's open return at once instead of waiting for a writer; a regular file's reads ignore it."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(f"{path.name}: not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _remove(path: Path) -> OSError | None:
+    """Delete path if it is there; the OSError that kept it (a read-only disk, a folder in its place), else None."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        return e
+    return None
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return time.time()  # gone meanwhile, or unreadable: not stale

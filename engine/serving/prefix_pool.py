@@ -126,6 +126,8 @@ class PrefixPool:
             self._evict(self._idle.pop(0))
 
     def _evict(self, conv: Conversation) -> None:
-        if self.store is not None:
-            self.store.save(conv.seq)
-        self.release(conv)
+        try:
+            if self.store is not None:
+                self.store.save(conv.seq)  # never raises for the disk's sake (a store that cannot write turns off)
+        finally:
+            self.release(conv)  # whatever happened on the way to the disk, the blocks come back

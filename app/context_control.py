@@ -59,11 +59,11 @@ class ContextControl(QWidget):
         layout.addWidget(self.note)
         self.slider.valueChanged.connect(self._slider_moved)
         self.spin.valueChanged.connect(self._spin_changed)
-        self._tokens = MIN_CONTEXT
+        self._context_tokens = MIN_CONTEXT
 
     @property
-    def tokens(self) -> int:
-        return self._tokens
+    def context_tokens(self) -> int:
+        return self._context_tokens
 
     def set_range(self, max_fit_tokens: int, model_max_tokens: int, block_size: int) -> None:
         """Slider from 512 (or less when even that does not fit) to `max_fit_tokens`."""
@@ -74,13 +74,13 @@ class ContextControl(QWidget):
         self.slider.setEnabled(max_fit_tokens > self.lo)
         self.spin.lo, self.spin.hi = self.lo, model_max_tokens
         self.spin.setSingleStep(block_size)
-        self._show(self._tokens)
+        self._show(self._context_tokens)
 
-    def set_tokens(self, tokens: int) -> None:
+    def set_context_tokens(self, tokens: int) -> None:
         """Set the value without emitting (restoring saved settings)."""
-        self._tokens = snap(tokens, self.block_size, self.lo, self.model_max)
+        self._context_tokens = snap(tokens, self.block_size, self.lo, self.model_max)
         self._set_note("")
-        self._show(self._tokens)
+        self._show(self._context_tokens)
 
     def _show(self, tokens: int) -> None:
         for widget in (self.slider, self.spin):
@@ -98,7 +98,7 @@ class ContextControl(QWidget):
         tokens = snap(typed, self.block_size, self.lo, self.model_max, up=True)
         self._set_note(self._adjustment(typed, tokens))
         self._set(tokens)
-        self._show(self._tokens)
+        self._show(self._context_tokens)
 
     def _adjustment(self, typed: int, tokens: int) -> str:
         """What the commit did to a typed number, in a sentence ('' when nothing)."""
@@ -116,9 +116,9 @@ class ContextControl(QWidget):
         self.note.setVisible(bool(text))
 
     def _set(self, tokens: int) -> None:
-        if tokens == self._tokens:
+        if tokens == self._context_tokens:
             return
-        self._tokens = tokens
+        self._context_tokens = tokens
         self.spin.blockSignals(True)
         self.spin.setValue(tokens)
         self.spin.blockSignals(False)

@@ -258,9 +258,9 @@ class SettingsPanel(QWidget):
             self.settings = s
             if self.forecast is not None:
                 self._update_context_range()
-            self.context.set_tokens(s.context_tokens)
+            self.context.set_context_tokens(s.context_tokens)
             # The saved (or default) context may exceed this model's maximum: keep what the box shows.
-            self.settings = replace(s, context_tokens=self.context.tokens)
+            self.settings = replace(s, context_tokens=self.context.context_tokens)
         finally:
             self._updating = False
 
@@ -275,7 +275,7 @@ class SettingsPanel(QWidget):
     def _read_settings(self) -> ModelSettings:
         return replace(
             self.sampling.read(self.settings),
-            context_tokens=self.context.tokens,
+            context_tokens=self.context.context_tokens,
             gpu_layers=None if self.gpu_auto.isChecked() else self.gpu_layers.value(),
             kv_dtype=self.kv_dtype.currentData(),
             ram_limit_gib=self.ram_limit.value() or None,

@@ -81,7 +81,7 @@ def test_settings_are_kept_per_model(app_driver, tiny_model_dir):
     again = app_driver.open(tiny_model_dir)
     app_driver.wait_planned(again)
     assert again.settings_panel.temperature.value() == 1.25
-    assert again.settings_panel.context.tokens == 1536
+    assert again.settings_panel.context.context_tokens == 1536
     assert again.settings_panel.plan.context_tokens == 1536
 
 

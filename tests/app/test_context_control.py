@@ -30,38 +30,38 @@ def type_tokens(control, text: str) -> list[str]:
 
 def test_typing_ten_thousand_gives_ten_thousand(control):
     control.set_range(20_000, 32_768, 16)
-    control.set_tokens(1024)
+    control.set_context_tokens(1024)
     changed = []
     control.changed.connect(changed.append)
     assert type_tokens(control, "10000") == ["1", "10", "100", "1000", "10000"]
-    assert control.tokens == 10_000 and changed == [10_000]
+    assert control.context_tokens == 10_000 and changed == [10_000]
     assert control.note.isHidden()  # nothing was rounded
 
 
 def test_a_number_past_the_models_maximum_is_typed_in_full_then_capped_and_said(control):
     control.set_range(8192, 8192, 16)
-    control.set_tokens(1024)
+    control.set_context_tokens(1024)
     assert type_tokens(control, "10000")[-1] == "10000"  # the fifth digit is not refused
-    assert control.tokens == 8192
+    assert control.context_tokens == 8192
     assert control.note.isVisible() and "8,192" in control.note.text() and "10,000" in control.note.text()
 
 
 def test_rounding_to_whole_blocks_is_said(control):
     control.set_range(8192, 8192, 16)
-    control.set_tokens(1024)
+    control.set_context_tokens(1024)
     type_tokens(control, "3000")
-    assert control.tokens == 3008
+    assert control.context_tokens == 3008
     assert control.note.isVisible() and "3,008" in control.note.text() and "16" in control.note.text()
     control.slider.setValue(0)  # the slider only ever gives whole blocks: the note goes
     assert control.note.isHidden()
     type_tokens(control, "1000")  # 62.5 blocks: up to 63, never down (the user asked for at least 1,000)
-    assert control.tokens == 1008 and "1,008" in control.note.text()
+    assert control.context_tokens == 1008 and "1,008" in control.note.text()
 
 
 def test_less_than_the_minimum_is_refused_and_said(control):
     control.set_range(8192, 8192, 16)
-    control.set_tokens(1024)
+    control.set_context_tokens(1024)
     type_tokens(control, "16")
-    assert control.tokens == 512
+    assert control.context_tokens == 512
     assert control.spin.value() == 512
     assert control.note.isVisible() and "512" in control.note.text()

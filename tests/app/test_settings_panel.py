@@ -37,7 +37,7 @@ def test_slider_top_is_the_planners_max_context(panel, forecast):
     assert 2048 < expected < 4096
     assert panel.max_fit_tokens == expected
     panel.context.slider.setValue(SLIDER_STEPS)
-    assert panel.context.tokens == expected
+    assert panel.context.context_tokens == expected
     assert panel.settings.context_tokens == expected
     assert panel.plan.fits
     assert f"{expected:,}" in panel.max_label.text()
@@ -45,7 +45,7 @@ def test_slider_top_is_the_planners_max_context(panel, forecast):
 
 def test_slider_moves_change_the_forecast(panel, qtbot):
     panel.context.slider.setValue(0)
-    assert panel.context.tokens == 512
+    assert panel.context.context_tokens == 512
     kv_small = panel.plan_bar.bars[0].kv_bytes
     with qtbot.waitSignal(panel.plan_changed) as blocker:
         panel.context.slider.triggerAction(panel.context.slider.SliderAction.SliderPageStepAdd)

@@ -43,6 +43,7 @@ ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 _DEFAULT_HEAD_DIM = {"qwen3": 128, "gemma2": 256, "gemma3_text": 256}
 MAX_LAYERS = 65_536  # far more than any model has (Llama 3.1 405B: 126)
 MAX_WINDOW = 2**31 - 1  # tokens; past any context a model is planned for
+MAX_EOS_TOKEN_IDS = 256  # end-of-reply ids one file lists; real models list 1 to 4 (Llama 3.1: 3)
 
 
 @dataclass(frozen=True)
@@ -218,12 +219,13 @@ def _token_ids(value) -> list[int]:
 
 
 def _eos_ids(raw: dict, generation: dict) -> tuple[int, ...]:
-    ids: list[int] = []
-    for source in (generation.get("eos_token_id"), raw.get("eos_token_id")):
-        for i in _token_ids(source):
-            if i not in ids:
-                ids.append(i)
-    return tuple(ids)
+    """generation_config.json's end-of-reply ids, then config.json's, each once."""
+    sources = {"generation_config.json": generation.get("eos_token_id"), "config.json": raw.get("eos_token_id")}
+    for name, value in sources.items():
+        if isinstance(value, list) and len(value) > MAX_EOS_TOKEN_IDS:
+            raise ModelFormatError(f"{name}: eos_token_id lists {len(value):,} ids; at most {MAX_EOS_TOKEN_IDS} are "
+                                   f"accepted (a model ends its replies at a few tokens): the file is corrupt")
+    return tuple(dict.fromkeys(i for value in sources.values() for i in _token_ids(value)))  # in order, linear
 
 
 def _window(raw: dict, default: int | None) -> int | None:

@@ -16,6 +16,7 @@ import re
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from ..errors import ModelFormatError
@@ -158,10 +159,9 @@ def _relative_name(path: Path, root: Path) -> str:
 
 def _gguf_entry(path: Path, name: str, source: str, notes: list[str], quant: str | None = None) -> FoundModel | None:
     """A GGUF model's entry, its quantization from general.file_type (else the name); None, noted, if unreadable."""
-    try:
-        meta = read_metadata(path, _LISTED_KEYS)
-    except ModelFormatError as e:
-        notes.append(f"{path}: skipped, not a readable GGUF file ({e})")
+    meta = _listed_metadata(path)
+    if isinstance(meta, str):
+        notes.append(f"{path}: skipped, not a readable GGUF file ({meta})")
         return None
     if meta.get("general.architecture") in NOT_MODELS:
         return None  # a vision projector beside its model, not a model
@@ -170,6 +170,25 @@ def _gguf_entry(path: Path, name: str, source: str, notes: list[str], quant: str
     match = _QUANT_IN_NAME.search(path.name)
     quant = quant or FILE_TYPES.get(file_type) or (match[1].upper() if match else None)
     return FoundModel(name, path, "gguf", size, quant, source)
+
+
+def _listed_metadata(path: Path) -> dict | str:
+    """The keys a listing reads from a GGUF file, or why they cannot be read: once per file identity (its path, size,
+    mtime and inode, as gguf_model.open_model), since every listing (each GET /stowage/models) asks again and a file
+    can put a vocabulary of millions of entries before them."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        return f"cannot read ({e.strerror})"
+    return _read_listed(path.resolve(), st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+@lru_cache(maxsize=1024)  # entries of a few keys; far more GGUF files than anyone keeps
+def _read_listed(path: Path, size: int, mtime_ns: int, inode: int) -> dict | str:
+    try:
+        return read_metadata(path, _LISTED_KEYS)
+    except ModelFormatError as e:
+        return str(e)  # kept too: a damaged file is not read again until it changes
 
 
 def _ollama_models(root: Path, notes: list[str]) -> list[FoundModel | None]:

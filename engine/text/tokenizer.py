@@ -9,7 +9,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as _HFTokenizer
 
 from . import chat_template
-from ..formats.json_file import MAX_JSON_BYTES, read_json_object
+from ..formats.json_file import read_json_object, read_model_file
 from ..errors import InvalidArgumentError, ModelFormatError, StowageWarning
 
 
@@ -32,10 +32,9 @@ class Tokenizer:
         path = model_dir / TOKENIZER_FILE
         if not path.exists():
             raise ModelFormatError(f"{model_dir.name}: no tokenizer.json (Stowage needs the fast-tokenizer file)")
-        if not path.is_file():  # a FIFO would block the reader forever
-            raise ModelFormatError(f"{path}: not a regular file")
+        data = read_model_file(path)  # bounded: the whole vocabulary is parsed into memory
         with _rust_errors(f"{path.name}: cannot be read"):
-            self._tok = _HFTokenizer.from_file(str(path))
+            self._tok = _HFTokenizer.from_buffer(data)
         config_path = model_dir / "tokenizer_config.json"
         config = read_json_object(config_path) if config_path.exists() else {}
         self.bos_token = _token_text(config, "bos_token")
@@ -144,16 +143,10 @@ def check_text(text: str, what: str) -> None:
 
 
 def _read_text(path: Path) -> str:
-    if not path.is_file():
-        raise ModelFormatError(f"{path}: not a regular file")
     try:
-        if path.stat().st_size > MAX_JSON_BYTES:
-            raise ModelFormatError(f"{path}: far larger than a chat template can be")
-        return path.read_bytes().decode("utf-8-sig")
+        return read_model_file(path).decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise ModelFormatError(f"{path}: not UTF-8 text (at byte {e.start})") from None
-    except OSError as e:
-        raise ModelFormatError(f"{path}: cannot read ({e.strerror})") from e
 
 
 class StreamDecoder:

@@ -129,16 +129,29 @@ def current() -> ctypes.CDLL | None:
 
 
 THREADS_ENV = "STOWAGE_THREADS"  # `--threads N` of the CLI sets it for the engine process
+THREADS_PER_CORE = 4  # the most threads a core is given: more only add switching, and torch's OpenMP pool crashes
+# the process when asked for ~100,000 (docs/robustness.md)
 
 
-def default_threads() -> int:
-    """`STOWAGE_THREADS` if set, else the cores this process may run on (its affinity, not the machine's count)."""
-    if os.environ.get(THREADS_ENV, "").strip():
-        return max(1, int(os.environ[THREADS_ENV]))
+def num_cores() -> int:
+    """The cores this process may run on (its affinity, not the machine's count)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+def max_threads() -> int:
+    """The most threads torch and the native step are given (the native pool takes at most decode_types.h's
+    MAX_THREADS of them)."""
+    return THREADS_PER_CORE * num_cores()
+
+
+def default_threads() -> int:
+    """`STOWAGE_THREADS` if set (at most max_threads()), else the cores this process may run on."""
+    if os.environ.get(THREADS_ENV, "").strip():
+        return min(max(1, int(os.environ[THREADS_ENV])), max_threads())
+    return num_cores()
 
 
 def use_default_threads() -> int:

@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from stowage.kernels.cpu_decode import THREADS_ENV
+from stowage.kernels import cpu_decode
 
 from ..formats.discovery import add_list_parser
 from ..dtypes import COMPUTE, KV
@@ -224,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_list_parser(sub)
     for p in (gen, chat, serve):
         p.add_argument("--threads", metavar="N", type=int, default=None,
-                       help="CPU threads (default: the cores this process may use)")
+                       help="CPU threads (default: the cores this process may use; at most "
+                            f"{cpu_decode.THREADS_PER_CORE}x those)")
     return parser
 
 
@@ -234,7 +235,12 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "threads", None) is not None:  # the engine (in this process or its child) reads it
             if args.threads < 1:
                 raise InvalidArgumentError(f"--threads must be at least 1, got {args.threads}")
-            os.environ[THREADS_ENV] = str(args.threads)
+            if args.threads > cpu_decode.max_threads():
+                cores = cpu_decode.num_cores()
+                raise InvalidArgumentError(
+                    f"--threads {args.threads:,} is more than {cpu_decode.THREADS_PER_CORE}x the {cores} cores this "
+                    f"process may use; give at most {cpu_decode.max_threads()} (default: {cores})")
+            os.environ[cpu_decode.THREADS_ENV] = str(args.threads)
         return args.func(args)
     except StowageError as e:
         sys.stderr.write(f"\nstowage: {e}\n")

@@ -39,6 +39,27 @@ def sampling_fields(sampling: SamplingParams) -> dict:
     return fields
 
 
+def _check_url(url: str) -> None:
+    """InvalidArgumentError unless url is an http(s) URL with a host and a port in range (httpx takes
+    "localhost:8000" as a scheme and a path, and raises its own error for "http://[::1")."""
+    try:
+        parsed = httpx.URL(url)
+        port = parsed.port
+    except (httpx.InvalidURL, ValueError) as e:
+        reason = str(e)
+    else:
+        if parsed.scheme not in ("http", "https"):
+            reason = "it starts with neither http:// nor https://"
+        elif not parsed.host:
+            reason = "it names no host"
+        elif port is not None and not 0 < port < 65536:
+            reason = f"port {port} is not in 1-65535"
+        else:
+            return
+    raise InvalidArgumentError(f"{url!r:.200} is not a server URL ({reason}); give http://HOST:PORT, as "
+                               f"http://127.0.0.1:8000 or http://[::1]:8000, or unix:/path/to.sock")
+
+
 class RemoteServer:
     """An OpenAI-compatible server at base_url (with or without its /v1), or on a Unix socket at `unix:/path`
     (what `stowage serve --unix PATH` prints); api_key goes in a bearer header."""
@@ -58,6 +79,7 @@ class RemoteServer:
             self._http = httpx.Client(base_url="http://localhost", transport=httpx.HTTPTransport(uds=path),
                                       headers=headers, trust_env=False, timeout=timeout)
         else:
+            _check_url(base_url)
             self._http = httpx.Client(base_url=self.base_url, headers=headers, trust_env=trust_env, timeout=timeout)
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ from ..planning import default_context_tokens
 from ..planning.plan import PlanRequest
 from .plan import _gpu_layers, _size
 from ..protocol import API_KEY_ENV, DEFAULT_HOST, DEFAULT_PORT, UNIX_SCHEME, write_progress
+from ..server.guards import parse_origin
 from ..server.listener import close_listener, listen, listen_unix, serve
 
 DEFAULT_MAX_QUEUE = 16
@@ -51,6 +52,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--api-key", metavar="KEY", default=None,
                    help=f"require `Authorization: Bearer KEY` (default: ${API_KEY_ENV}); needed for any address "
                         "other than loopback")
+    p.add_argument("--cors-origin", metavar="ORIGIN", dest="cors_origins", action="append", type=_origin, default=[],
+                   help="let the web page at ORIGIN (scheme://host[:port]) call the server from a browser; "
+                        "repeatable. Other pages are refused (docs/server.md, Security)")
     p.add_argument("--dtype", choices=sorted(COMPUTE), default=None,
                    help="weights dtype (default: as stored, used in place)")
     p.add_argument("--kv-dtype", choices=sorted(KV), default=None)
@@ -109,8 +113,15 @@ def run_serve(args: argparse.Namespace) -> int:
     except BaseException:
         close_listener(sock)
         raise
-    serve(engine, sock, defaults, api_key=api_key)
+    serve(engine, sock, defaults, api_key=api_key, cors_origins=tuple(args.cors_origins))
     return 0
+
+
+def _origin(text: str) -> str:
+    try:
+        return parse_origin(text)
+    except InvalidArgumentError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _plan_request(args: argparse.Namespace) -> PlanRequest:

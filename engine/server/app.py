@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP API (Starlette): routes, limits, bearer-key auth, streaming over server-sent events.
+"""The OpenAI-compatible HTTP API (Starlette): routes, the body's limits, streaming over server-sent events; what a
+request passes before a route (its head, browsers, the key, the request limit) is guards.py's.
 
 Handlers only validate, tokenize and wait: the scheduler thread does all the engine's work and hands events
 back through the event loop. Nothing a request says can reach the filesystem: a load names a model by the id
@@ -8,18 +9,17 @@ this machine lists it under (engine/formats/discovery.py), never by a path.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import gc
 import json
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -29,20 +29,21 @@ from ..planning.report import summary, to_dict
 from .responses import Reply, listed_model, model_object, sse
 from .schemas import ApiError, CompletionRequest, LoadRequest, parse_chat, parse_completion, parse_load
 from ..serving.scheduler import PrefillProgress, Scheduler, ServerBusyError
+from .guards import RETRY_AFTER_SECONDS, stack
 from .serving import Served, Serving
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 << 20  # a full 128k-token context is ~0.5 MB of text; JSON escapes may double it
-MAX_HEAD_BYTES = 16 << 10  # the request's headers, all together
-RETRY_AFTER_SECONDS = "1"
 
 
 def create_app(serving: Serving | Scheduler, *, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-               on_unload: Callable[[], None] | None = None) -> Starlette:
+               on_unload: Callable[[], None] | None = None, cors_origins: Iterable[str] = ()):
     """The ASGI app over what a server serves (or one started scheduler, which owns its engine, served without
-    loads); `POST /stowage/unload` calls on_unload."""
-    api = _Api(serving if isinstance(serving, Serving) else Serving.of(serving), max_body_bytes, on_unload)
+    loads), behind guards.py's checks; `POST /stowage/unload` calls on_unload. cors_origins: the web pages' origins
+    (parse_origin's form) that may call it from a browser."""
+    serving = serving if isinstance(serving, Serving) else Serving.of(serving)
+    api = _Api(serving, max_body_bytes, on_unload)
     routes = [
         Route("/health", api.health),
         Route("/v1/models", api.models),
@@ -57,7 +58,7 @@ def create_app(serving: Serving | Scheduler, *, api_key: str | None = None, max_
         Route("/stowage/load", api.load, methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error})
-    return _HeadLimit(_BearerAuth(app, api_key) if api_key else app)
+    return stack(app, serving, api_key=api_key, cors_origins=cors_origins)
 
 
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -69,37 +70,6 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     error = ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
                      code="not_found" if exc.status_code == 404 else None)
     return JSONResponse(error.body(), status_code=exc.status_code)
-
-
-class _HeadLimit:
-    """Headers past MAX_HEAD_BYTES get 431 (h11 bounds only a head that arrives in several reads)."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and sum(len(k) + len(v) for k, v in scope["headers"]) > MAX_HEAD_BYTES:
-            error = ApiError(431, f"the request's headers are larger than {MAX_HEAD_BYTES:,} bytes",
-                             code="request_header_fields_too_large")
-            return await JSONResponse(error.body(), status_code=431)(scope, receive, send)
-        await self.app(scope, receive, send)
-
-
-class _BearerAuth:
-    """Every request but /health needs `Authorization: Bearer KEY` (compared in constant time)."""
-
-    def __init__(self, app, api_key: str):
-        self.app, self.expected = app, f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"] != "/health":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                error = ApiError(401, "Incorrect or missing API key: send the header `Authorization: Bearer KEY` "
-                                 "with the key the server was started with (--api-key)", code="invalid_api_key")
-                response = JSONResponse(error.body(), status_code=401, headers={"WWW-Authenticate": "Bearer"})
-                return await response(scope, receive, send)
-        await self.app(scope, receive, send)
 
 
 class _Events:
@@ -280,14 +250,20 @@ class _Api:
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             raise too_large
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > self.max_body_bytes:
-                raise too_large
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > self.max_body_bytes:
+                    raise too_large
+        except ClientDisconnect:  # gone mid-body (or closed by listener.py's deadline): nobody to answer
+            raise ApiError(499, "the client closed the connection before its request's body arrived",
+                           code="client_closed") from None
         try:
             data = json.loads(body)
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+        except RecursionError:
+            raise ApiError(400, "the request body is nested too deeply to parse", code="invalid_json") from None
         if not isinstance(data, dict):
             raise ApiError(400, "the request body must be a JSON object")
         return data
@@ -351,10 +327,11 @@ class _Api:
             await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
-            if not result.done():
+            finished = result.done()
+            if not finished:  # a cancelled task is not done until it runs again: no result to read
                 result.cancel()
                 cancel.set()
-        if result.cancelled():
+        if not finished:
             return None
         last = result.result()
         if isinstance(last, Exception):

@@ -1,5 +1,5 @@
 """Where the API listens and how it runs: a loopback or keyed TCP socket, or a private Unix socket; the uvicorn
-server over a Serving, its connection limit; `serve`, which runs it until stopped."""
+server over a Serving, with deadlines on reading a request; `serve`, which runs it until stopped."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def base_url(sock: socket.socket) -> str:
     return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
 
-def serve(engine, sock: socket.socket, defaults, *, api_key: str | None) -> None:
+def serve(engine, sock: socket.socket, defaults, *, api_key: str | None, cors_origins: tuple[str, ...] = ()) -> None:
     """Run the API on sock until interrupted, engine first (POST /stowage/load replaces it with a model `defaults`
     lists); prints the base URL (or `unix:PATH`) on stdout once it is listening."""
     from ..serving.scheduler import Scheduler
@@ -115,7 +115,7 @@ def serve(engine, sock: socket.socket, defaults, *, api_key: str | None) -> None
     serving = Serving(Served(engine.name, Scheduler(engine, max_running=parallel,
                                                     max_waiting=defaults.max_queue).start()), defaults)
     url = base_url(sock)
-    server = http_server(serving, api_key=api_key)
+    server = http_server(serving, api_key=api_key, cors_origins=cors_origins)
     print(url, flush=True)  # the one line on stdout: a parent process reads the port from it
     api = url if url.startswith(UNIX_SCHEME) else f"{url}/v1"
     sys.stderr.write(f"serving {engine.name} at {api} ({parallel} x {engine.cache.context_tokens:,}-token "
@@ -129,11 +129,13 @@ def serve(engine, sock: socket.socket, defaults, *, api_key: str | None) -> None
         close_listener(sock, url)
 
 
-def http_server(serving, *, api_key: str | None):
+def http_server(serving, *, api_key: str | None, cors_origins: tuple[str, ...] = ()):
     """The uvicorn server of the API over a Serving (or a started scheduler); `.run(sockets=[...])` serves."""
     import uvicorn
 
-    from .app import MAX_HEAD_BYTES, create_app
+    from .app import create_app
+    from .deadlines import DeadlineH11Protocol
+    from .guards import MAX_HEAD_BYTES
     from .serving import Serving
 
     serving = serving if isinstance(serving, Serving) else Serving.of(serving)
@@ -141,18 +143,10 @@ def http_server(serving, *, api_key: str | None):
     def unload() -> None:  # POST /stowage/unload: stop serving; run_serve then frees the engine and returns
         server.should_exit = True
 
-    # h11 (whatever else is installed) with its buffer bound at the app's head limit; connections past
-    # limit_concurrency get uvicorn's 503 before they cost anything. The limit follows the model served: a load
-    # with another `parallel` sets it anew (uvicorn reads it from the config at each new connection).
-    config = uvicorn.Config(create_app(serving, api_key=api_key, on_unload=unload), log_level="warning",
-                            http="h11", h11_max_incomplete_event_size=MAX_HEAD_BYTES, timeout_graceful_shutdown=5,
-                            limit_concurrency=connection_limit(serving.current.scheduler))
-    serving.on_loaded = lambda served: setattr(config, "limit_concurrency", connection_limit(served.scheduler))
+    # h11 with read deadlines (deadlines.py), its buffer bound at the app's head limit. No limit_concurrency: uvicorn
+    # counts open sockets, so idle ones locked every client out; the app counts requests (guards.py max_requests).
+    app = create_app(serving, api_key=api_key, on_unload=unload, cors_origins=cors_origins)
+    config = uvicorn.Config(app, log_level="warning", http=DeadlineH11Protocol,
+                            h11_max_incomplete_event_size=MAX_HEAD_BYTES, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     return server
-
-
-def connection_limit(scheduler) -> int:
-    """The connections a server takes at once: room for every running and waiting request, a stream and a retry
-    each, and some for /health, /v1/models and loads."""
-    return 4 * (scheduler.max_running + scheduler.max_waiting) + 32

@@ -22,12 +22,19 @@ class ApiError(Exception):
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
                  code: str | None = None, headers: dict[str, str] | None = None):
+        message, param = _encodable(message), _encodable(param)  # they may quote the request: a lone surrogate
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.headers = headers
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _encodable(text: str | None) -> str | None:
+    """text with what UTF-8 cannot encode (a lone surrogate, which JSON's \\udXXX escapes make) written as its
+    escape: the error that quotes it must still be sent."""
+    return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _bad(param: str, message: str, code: str | None = None) -> ApiError:

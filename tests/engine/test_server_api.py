@@ -15,7 +15,8 @@ from starlette.testclient import TestClient
 from stowage.engine.runtime.engine import Engine
 from stowage.engine.runtime.generation import GenerationResult
 from stowage.engine.runtime.sampler import SamplingParams
-from stowage.engine.server.app import MAX_HEAD_BYTES, create_app
+from stowage.engine.server.app import create_app
+from stowage.engine.server.guards import MAX_HEAD_BYTES
 from stowage.engine.server.listener import http_server, listen
 from stowage.engine.serving.scheduler import Scheduler
 
@@ -177,12 +178,14 @@ def test_neutral_values_and_text_parts_are_accepted(served):
 
 def test_malformed_requests_get_openai_errors_and_the_server_goes_on(served):
     client, _ = served
-    assert_error(client.post("/v1/chat/completions", content=b"{not json"), 400, code="invalid_json")
+    as_json = {"Content-Type": "application/json"}
+    assert_error(client.post("/v1/chat/completions", content=b"{not json", headers=as_json), 400, code="invalid_json")
     assert_error(client.post("/v1/chat/completions", json=[1, 2]), 400)
     assert_error(client.post("/v1/chat/completions", json=chat_body(model="gpt-4")), 404, "model", "model_not_found")
     assert_error(client.post("/v1/completions", json={"prompt": [1, 10**6]}), 400, "prompt")
     assert_error(client.post("/v1/completions", json={"prompt": ["a", "b"]}), 400, "prompt")
-    assert_error(client.post("/v1/chat/completions", content=b" " * (9 << 20)), 413, code="request_too_large")
+    assert_error(client.post("/v1/chat/completions", content=b" " * (9 << 20), headers=as_json), 413,
+                 code="request_too_large")
     assert_error(client.get("/v1/nothing"), 404)
     assert_error(client.get("/v1/chat/completions"), 405)
     assert client.post("/v1/chat/completions", json=chat_body()).status_code == 200
@@ -327,7 +330,7 @@ def test_a_client_that_hangs_up_cancels_its_request_and_frees_its_blocks(model_d
         try:
             body = json.dumps(chat_body(max_tokens=200, stream=stream)).encode()
             with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=TIMEOUT) as s:
-                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                           b"Content-Length: %d\r\n\r\n" % len(body) + body)
                 received = b""
                 while stream and received.count(b"data: ") < 2:  # the role, then the first token

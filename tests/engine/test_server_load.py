@@ -238,37 +238,37 @@ def test_no_model_is_a_503_on_every_model_endpoint(server, remote):
     remote.load("alpha", context_tokens=128)
 
 
-def test_the_connection_limit_follows_a_load_with_more_sequences(server, remote):
-    # uvicorn answers 503 past 4 x (running + waiting) + 32 connections: 100 for --parallel 1 and the default
-    # queue of 16, 128 once a load serves 8 sequences. Idle connections fill the first limit, not the second.
+def test_the_request_limit_follows_a_load_with_more_sequences(server, remote):
+    # past 4 x (running + waiting) + 32 requests at once the server answers 503 server_busy: 100 for --parallel 1
+    # and the default queue of 16, 128 once a load serves 8 sequences. Requests whose bodies have not arrived count.
     import socket
     from urllib.parse import urlsplit
 
     from stowage.engine.cli.serve import DEFAULT_MAX_QUEUE
 
     address = (urlsplit(server).hostname, urlsplit(server).port)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{").encode()
 
-    def health_with_idle_connections(count):
-        idle = [socket.create_connection(address, timeout=TIMEOUT) for _ in range(count)]
+    def models_with_requests_waiting_for_their_bodies(count):
+        waiting = [socket.create_connection(address, timeout=TIMEOUT) for _ in range(count)]
         try:
-            time.sleep(0.2)  # the server takes them in before the request below
-            return httpx.get(f"{server}/health", timeout=TIMEOUT).status_code
+            for s in waiting:
+                s.sendall(head)
+            time.sleep(0.5)  # the server takes them in before the request below
+            return httpx.get(f"{server}/v1/models", headers=headers, timeout=TIMEOUT).status_code
         finally:
-            for s in idle:
+            for s in waiting:
                 s.close()
-            wait_health(server, "ok")
+            for _ in range(TIMEOUT * 20):  # until the server has seen them go
+                if httpx.get(f"{server}/v1/models", headers=headers, timeout=TIMEOUT).status_code == 200:
+                    break
+                time.sleep(0.05)
 
-    def load(**plan):  # on a connection of its own, closed after: a kept-alive one would count too
-        r = RemoteServer(server, KEY)
-        try:
-            return r.load("alpha", context_tokens=128, **plan)
-        finally:
-            r.close()
-
-    load()
-    remote.close()
+    remote.load("alpha", context_tokens=128)
     first = 4 * (1 + DEFAULT_MAX_QUEUE) + 32
-    assert health_with_idle_connections(first) == 503
-    assert load(parallel=8)["parallel"] == 8
-    assert health_with_idle_connections(first) == 200
-    load()  # back to one sequence, as the other tests expect
+    assert models_with_requests_waiting_for_their_bodies(first) == 503
+    assert remote.load("alpha", context_tokens=128, parallel=8)["parallel"] == 8
+    assert models_with_requests_waiting_for_their_bodies(first) == 200
+    remote.load("alpha", context_tokens=128)  # back to one sequence, as the other tests expect

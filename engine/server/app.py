@@ -23,14 +23,15 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..errors import GenerationCancelled, InsufficientMemoryError, InvalidArgumentError, ModelFormatError, StowageError
+from ..errors import (GenerationCancelled, InsufficientMemoryError, InvalidArgumentError, ModelFormatError,
+                      StowageError, UnsupportedModelError)
 from ..runtime.generation import GenerationResult, TokenEvent
 from ..planning.report import summary, to_dict
 from .responses import Reply, listed_model, model_object, sse
 from .schemas import ApiError, CompletionRequest, LoadRequest, parse_chat, parse_completion, parse_load
 from ..serving.scheduler import PrefillProgress, Scheduler, ServerBusyError
 from .guards import RETRY_AFTER_SECONDS, stack
-from .serving import Served, Serving
+from .serving import LoadPlan, Served, Serving
 
 log = logging.getLogger(__name__)
 
@@ -163,23 +164,33 @@ class _Api:
         if not self.serving.begin_load(req.model, cancel):
             raise ApiError(409, f"a load is running already ({self.serving.loading!r:.80}); wait for its stream to "
                                 "end, or close that stream to cancel it", code="load_in_progress")
-        try:
-            found = await run_in_threadpool(self.serving.find, req.model)
+        try:  # what the request asks for is checked before the stream begins and before anything changes
+            prepared = await run_in_threadpool(self._prepare, req)
         except BaseException:
             self.serving.end_load()
             raise
-        if found is None:
-            self.serving.end_load()
-            raise ApiError(404, f"The model {req.model!r:.80} is not one this machine lists (GET /stowage/models "
-                                "lists them: the Stowage models folder, the Hugging Face cache, LM Studio, Ollama)",
-                           param="model", code="model_not_found")
         events = _Events(keep_tokens=True)
-        threading.Thread(target=self._load, args=(found, req, events.emit, cancel), name="stowage-load",
+        threading.Thread(target=self._load, args=(prepared, events.emit, cancel), name="stowage-load",
                          daemon=True).start()
         return _CancelWhenDone(self._load_stream(events), cancel)
 
-    def _load(self, found, req: LoadRequest, emit: Callable[[object], None], cancel: threading.Event) -> None:
+    def _prepare(self, req: LoadRequest) -> LoadPlan:
+        """On a worker thread: the listed model and its plan (Serving.prepare); ApiError for what the client asked."""
+        found = self.serving.find(req.model)
+        if found is None:
+            raise ApiError(404, f"The model {req.model!r:.80} is not one this machine lists (GET /stowage/models "
+                                "lists them: the Stowage models folder, the Hugging Face cache, LM Studio, Ollama)",
+                           param="model", code="model_not_found")
+        try:
+            return self.serving.prepare(found, req)
+        except (ModelFormatError, UnsupportedModelError) as e:  # the client's choice of file: its reason
+            raise ApiError(400, str(e), param="model", code="unsupported_model") from None
+        except InvalidArgumentError as e:  # what no memory would change: a context past the model's, ...
+            raise ApiError(400, str(e)) from None
+
+    def _load(self, prepared: LoadPlan, emit: Callable[[object], None], cancel: threading.Event) -> None:
         """The load's worker thread: its progress, then the model loaded or the error, as events."""
+        found = prepared.found
         total = found.size_bytes
 
         def send(event: dict) -> None:
@@ -192,12 +203,13 @@ class _Api:
             send({"stage": stage, "done": round(fraction * total), "total": total})
 
         try:
-            served = self.serving.load(found, req, report, cancel)
+            served = self.serving.load(prepared, report, cancel)
             send({"loaded": {**model_object(served.name, served.created, served.context_tokens),
                              "parallel": served.scheduler.max_running, "plan": summary(served.engine.plan)}})
         except GenerationCancelled as e:
             send(ApiError(499, str(e), code="cancelled").body())
-        except (InsufficientMemoryError, InvalidArgumentError, ModelFormatError) as e:  # the planner's own message
+        except (InsufficientMemoryError, InvalidArgumentError, ModelFormatError, UnsupportedModelError) as e:
+            # the planner's or the loader's own message
             send(ApiError(400, str(e), code="insufficient_memory" if isinstance(e, InsufficientMemoryError)
                           else None).body())
         except Exception as e:  # a bug, or a StowageError of a kind above none of these

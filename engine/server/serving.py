@@ -1,6 +1,7 @@
-"""What the server serves now, and swapping it (POST /stowage/load): the old model's requests end, its scheduler
-stops and its engine's memory is released, then the new model is planned and loaded on a worker thread and a new
-Scheduler takes it.
+"""What the server serves now, and swapping it (POST /stowage/load): the new model is read and planned first,
+counting the memory the old one holds as free, and refused then with the old model still served; otherwise the old
+model's requests end, its scheduler stops and its engine's memory is released, then the new model is planned against
+the memory free now and loaded on a worker thread, and a new Scheduler takes it.
 
 A scheduler thread still owns its engine alone: a swap closes the scheduler before it frees the engine, and starts
 the next scheduler only once the next engine is loaded. Handlers read `Serving.current` once per request; it is
@@ -13,12 +14,12 @@ import gc
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..formats.discovery import FoundModel, Places, discover
 from ..errors import GenerationCancelled, InsufficientMemoryError, InvalidArgumentError
-from ..planning import Plan, PlanRequest, check, default_context_tokens, detect_budgets, inspect
+from ..planning import Budgets, ModelInfo, Plan, PlanRequest, default_context_tokens, detect_budgets, inspect, plan
 from ..serving.scheduler import Scheduler
 from .schemas import LoadRequest
 
@@ -37,20 +38,53 @@ class LoadDefaults:
     kv_disk_budget: int | None = None
 
 
-def plan_serving(path: Path, request: PlanRequest) -> Plan:
-    """The plan of request.num_seqs sequences of request.context_tokens against this machine's memory now;
-    InsufficientMemoryError or InvalidArgumentError when it cannot be served."""
-    try:
-        plan = check(inspect(path), request, detect_budgets())
-    except InsufficientMemoryError as e:
-        if request.num_seqs == 1:
-            raise
-        raise InsufficientMemoryError(f"{e} With --parallel {request.num_seqs}, each sequence holds a whole context "
-                                      "of KV cache: fewer sequences need less.") from None
-    if request.num_seqs > plan.prefill_chunk:  # the planner charges a decode step's activations as a chunk's
-        raise InvalidArgumentError(f"--parallel {request.num_seqs} is more than the prefill chunk of "
-                                   f"{plan.prefill_chunk} tokens; serve at most that many sequences")
-    return plan
+def plan_serving(model: Path | ModelInfo, request: PlanRequest, budgets: Budgets | None = None) -> Plan:
+    """The plan of request.num_seqs sequences of request.context_tokens against budgets (None: this machine's memory
+    now); InvalidArgumentError for what no memory would change (check_shape), InsufficientMemoryError when it does
+    not fit."""
+    planned = plan(model if isinstance(model, ModelInfo) else inspect(model), request, budgets or detect_budgets())
+    check_shape(planned)
+    return require_fit(planned)
+
+
+def require_fit(planned: Plan) -> Plan:
+    """planned if it fits; InsufficientMemoryError with the planner's words otherwise."""
+    if planned.fits or planned.num_seqs == 1:
+        return planned.require_fit()
+    raise InsufficientMemoryError(f"{planned.error} With --parallel {planned.num_seqs}, each sequence holds a whole "
+                                  "context of KV cache: fewer sequences need less.")
+
+
+def check_shape(planned: Plan) -> None:
+    """What no amount of memory changes: a context within the model's positions, and at most a prefill chunk of
+    sequences (the planner charges a decode step's activations as a chunk's); InvalidArgumentError otherwise."""
+    if planned.context_tokens > planned.max_position_embeddings:
+        raise InvalidArgumentError(planned.error)  # the planner's words, which say so
+    if planned.num_seqs > planned.prefill_chunk:
+        raise InvalidArgumentError(f"--parallel {planned.num_seqs} is more than the prefill chunk of "
+                                   f"{planned.prefill_chunk} tokens; serve at most that many sequences")
+
+
+def after_unload(budgets: Budgets, held: Plan) -> Budgets:
+    """budgets as they will be once the engine of plan `held` is gone: what it holds on each device counted as free
+    (its planned bytes: weights read in place from a file are counted again, which only makes the check lenient)."""
+    held_bytes = {d.device: d.total_bytes for d in held.devices}
+
+    def freed(budget):
+        return replace(budget, free_bytes=budget.free_bytes + held_bytes.get(budget.device, 0))
+
+    return replace(budgets, gpus=tuple(freed(g) for g in budgets.gpus), ram=freed(budgets.ram))
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """A load checked before anything changes: the listed model, its header, the plan request, and its plan against
+    the memory free once the model served now is unloaded."""
+
+    found: FoundModel
+    info: ModelInfo
+    request: PlanRequest
+    plan: Plan
 
 
 class Served:
@@ -104,7 +138,6 @@ class Serving:
         self.loading: str | None = None  # the id of the model a load is loading
         self._lock = threading.Lock()
         self._cancel: threading.Event | None = None  # the running load's
-        self.on_loaded: Callable[[Served], None] | None = None  # told of each model a load made current
 
     @classmethod
     def of(cls, scheduler: Scheduler) -> "Serving":
@@ -131,34 +164,52 @@ class Serving:
         with self._lock:
             self.loading = self._cancel = None
 
-    def load(self, found: FoundModel, request: LoadRequest, report: Report, cancel: threading.Event) -> Served:
-        """After begin_load, on a worker thread: stop the model served now, plan `found` and load it; ends the load.
+    def prepare(self, found: FoundModel, asked: LoadRequest) -> LoadPlan:
+        """After begin_load, on a worker thread, before anything changes: read found's header and plan it against the
+        memory free once the model served now is gone. ModelFormatError or UnsupportedModelError for a file that
+        cannot be served; InvalidArgumentError for what no memory would change (check_shape)."""
+        defaults = self.defaults
+        info = inspect(found.path)
+        request = PlanRequest(asked.context_tokens or default_context_tokens(found.path), dtype=asked.dtype,
+                              kv_dtype=asked.kv_dtype, gpu_layers=defaults.gpu_layers,
+                              num_seqs=asked.parallel or defaults.parallel, kv_disk_budget=defaults.kv_disk_budget)
+        budgets = detect_budgets()
+        served = self.current  # only a load replaces it, and this one holds the load
+        planned = plan(info, request, budgets if served is None else after_unload(budgets, served.engine.plan))
+        check_shape(planned)
+        return LoadPlan(found, info, request, planned)
 
-        Raises GenerationCancelled once `cancel` is set (between tensors), leaving no model served."""
+    def load(self, prepared: LoadPlan, report: Report, cancel: threading.Event) -> Served:
+        """After prepare, on the same worker thread: refuse a plan that cannot fit even once the model served now is
+        gone (which then stays served), or stop that model, plan against the memory free then, and load; ends the
+        load. Raises GenerationCancelled once `cancel` is set (between tensors), leaving no model served."""
         from ..runtime.engine import Engine
 
         try:
             if cancel.is_set():  # gone before anything changed: the model served stays
                 raise GenerationCancelled("loading cancelled")
-            old, self.current = self.current, None
+            old = self.current
+            try:
+                require_fit(prepared.plan)
+            except InsufficientMemoryError as e:
+                if old is None:
+                    raise
+                raise InsufficientMemoryError(f"{e} (This counts the memory {old.name} holds as free; it is still "
+                                              "served.)") from None
+            self.current = None
             if old is not None:
                 report(0.0, f"unloading {old.name}")
                 old.stop()
                 del old
                 release_memory()
-            defaults = self.defaults
             report(0.0, "planning")
-            plan = plan_serving(found.path, PlanRequest(
-                request.context_tokens or default_context_tokens(found.path), dtype=request.dtype,
-                kv_dtype=request.kv_dtype, gpu_layers=defaults.gpu_layers,
-                num_seqs=request.parallel or defaults.parallel, kv_disk_budget=defaults.kv_disk_budget))
+            planned = plan_serving(prepared.info, prepared.request)  # against the memory free now
             if cancel.is_set():
                 raise GenerationCancelled("loading cancelled")
-            engine = Engine.load(found.path, plan, progress=report, cancel=cancel)
-            scheduler = Scheduler(engine, max_running=plan.num_seqs, max_waiting=defaults.max_queue).start()
+            found = prepared.found
+            engine = Engine.load(found.path, planned, progress=report, cancel=cancel)
+            scheduler = Scheduler(engine, max_running=planned.num_seqs, max_waiting=self.defaults.max_queue).start()
             self.current = Served(found.name, scheduler)
-            if self.on_loaded is not None:
-                self.on_loaded(self.current)
             return self.current
         finally:
             self.end_load()

@@ -153,11 +153,12 @@ def test_the_key_is_required(server):
         assert response.json()["error"]["code"] == "invalid_api_key"
 
 
-def test_a_plan_that_does_not_fit_is_an_error_event(server, remote):
-    with pytest.raises(InvalidArgumentError, match="prefill chunk"):  # the planner's refusal, in the stream
-        remote.load("alpha", context_tokens=128, parallel=4096)
-    assert httpx.get(f"{server}/health").json() == {"status": "no model is loaded"}
+def test_a_load_no_memory_would_fit_is_refused_and_the_model_stays(server, remote):
     remote.load("alpha", context_tokens=128)
+    with pytest.raises(InvalidArgumentError, match="prefill chunk"):  # a 400 before the stream: nothing changed
+        remote.load("beta", context_tokens=128, parallel=4096)
+    assert httpx.get(f"{server}/health").json() == {"status": "ok"}
+    assert [m["id"] for m in remote.models()] == ["alpha"]
 
 
 def test_a_disconnect_mid_load_leaves_no_model_and_the_next_load_works(server, remote, places):
@@ -224,8 +225,10 @@ def test_a_request_running_during_a_load_ends_with_its_final_event(remote, place
 
 
 def test_no_model_is_a_503_on_every_model_endpoint(server, remote):
-    with pytest.raises(InvalidArgumentError):
-        remote.load("alpha", context_tokens=128, parallel=4096)
+    cancel = threading.Event()
+    with pytest.raises(GenerationCancelled):  # cancelled at its first event: the load leaves no model
+        remote.load("slow", context_tokens=64, dtype="bfloat16", progress=lambda *_: cancel.set(), cancel=cancel)
+    wait_health(server, "no model is loaded")
     headers = {"Authorization": f"Bearer {KEY}"}
     for path, body in (("/v1/completions", {"prompt": "x"}),
                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})):

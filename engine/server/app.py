@@ -39,10 +39,12 @@ MAX_BODY_BYTES = 8 << 20  # a full 128k-token context is ~0.5 MB of text; JSON e
 
 
 def create_app(serving: Serving | Scheduler, *, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-               on_unload: Callable[[], None] | None = None, cors_origins: Iterable[str] = ()):
+               on_unload: Callable[[], None] | None = None, cors_origins: Iterable[str] = (),
+               loopback_bind: bool = True):
     """The ASGI app over what a server serves (or one started scheduler, which owns its engine, served without
     loads), behind guards.py's checks; `POST /stowage/unload` calls on_unload. cors_origins: the web pages' origins
-    (parse_origin's form) that may call it from a browser."""
+    (parse_origin's form) that may call it from a browser. loopback_bind False: the server listens beyond loopback
+    too (which takes a key), and a request reaching it at a loopback address may name the machine as it likes."""
     serving = serving if isinstance(serving, Serving) else Serving.of(serving)
     api = _Api(serving, max_body_bytes, on_unload)
     routes = [
@@ -59,7 +61,7 @@ def create_app(serving: Serving | Scheduler, *, api_key: str | None = None, max_
         Route("/stowage/load", api.load, methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error})
-    return stack(app, serving, api_key=api_key, cors_origins=cors_origins)
+    return stack(app, serving, api_key=api_key, cors_origins=cors_origins, loopback_bind=loopback_bind)
 
 
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:

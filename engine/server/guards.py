@@ -5,7 +5,6 @@ the number of requests served at once. Each is a small ASGI wrapper around the n
 from __future__ import annotations
 
 import hmac
-import ipaddress
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
@@ -14,6 +13,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse
 
 from ..errors import InvalidArgumentError
+from .listener import is_loopback
 from .schemas import ApiError
 
 MAX_HEAD_BYTES = 16 << 10  # the request's headers, all together
@@ -43,12 +43,12 @@ def max_requests(scheduler) -> int:
     return 32 if scheduler is None else 4 * (scheduler.max_running + scheduler.max_waiting) + 32
 
 
-def stack(app, serving, *, api_key: str | None, cors_origins: Iterable[str]):
+def stack(app, serving, *, api_key: str | None, cors_origins: Iterable[str], loopback_bind: bool):
     """app behind every guard, outermost first: head size, browsers, the key, the request limit."""
     guarded = _RequestLimit(app, serving)
     if api_key:
         guarded = _BearerAuth(guarded, api_key)
-    return _HeadLimit(_BrowserGuard(guarded, tuple(cors_origins)))
+    return _HeadLimit(_BrowserGuard(guarded, tuple(cors_origins), check_host=loopback_bind))
 
 
 def _refuse(error: ApiError) -> JSONResponse:
@@ -70,13 +70,13 @@ class _HeadLimit:
 
 
 class _BrowserGuard:
-    """Refuses what only a web page sends: a Host other than this machine's on a loopback address (DNS rebinding),
-    an Origin other than the server's own or one given with --cors-origin, a POST whose body is not JSON (the kinds
-    a page sends without asking first: text/plain, forms). OpenAI clients and the app's engine child send no Origin
-    and JSON. The origins given get CORS headers, and their preflights are answered."""
+    """Refuses what only a web page sends: a Host other than this machine's on a server bound to loopback (DNS
+    rebinding; check_host), an Origin other than the server's own or one given with --cors-origin, a POST whose
+    body is not JSON (the kinds a page sends without asking first: text/plain, forms). OpenAI clients and the app's
+    engine child send no Origin and JSON. The origins given get CORS headers, and their preflights are answered."""
 
-    def __init__(self, app, cors_origins: tuple[str, ...]):
-        self.origins = frozenset(cors_origins)
+    def __init__(self, app, cors_origins: tuple[str, ...], *, check_host: bool):
+        self.origins, self.check_host = frozenset(cors_origins), check_host
         self.app = app if not cors_origins else CORSMiddleware(
             app, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"])
@@ -91,7 +91,7 @@ class _BrowserGuard:
     def _refusal(self, scope) -> ApiError | None:
         headers = Headers(scope=scope)
         host = headers.get("host", "")
-        if _is_loopback(scope.get("server")) and not _is_local_name(host):
+        if self.check_host and _is_loopback(scope.get("server")) and not _is_local_name(host):
             return ApiError(403, f"the Host {host!r:.80} is not this machine: a server on a loopback address answers "
                                  "only to localhost, 127.0.0.1 or [::1] (a web page whose name was pointed here sends "
                                  "its own)", code="host_not_allowed")
@@ -108,21 +108,17 @@ class _BrowserGuard:
 def _is_loopback(server) -> bool:
     """Whether the request came in on a loopback address; a Unix socket's path is none (no browser reaches one)."""
     try:
-        address = ipaddress.ip_address(server[0])
+        return is_loopback(server[0])
     except (TypeError, ValueError):
         return False
-    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1
-    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def _is_local_name(host: str) -> bool:
     """localhost or a loopback address, with any port: names no other site's page can be reached under."""
     name = host.lower()
     name = name[1:].partition("]")[0] if name.startswith("[") else name.partition(":")[0]
-    if name == "localhost":
-        return True
     try:
-        return ipaddress.ip_address(name).is_loopback
+        return name == "localhost" or is_loopback(name)
     except ValueError:
         return False
 

@@ -24,7 +24,7 @@ def listen(host: str, port: int, *, has_key: bool) -> socket.socket:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as e:
         raise InvalidArgumentError(f"--host {host!r}: not an address of this machine ({e.strerror})") from None
-    if not ipaddress.ip_address(address[0]).is_loopback and not has_key:
+    if not is_loopback(address[0]) and not has_key:
         raise InvalidArgumentError(f"--host {host}: other machines could reach the server; give --api-key KEY "
                                    f"(or ${API_KEY_ENV}) so that only clients with the key can use it")
     sock = socket.socket(family, kind, proto)
@@ -37,6 +37,14 @@ def listen(host: str, port: int, *, has_key: bool) -> socket.socket:
         raise StowageError(f"cannot listen on {host}:{port}: {e.strerror}; choose another --port "
                            "(0 picks a free one)") from None
     return sock
+
+
+def is_loopback(address: str) -> bool:
+    """Whether an IP address is this machine's loopback (127.0.0.0/8, ::1, ::ffff:127.0.0.1); ValueError for a
+    string that is no IP address."""
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def listen_unix(path: Path) -> socket.socket:
@@ -115,7 +123,8 @@ def serve(engine, sock: socket.socket, defaults, *, api_key: str | None, cors_or
     serving = Serving(Served(engine.name, Scheduler(engine, max_running=parallel,
                                                     max_waiting=defaults.max_queue).start()), defaults)
     url = base_url(sock)
-    server = http_server(serving, api_key=api_key, cors_origins=cors_origins)
+    loopback_bind = sock.family != getattr(socket, "AF_UNIX", None) and is_loopback(sock.getsockname()[0])
+    server = http_server(serving, api_key=api_key, cors_origins=cors_origins, loopback_bind=loopback_bind)
     print(url, flush=True)  # the one line on stdout: a parent process reads the port from it
     api = url if url.startswith(UNIX_SCHEME) else f"{url}/v1"
     sys.stderr.write(f"serving {engine.name} at {api} ({parallel} x {engine.cache.context_tokens:,}-token "
@@ -129,8 +138,9 @@ def serve(engine, sock: socket.socket, defaults, *, api_key: str | None, cors_or
         close_listener(sock, url)
 
 
-def http_server(serving, *, api_key: str | None, cors_origins: tuple[str, ...] = ()):
-    """The uvicorn server of the API over a Serving (or a started scheduler); `.run(sockets=[...])` serves."""
+def http_server(serving, *, api_key: str | None, cors_origins: tuple[str, ...] = (), loopback_bind: bool = True):
+    """The uvicorn server of the API over a Serving (or a started scheduler); `.run(sockets=[...])` serves.
+    loopback_bind: whether those sockets are loopback only (create_app)."""
     import uvicorn
 
     from .app import create_app
@@ -145,7 +155,8 @@ def http_server(serving, *, api_key: str | None, cors_origins: tuple[str, ...] =
 
     # h11 with read deadlines (deadlines.py), its buffer bound at the app's head limit. No limit_concurrency: uvicorn
     # counts open sockets, so idle ones locked every client out; the app counts requests (guards.py max_requests).
-    app = create_app(serving, api_key=api_key, on_unload=unload, cors_origins=cors_origins)
+    app = create_app(serving, api_key=api_key, on_unload=unload, cors_origins=cors_origins,
+                     loopback_bind=loopback_bind)
     config = uvicorn.Config(app, log_level="warning", http=DeadlineH11Protocol,
                             h11_max_incomplete_event_size=MAX_HEAD_BYTES, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)

@@ -263,10 +263,13 @@ def test_a_foreign_host_on_a_loopback_bind_is_refused(scheduler):
         assert client.get("/v1/models", headers={"Host": host}).status_code == 200, host
 
 
-def test_a_foreign_host_is_served_where_no_browser_reaches_by_that_address(scheduler):
-    # a bind other than loopback needs a key, which a page does not have; the Host is then the machine's name
+def test_a_foreign_host_is_taken_by_a_server_bound_beyond_loopback(scheduler):
+    # a bind other than loopback needs a key, which a page does not have; the Host is then the machine's name, also
+    # where that name resolves to a loopback address (Debian's 127.0.1.1)
     client = TestClient(create_app(scheduler), base_url="http://192.168.1.20:8080")
     assert client.get("/v1/models", headers={"Host": "my-box.lan:8080"}).status_code == 200
+    client = TestClient(create_app(scheduler, loopback_bind=False), base_url="http://127.0.1.1:8080")
+    assert client.get("/v1/models", headers={"Host": "my-box:8080"}).status_code == 200
 
 
 def test_a_page_cannot_unload_or_load_or_chat_with_text_plain_or_a_foreign_origin(scheduler):

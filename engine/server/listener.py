@@ -3,6 +3,8 @@ server over a Serving, with deadlines on reading a request; `serve`, which runs 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import ipaddress
 import os
 import socket
@@ -130,9 +132,7 @@ def serve(engine, sock: socket.socket, defaults, *, api_key: str | None, cors_or
     sys.stderr.write(f"serving {engine.name} at {api} ({parallel} x {engine.cache.context_tokens:,}-token "
                      f"sequences{', API key required' if api_key else ''}); Ctrl-C stops\n")
     try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn shuts down gracefully on Ctrl-C / SIGTERM, then raises the signal again
-        pass
+        server.run(sockets=[sock])  # Ctrl-C and SIGTERM end it gracefully, and are not raised again (_Server)
     finally:
         serving.close()
         close_listener(sock, url)
@@ -159,5 +159,26 @@ def http_server(serving, *, api_key: str | None, cors_origins: tuple[str, ...] =
                      loopback_bind=loopback_bind)
     config = uvicorn.Config(app, log_level="warning", http=DeadlineH11Protocol,
                             h11_max_incomplete_event_size=MAX_HEAD_BYTES, timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+    server = _server_class()(config)
     return server
+
+
+@functools.cache
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, except that Ctrl-C or SIGTERM is not raised again after its graceful shutdown (uvicorn
+        re-raises the signal, so `serve` died with -15): `serve` then writes the cached conversations to the KV
+        store, removes its socket file and returns, and the process exits 0."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    self._captured_signals.clear()  # read by the super's exit, which would raise them again
+
+    return Server
+

@@ -151,3 +151,24 @@ def test_plan_counts_the_kv_cache_of_every_parallel_sequence(model_dir):
         return json.loads(out.getvalue())["devices"][-1]["kv_bytes"]
 
     assert kv_bytes("--parallel", "3") == 3 * kv_bytes() > 0
+
+
+def test_sigterm_is_a_clean_stop(model_dir, tmp_path):
+    # uvicorn re-raised SIGTERM after its graceful shutdown: `serve` died with -15, its conversations were not
+    # written to the KV store and its --unix socket file stayed. What the app's --exit-with-parent relies on too.
+    kv_dir, sock = tmp_path / "kv", tmp_path / "s.sock"
+    proc = stowage("serve", model_dir, "--unix", sock, "--context", 256, env={**ENV, "STOWAGE_KV_DIR": str(kv_dir)})
+    url = read_line(proc)
+    assert url == f"unix:{sock}" and sock.exists(), proc.stderr.read() if proc.poll() is not None else url
+    import httpx
+
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://localhost", timeout=TIMEOUT) as c:
+        reply = c.post("/v1/completions", json={"prompt": "Stowage keeps the context " * 4, "max_tokens": 4,
+                                                "temperature": 0}, headers={"Authorization": f"Bearer {KEY}"})
+        assert reply.status_code == 200, reply.text
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    assert not sock.exists()  # the socket file went with the server
+    assert list(kv_dir.rglob("*.kv")), "the cached conversation was not written to the KV store"

@@ -25,9 +25,10 @@ run: venv
 test: venv
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -P -m pytest -q
 
-# The long fuzz of model files (10,000 cases; STOWAGE_FUZZ_CASES=N for another count): docs/robustness.md
+# The long fuzz of model files and of the server's request bodies (10,000 cases each; STOWAGE_FUZZ_CASES=N
+# for another count): docs/robustness.md
 fuzz: venv
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -P -m pytest -q -s -m fuzz tests/engine/test_fuzz.py
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -P -m pytest -q -s -m fuzz tests/engine/test_fuzz.py tests/engine/test_fuzz_server.py
 
 bench: venv
 	$(BIN)/python bench/engine_bench.py

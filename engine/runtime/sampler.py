@@ -28,8 +28,14 @@ class SamplingParams:
     def __post_init__(self):
         for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise InvalidArgumentError(f"{name} must be a finite number, got {value!r}")
+            try:
+                number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+            except OverflowError:  # an int past float's range
+                number = None
+            if number is None or not math.isfinite(number):
+                raise InvalidArgumentError(f"{name} must be a finite number, got {value!r:.40}")
+            # a float from here on: torch cannot multiply a tensor by an int past int64 (10**30 reached the sampler)
+            object.__setattr__(self, name, number)
         for name in ("top_k", "max_tokens"):
             if not _is_int(getattr(self, name)):
                 raise InvalidArgumentError(f"{name} must be an integer, got {getattr(self, name)!r}")

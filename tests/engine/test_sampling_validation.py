@@ -71,3 +71,16 @@ def test_draws_follow_the_probabilities_and_never_pick_a_zero():
     assert counts[p == 0].sum() == 0
     sigma = (n * p * (1 - p)).sqrt()
     assert bool(((counts - n * p).abs() <= 5 * sigma + 1).all()), counts.tolist()
+
+
+def test_a_huge_integer_is_a_float_or_a_typed_error():
+    # found by the server fuzz: repetition_penalty 2**64 passed the checks and overflowed in torch (a 500)
+    import torch
+
+    from stowage.engine.runtime.sampler import Sampler
+
+    params = SamplingParams(repetition_penalty=2**64, temperature=0)
+    assert params.repetition_penalty == float(2**64) and isinstance(params.repetition_penalty, float)
+    assert Sampler(params)(torch.tensor([0.5, 2.0, -1.0]), torch.tensor([1])) in (0, 1, 2)
+    with pytest.raises(InvalidArgumentError, match="finite number"):
+        SamplingParams(repetition_penalty=10**400)

@@ -1,8 +1,10 @@
-"""What the engine process and its clients agree on: the API key's variable, the default address, the base URL
+"""What the engine process and its clients agree on: the API key's variable, the default address (and what counts
+as loopback), the base URL
 of a server on a Unix socket, and the progress lines a loading server writes on stderr for its parent to read."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import sys
 
@@ -28,3 +30,11 @@ def parse_progress(line: str) -> tuple[float, str] | None:
     """(fraction, message) of a line write_progress wrote; None for any other line."""
     match = _PROGRESS.fullmatch(line.strip())
     return (float(match[1]) / 100, match[2]) if match else None
+
+
+def is_loopback(address: str) -> bool:
+    """Whether an IP address is this machine's loopback (127.0.0.0/8, ::1, ::ffff:127.0.0.1); ValueError for a
+    string that is no IP address."""
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)

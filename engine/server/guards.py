@@ -13,7 +13,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse
 
 from ..errors import InvalidArgumentError
-from .listener import is_loopback
+from ..protocol import is_loopback
 from .schemas import ApiError
 
 MAX_HEAD_BYTES = 16 << 10  # the request's headers, all together

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import ipaddress
 import os
 import socket
 import stat
@@ -13,7 +12,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InvalidArgumentError, StowageError
-from ..protocol import API_KEY_ENV, UNIX_SCHEME
+from ..protocol import API_KEY_ENV, UNIX_SCHEME, is_loopback
 
 MAX_UNIX_PATH = 104  # bytes of a socket path that every system takes (Linux 107, macOS 103 plus the NUL)
 
@@ -39,14 +38,6 @@ def listen(host: str, port: int, *, has_key: bool) -> socket.socket:
         raise StowageError(f"cannot listen on {host}:{port}: {e.strerror}; choose another --port "
                            "(0 picks a free one)") from None
     return sock
-
-
-def is_loopback(address: str) -> bool:
-    """Whether an IP address is this machine's loopback (127.0.0.0/8, ::1, ::ffff:127.0.0.1); ValueError for a
-    string that is no IP address."""
-    ip = ipaddress.ip_address(address)
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def listen_unix(path: Path) -> socket.socket:

@@ -1,6 +1,6 @@
 """What the engine process and its clients agree on: the API key's variable, the default address (and what counts
-as loopback), the base URL
-of a server on a Unix socket, and the progress lines a loading server writes on stderr for its parent to read."""
+as loopback), the base URL of a server on a Unix socket, and the progress lines a loading server writes on stderr
+for its parent to read."""
 
 from __future__ import annotations
 

@@ -1,20 +1,18 @@
 """Evicted conversations' K/V written to disk and read back (engine/serving/kv_store.py) on real tiny models and files."""
 
 import os
-import threading
 import time
 
 import pytest
 import torch
 from factory import make_model
+from scheduler_log import kv_files, run_to_end
 
 from stowage.engine.runtime.engine import Engine
-from stowage.engine.runtime.generation import GenerationResult
 from stowage.engine.runtime.kv_cache import Sequence
 from stowage.engine.serving.kv_store import KVStore
 from stowage.engine.planning import plan_for
 from stowage.engine.planning.budgets import DiskBudget, given_budgets
-from stowage.engine.runtime.sampler import SamplingParams
 from stowage.engine.serving.scheduler import Scheduler
 from stowage.engine.units import GiB, MiB
 
@@ -44,31 +42,15 @@ def load(model_dir, kv_dir, *, context=256, parallel=1, budget=1 * GiB, **reques
     return engine
 
 
-def run(scheduler, prompt_ids, n) -> GenerationResult:
-    done, out = threading.Event(), []
-
-    def emit(event):
-        if isinstance(event, (GenerationResult, Exception)):
-            out.append(event)
-            done.set()
-
-    scheduler.submit(prompt_ids, SamplingParams(temperature=0, max_tokens=n), emit, threading.Event())
-    assert done.wait(TIMEOUT)
-    assert isinstance(out[0], GenerationResult), out[0]
-    return out[0]
-
-
-def files(kv_dir):
-    return sorted(kv_dir.glob("*/*.kv"))
 
 
 def switch_back(engine):
     """Chat A, then chat B (whose blocks need A's: A is written to disk), then A's next turn; the three results."""
     scheduler = Scheduler(engine, max_running=1, max_waiting=4).start()
     try:
-        a = run(scheduler, PROMPT_A, 20)
-        b = run(scheduler, PROMPT_B, 20)
-        again = run(scheduler, PROMPT_A + a.token_ids + [7, 8, 9], 20)
+        a = run_to_end(scheduler, PROMPT_A, 20)
+        b = run_to_end(scheduler, PROMPT_B, 20)
+        again = run_to_end(scheduler, PROMPT_A + a.token_ids + [7, 8, 9], 20)
     finally:
         scheduler.close()
     return a, b, again
@@ -79,9 +61,9 @@ def never_evicted(model_dir, kv_dir, **request):
     engine = load(model_dir, kv_dir, context=512, budget=0, **request)
     scheduler = Scheduler(engine, max_running=1, max_waiting=4).start()
     try:
-        a = run(scheduler, PROMPT_A, 20)
-        run(scheduler, PROMPT_B, 20)
-        return run(scheduler, PROMPT_A + a.token_ids + [7, 8, 9], 20)
+        a = run_to_end(scheduler, PROMPT_A, 20)
+        run_to_end(scheduler, PROMPT_B, 20)
+        return run_to_end(scheduler, PROMPT_A + a.token_ids + [7, 8, 9], 20)
     finally:
         scheduler.close()
 
@@ -122,12 +104,12 @@ def test_logits_after_a_read_back_are_those_of_the_cache_never_evicted(model_dir
 def test_the_server_end_writes_idle_chats_and_a_new_server_resumes_them(model_dir, tmp_path):
     engine = load(model_dir, tmp_path)
     scheduler = Scheduler(engine, max_running=1, max_waiting=4).start()
-    a = run(scheduler, PROMPT_A, 20)
+    a = run_to_end(scheduler, PROMPT_A, 20)
     scheduler.close()  # the idle chat is written on the way out
-    assert len(files(tmp_path)) == 1
+    assert len(kv_files(tmp_path)) == 1
     restarted = Scheduler(load(model_dir, tmp_path), max_running=1, max_waiting=4).start()
     try:
-        again = run(restarted, PROMPT_A + a.token_ids + [7], 5)
+        again = run_to_end(restarted, PROMPT_A + a.token_ids + [7], 5)
     finally:
         restarted.close()
     assert again.reused_tokens == len(PROMPT_A) + len(a.token_ids) - 1
@@ -142,7 +124,7 @@ def test_the_budget_deletes_the_least_recently_used_files(model_dir, tmp_path):
     size = one.num_bytes
     assert size > 100 * 3 * 2 * 2 * 16 * 4  # 100 tokens x 3 layers x K,V x 2 heads x 16 dims x fp32 (7 blocks)
     engine.cache.release(seq)
-    (oldest,) = files(tmp_path)
+    (oldest,) = kv_files(tmp_path)
     small = KVStore(tmp_path, one.key, int(2.5 * size), engine.cache)
     for start in (0, 200, 300):  # three conversations of the same length: room for two
         time.sleep(0.05)  # file times order them (coarse clocks tick every few ms)
@@ -151,9 +133,9 @@ def test_the_budget_deletes_the_least_recently_used_files(model_dir, tmp_path):
         small.save(seq)
         engine.cache.release(seq)
         if start == 0:
-            second = (set(files(tmp_path)) - {oldest}).pop()
-    assert len(files(tmp_path)) == 2 and small.num_bytes <= 2.5 * size
-    assert oldest not in files(tmp_path) and second not in files(tmp_path)  # A's, then the first of the three
+            second = (set(kv_files(tmp_path)) - {oldest}).pop()
+    assert len(kv_files(tmp_path)) == 2 and small.num_bytes <= 2.5 * size
+    assert oldest not in kv_files(tmp_path) and second not in kv_files(tmp_path)  # A's, then the first of the three
     assert KVStore(tmp_path, one.key, 0, engine.cache).best(PROMPT_A) == (None, 0)  # A's entry is gone
 
 
@@ -182,7 +164,7 @@ def test_a_damaged_file_is_a_miss_and_is_deleted(model_dir, tmp_path, damage):
     engine.model.forward(PROMPT_A[:100], seq, engine.cache)
     store.save(seq)
     engine.cache.release(seq)
-    (path,) = files(tmp_path)
+    (path,) = kv_files(tmp_path)
     data = bytearray(path.read_bytes())
     if damage == "truncate":
         data = data[: len(data) - 1000]
@@ -192,11 +174,11 @@ def test_a_damaged_file_is_a_miss_and_is_deleted(model_dir, tmp_path, damage):
     fresh = load(model_dir, tmp_path)
     scheduler = Scheduler(fresh, max_running=1, max_waiting=4).start()
     try:
-        result = run(scheduler, PROMPT_A, 5)  # the header is read at start, the blocks when taken
+        result = run_to_end(scheduler, PROMPT_A, 5)  # the header is read at start, the blocks when taken
     finally:
         scheduler.close()
     assert result.reused_tokens == 0 and result.prefilled_tokens == len(PROMPT_A)
-    assert path not in files(tmp_path)
+    assert path not in kv_files(tmp_path)
 
 
 def test_a_sliding_window_model_reads_back_what_its_window_layers_hold(gemma_dir, tmp_path):

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 from factory import make_model
+from scheduler_log import kv_files, run_to_end
 
 from stowage.engine.planning import plan_for
 from stowage.engine.planning.budgets import DiskBudget, given_budgets
 from stowage.engine.runtime.engine import Engine
-from stowage.engine.runtime.generation import GenerationResult
 from stowage.engine.runtime.kv_cache import Sequence
-from stowage.engine.runtime.sampler import SamplingParams
 from stowage.engine.serving.kv_store import KVStore
 from stowage.engine.serving.scheduler import Scheduler
 from stowage.engine.units import GiB
@@ -35,22 +34,6 @@ def load(model_dir, kv_dir) -> Engine:
     return engine
 
 
-def run(scheduler, prompt_ids, n) -> GenerationResult:
-    done, out = threading.Event(), []
-
-    def emit(event):
-        if isinstance(event, (GenerationResult, Exception)):
-            out.append(event)
-            done.set()
-
-    scheduler.submit(prompt_ids, SamplingParams(temperature=0, max_tokens=n), emit, threading.Event())
-    assert done.wait(TIMEOUT)
-    assert isinstance(out[0], GenerationResult), out[0]
-    return out[0]
-
-
-def files(kv_dir):
-    return sorted(kv_dir.glob("*/*.kv"))
 
 
 @pytest.fixture(scope="module")
@@ -121,16 +104,16 @@ def test_a_store_that_turns_read_only_is_dropped_and_no_block_is_lost(model_dir,
     cache = engine.cache
     scheduler = Scheduler(engine, max_running=1, max_waiting=4).start()
     try:
-        a = run(scheduler, PROMPT_A, 20)
-        run(scheduler, PROMPT_B, 20)  # A written to disk
-        assert len(files(tmp_path)) == 1 and engine.pool.store is not None
+        a = run_to_end(scheduler, PROMPT_A, 20)
+        run_to_end(scheduler, PROMPT_B, 20)  # A written to disk
+        assert len(kv_files(tmp_path)) == 1 and engine.pool.store is not None
         make_read_only(tmp_path, monkeypatch)
         with caplog.at_level(logging.WARNING, logger=LOGGER):
             # A's next turn reads A back, evicting B, whose write fails; then each turn evicts the other chat
-            again = run(scheduler, PROMPT_A + a.token_ids + [7], 5)
+            again = run_to_end(scheduler, PROMPT_A + a.token_ids + [7], 5)
             for turn in range(3):
-                run(scheduler, PROMPT_B + [9] * turn, 5)
-                run(scheduler, PROMPT_A + [9] * turn, 5)
+                run_to_end(scheduler, PROMPT_B + [9] * turn, 5)
+                run_to_end(scheduler, PROMPT_A + [9] * turn, 5)
     finally:
         scheduler.close()
     assert again.reused_tokens == len(PROMPT_A) + len(a.token_ids) - 1  # read back while the store turned off
@@ -162,7 +145,7 @@ def test_a_fifo_or_a_folder_named_like_an_entry_is_skipped_at_start(model_dir, t
             thread.join(10)
             pytest.fail("opening the store waited on a FIFO named like an entry")
     (again,) = started
-    assert [e.path for e in again.entries] == [p for p in files(tmp_path) if p.is_file()]  # the real entry only
+    assert [e.path for e in again.entries] == [p for p in kv_files(tmp_path) if p.is_file()]  # the real entry only
     assert fifo.exists() and folder.is_dir()  # not ours to delete
     warnings = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert len(warnings) == 2 and all("not a regular file; ignored" in w for w in warnings), warnings
@@ -175,14 +158,14 @@ def test_an_entry_that_cannot_be_deleted_is_a_miss_and_one_log_line(model_dir, t
     engine.model.forward(PROMPT_A[:100], seq, engine.cache)
     store.save(seq)
     engine.cache.release(seq)
-    (path,) = files(tmp_path)
+    (path,) = kv_files(tmp_path)
     path.unlink()
     (path / "inside").mkdir(parents=True)  # a folder, not empty: neither read nor deleted
     scheduler = Scheduler(engine, max_running=1, max_waiting=4).start()
     try:
         with caplog.at_level(logging.WARNING, logger=LOGGER):
-            result = run(scheduler, PROMPT_A, 5)
-            run(scheduler, PROMPT_A, 5)
+            result = run_to_end(scheduler, PROMPT_A, 5)
+            run_to_end(scheduler, PROMPT_A, 5)
     finally:
         scheduler.close()
     assert result.reused_tokens == 0 and result.prefilled_tokens == len(PROMPT_A)

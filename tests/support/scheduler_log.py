@@ -35,3 +35,25 @@ class Log:
 
     def order(self):
         return [name for name, e in self.events if isinstance(e, TokenEvent)]
+
+
+def run_to_end(scheduler, prompt_ids, max_tokens):
+    """Submit one greedy request and wait for its result (a test fails instead of hanging)."""
+    from stowage.engine.runtime.sampler import SamplingParams
+
+    done, out = threading.Event(), []
+
+    def emit(event):
+        if isinstance(event, (GenerationResult, Exception)):
+            out.append(event)
+            done.set()
+
+    scheduler.submit(prompt_ids, SamplingParams(temperature=0, max_tokens=max_tokens), emit, threading.Event())
+    assert done.wait(TIMEOUT)
+    assert isinstance(out[0], GenerationResult), out[0]
+    return out[0]
+
+
+def kv_files(kv_dir):
+    """The KV store's entry files under kv_dir (one folder per model)."""
+    return sorted(kv_dir.glob("*/*.kv"))

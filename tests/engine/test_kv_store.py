@@ -42,8 +42,6 @@ def load(model_dir, kv_dir, *, context=256, parallel=1, budget=1 * GiB, **reques
     return engine
 
 
-
-
 def switch_back(engine):
     """Chat A, then chat B (whose blocks need A's: A is written to disk), then A's next turn; the three results."""
     scheduler = Scheduler(engine, max_running=1, max_waiting=4).start()

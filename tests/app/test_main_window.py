@@ -392,6 +392,9 @@ def test_a_reply_in_progress_is_in_the_sqlite_file_before_it_ends(window, app_dr
         assert partial.meta["finish_reason"] == "interrupted" and window.client.is_generating
     finally:
         release.set()
-    qtbot.waitUntil(lambda: not window.client.is_generating, timeout=app_driver.timeout_ms)
+    # reply_finished reaches the client (is_generating) and the chat panel (which stores the reply) as two queued
+    # calls; the wait may run between them, so it waits for the stored reply itself
+    qtbot.waitUntil(lambda: not window.client.is_generating
+                    and partial_on_disk()[0].meta["finish_reason"] != "interrupted", timeout=app_driver.timeout_ms)
     (final,) = partial_on_disk()
     assert final.id == partial.id and final.meta["finish_reason"] != "interrupted"

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 from factory import cpu_plan, make_model
+from processes import running
 from starlette.testclient import TestClient
 
 from stowage.engine.runtime.engine import Engine
@@ -250,17 +251,10 @@ def live_server(engine, *, parallel, max_queue):
     scheduler = Scheduler(engine, max_running=parallel, max_waiting=max_queue).start()
     sock = listen("127.0.0.1", 0, has_key=False)
     server = http_server(scheduler, api_key=None)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + TIMEOUT
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", scheduler
+        with running(server, sock):
+            yield f"http://127.0.0.1:{sock.getsockname()[1]}", scheduler
     finally:
-        server.should_exit = True
-        thread.join(TIMEOUT)
         scheduler.close()
         sock.close()
 

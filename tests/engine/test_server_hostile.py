@@ -11,6 +11,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 from factory import cpu_plan, make_model
+from processes import running
 from starlette.testclient import TestClient
 
 from stowage.engine.cli import build_parser
@@ -63,17 +64,10 @@ def live_server(engine, *, parallel=1, max_queue=0, unix=None):
     loggers = [logging.getLogger(name) for name in ("uvicorn.error", "stowage")]
     for logger in loggers:
         logger.addHandler(records)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + TIMEOUT
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
     try:
-        yield (str(unix) if unix is not None else f"http://127.0.0.1:{sock.getsockname()[1]}"), server, records
+        with running(server, sock):
+            yield (str(unix) if unix is not None else f"http://127.0.0.1:{sock.getsockname()[1]}"), server, records
     finally:
-        server.should_exit = True
-        thread.join(TIMEOUT)
         scheduler.close()
         sock.close()
         for logger in loggers:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import socket
+import threading
+import time
+from contextlib import contextmanager
 
 TIMEOUT_S = 60  # seconds a client waits for a test's server
 
@@ -31,3 +34,20 @@ def openai_client(base_url: str, key: str, **http):
     # trust_env=False: a proxy from the environment must not stand between the test and the server
     return openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=TIMEOUT_S,
                          http_client=httpx.Client(trust_env=False, **http))
+
+
+@contextmanager
+def running(server, sock: socket.socket):
+    """A uvicorn server (engine/server/listener.py http_server) serving sock on a thread of its own, started before
+    the body runs and stopped after it."""
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + TIMEOUT_S
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        thread.join(TIMEOUT_S)

@@ -56,6 +56,11 @@ class ModelSource:
         return self.gguf.files if self.gguf else self._checkpoint.files
 
     @property
+    def file_bytes(self) -> int:
+        """The weight files' sizes, headers included."""
+        return sum(p.stat().st_size for p in self.files)
+
+    @property
     def has_tokenizer(self) -> bool:
         return self.gguf is not None or (self.path / TOKENIZER_FILE).exists()
 

@@ -17,7 +17,7 @@ from ..dtypes import COMPUTE, kv_dtype
 from ..formats.config import ModelConfig
 from ..formats.gguf import GGUFTensor
 from ..formats.gguf_model import Matrices
-from ..formats.source import open_source
+from ..formats.source import ModelSource, open_source
 from ..runtime.kv_cache import CacheSpec
 from ..formats.layout import ModelLayout, TensorInfo
 
@@ -141,8 +141,12 @@ class ModelInfo:
 
 def inspect(model_dir: str | Path) -> ModelInfo:
     """Read the config and every weight file's header (no tensor data) into a ModelInfo."""
-    model_dir = Path(model_dir)
-    source = open_source(model_dir)
+    return inspect_source(open_source(model_dir))
+
+
+def inspect_source(source: ModelSource) -> ModelInfo:
+    """The ModelInfo of an opened model: a path's (inspect), or headers read before a download (engine/hub)."""
+    model_dir = source.path
     specs = source.specs
     layout = source.layout()
     if source.has_tokenizer:  # a folder without one is refused by the load, which needs it
@@ -161,7 +165,7 @@ def inspect(model_dir: str | Path) -> ModelInfo:
         norm=group([layout.norm]),
         lm_head=group([layout.lm_head]),
         other=group(layout.unused),
-        file_bytes=sum(p.stat().st_size for p in source.files),
+        file_bytes=source.file_bytes,
         compute_dtype=compute,
         matrices=source.matrices(layout),
     )

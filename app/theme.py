@@ -172,3 +172,13 @@ def apply(theme: str) -> None:
                               "dark": Qt.ColorScheme.Dark}[theme])
     # An empty palette hands the colours back to the platform, which follows the system's scheme.
     app.setPalette({"system": QPalette(), "light": light_palette(), "dark": dark_palette()}[theme])
+
+
+def tint(label, role: str | None) -> None:
+    """Colour `label`'s text with `colors().<role>` ("muted", "error", ...; None: the palette's own text colour), now
+    and after every palette change."""
+    label.setProperty("theme_role", role or "")
+    label.setStyleSheet(f"color: {getattr(colors(), role)};" if role else "")
+    if not label.property("theme_watched"):
+        label.setProperty("theme_watched", True)
+        watch(label, lambda: tint(label, label.property("theme_role") or None))

@@ -1,4 +1,5 @@
-"""Choosing the next token: greedy, temperature, top-k, top-p, min-p, repetition penalty."""
+"""Choosing the next token: greedy, temperature, top-k, top-p, min-p, repetition penalty; within a grammar's
+allowed tokens when the reply has one (engine/text/grammar.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InvalidArgumentError, ModelFormatError
+from ..text.grammar import Grammar
 
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed's range
 MAX_STOPS = 4  # stop strings a reply takes, as OpenAI's API
@@ -24,6 +26,7 @@ class SamplingParams:
     max_tokens: int = 256
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    grammar: Grammar | None = None  # the reply must match it (a JSON schema, a tool call); None: free text
 
     def __post_init__(self):
         for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
@@ -51,6 +54,8 @@ class SamplingParams:
                f"stop must be a tuple of strings, got {self.stop!r:.80}")
         _check(len(self.stop) <= MAX_STOPS, f"at most {MAX_STOPS} stop strings, got {len(self.stop)}; "
                                             f"keep the ones that end a reply")
+        _check(self.grammar is None or isinstance(self.grammar, Grammar),
+               f"grammar must be a Grammar (engine/text/grammar.py bind), got {type(self.grammar).__name__}")
         for i, s in enumerate(self.stop):
             _check(len(s) <= MAX_STOP_CHARS, f"stop string {i + 1} has {len(s):,} characters; at most "
                                              f"{MAX_STOP_CHARS} are matched: give the text that ends a reply")
@@ -68,9 +73,23 @@ class Sampler:
             self.generator.manual_seed(params.seed)
         else:
             self.generator.seed()
+        # the reply's place in its grammar; its first mask is computed from here on, while the prompt is read
+        self.constraint = params.grammar.constraint() if params.grammar is not None else None
+
+    @property
+    def is_finished(self) -> bool:
+        """The reply's grammar is complete: nothing but an EOS may follow."""
+        return self.constraint is not None and self.constraint.is_finished
 
     def __call__(self, logits: torch.Tensor, seen_ids: torch.Tensor | None = None) -> int:
-        """logits: [vocab] fp32 (on any device); seen_ids: token ids the penalty applies to."""
+        """logits: [vocab] fp32 (on any device); seen_ids: token ids the penalty applies to. With a grammar, only
+        a token it allows is chosen, and the grammar moves past it."""
+        token = self._choose(logits, seen_ids)
+        if self.constraint is not None:
+            self.constraint.consume(token)
+        return token
+
+    def _choose(self, logits: torch.Tensor, seen_ids: torch.Tensor | None) -> int:
         p = self.params
         logits = logits.float().cpu()
         if not bool(torch.isfinite(logits.sum(dtype=torch.float64))):  # one pass: any NaN or inf makes the sum one
@@ -83,6 +102,8 @@ class Sampler:
             scores = logits.gather(0, seen_ids)
             scores = torch.where(scores < 0, scores * p.repetition_penalty, scores / p.repetition_penalty)
             logits = logits.scatter(0, seen_ids, scores)
+        if self.constraint is not None:
+            logits = logits.masked_fill(~self.constraint.allowed(), float("-inf"))  # allows at least an EOS
         if p.is_greedy:
             return int(logits.argmax())
         # Shift so the best score is 0, in float64 (a float32 0 for temperature 1e-300 would divide 0 by 0):

@@ -70,6 +70,10 @@ class Tokenizer:
         ids += self.encode("")  # what the post-processor adds (a BOS), whose id it states on its own
         return max(ids, default=-1) + 1
 
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json holds it (for libraries that take that file's text: llguidance)."""
+        return self._tok.to_str()
+
     def token_id(self, text: str | None) -> int | None:
         return None if text is None else self._tok.token_to_id(text)
 

@@ -1,0 +1,122 @@
+"""Constrained decoding with llguidance: a grammar (a JSON schema, any JSON object, a forced tool call) compiled once
+per request, bound to the model's tokenizer, and per reply a `Constraint` that says which tokens may come next.
+
+The mask for the next token is computed on a worker thread as soon as the last token is consumed, so it is ready
+when the model's forward pass (which it overlaps) ends: llguidance drops the GIL while it computes.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import llguidance
+import numpy as np
+import torch
+
+from ..errors import InvalidArgumentError
+
+# One line of JSON, spaced as json.dumps writes it: no whitespace of the model's choosing, so a weak model cannot
+# fill the reply with newlines, and every reply is the same text however it is sampled.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+ANY_OBJECT = {"type": "object"}
+
+_masks = ThreadPoolExecutor(max_workers=max(1, min(4, (os.cpu_count() or 1))), thread_name_prefix="stowage-mask")
+
+
+def json_schema_grammar(schema, what: str = "response_format.json_schema.schema") -> str:
+    """The grammar of replies that are JSON values valid under `schema`; InvalidArgumentError naming what is wrong
+    (an unsatisfiable range, a $ref that points nowhere, a keyword llguidance does not implement)."""
+    if not isinstance(schema, dict):
+        raise InvalidArgumentError(f"{what} must be a JSON Schema object, got {type(schema).__name__}")
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+    except (ValueError, TypeError) as e:
+        raise InvalidArgumentError(f"{what} is not a JSON Schema: {e}") from None
+    return check(grammar, what)
+
+
+def check(grammar: str, what: str) -> str:
+    """grammar, once llguidance has compiled it; InvalidArgumentError with its reason otherwise."""
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    if is_error:
+        reason = " ".join(messages).strip() or "it does not compile"
+        raise InvalidArgumentError(f"{what} is not supported: {reason:.500}")
+    return grammar
+
+
+def tool_call_schema(tools: dict[str, dict], name: str | None = None) -> dict:
+    """The JSON Schema of one call `{"name": ..., "arguments": {...}}` of the tool `name` (None: any of `tools`,
+    name -> its parameters' schema), its arguments valid under the tool's parameters."""
+    chosen = [name] if name is not None else list(tools)
+    branches = [{"type": "object", "properties": {"name": {"const": n}, "arguments": tools[n]},
+                 "required": ["name", "arguments"], "additionalProperties": False} for n in chosen]
+    return branches[0] if len(branches) == 1 else {"anyOf": branches}
+
+
+@dataclass(frozen=True, eq=False)
+class Grammar:
+    """A compiled grammar bound to a model's tokenizer: what SamplingParams carries for a constrained reply."""
+
+    text: str  # llguidance's grammar
+    tokenizer: llguidance.LLTokenizer
+    num_logits: int  # the model's vocabulary: the length of a logits row
+
+    def constraint(self) -> "Constraint":
+        return Constraint(self)
+
+
+_tokenizers: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
+
+
+def bind(grammar: str, tokenizer, num_logits: int, eos_ids) -> Grammar:
+    """grammar bound to `tokenizer` (engine/text/tokenizer.py), whose llguidance view is built once and cached."""
+    key = (num_logits, tuple(sorted(eos_ids)))
+    cached = _tokenizers.setdefault(tokenizer, {})
+    if key not in cached:
+        cached[key] = llguidance.LLTokenizer(tokenizer.to_json(), n_vocab=num_logits, eos_token=list(key[1]))
+    return Grammar(grammar, cached[key], num_logits)
+
+
+class Constraint:
+    """One reply's place in its grammar: `allowed()` the tokens it may take next, `consume(token)` the one taken."""
+
+    def __init__(self, grammar: Grammar):
+        self.grammar = grammar
+        self._matcher: llguidance.LLMatcher | None = None
+        self._words = np.zeros(((grammar.tokenizer.vocab_size + 31) // 32,), dtype=np.int32)
+        # built off the caller's thread (a server's event loop): a large schema takes milliseconds to build
+        self._next: Future = _masks.submit(self._start)
+
+    def _start(self) -> None:
+        matcher = llguidance.LLMatcher(self.grammar.tokenizer, self.grammar.text, log_level=0)
+        if matcher.is_error():  # checked when compiled: only a tokenizer it cannot serve gets here
+            raise InvalidArgumentError(f"the grammar cannot be used with this model: {matcher.get_error():.300}")
+        self._matcher = matcher
+        self._fill()
+
+    def _fill(self) -> None:
+        self._matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
+
+    @property
+    def is_finished(self) -> bool:
+        """The grammar is complete and takes no more tokens (only an EOS)."""
+        return self._matcher is not None and self._matcher.is_stopped()
+
+    def allowed(self) -> torch.Tensor:
+        """[num_logits] bool: the tokens the grammar allows next (an EOS once it is complete)."""
+        self._next.result()
+        bits = np.unpackbits(self._words.view(np.uint8), bitorder="little")  # token 32 * w + b is bit b of word w
+        allowed = torch.zeros(self.grammar.num_logits, dtype=torch.bool)
+        n = min(bits.size, allowed.numel())
+        allowed[:n] = torch.from_numpy(bits[:n]).bool()
+        return allowed
+
+    def consume(self, token: int) -> None:
+        """Advance past token (one allowed() said may come), and start the next mask."""
+        if not self._matcher.consume_token(token):
+            raise InvalidArgumentError(f"the grammar refused token {token}: {self._matcher.get_error():.300}")
+        self._next = _masks.submit(self._fill)  # once complete, the mask holds the EOS tokens alone
+

@@ -1,5 +1,5 @@
-"""Model configuration read from a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 text),
-every value checked.
+"""Model configuration read from a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 text,
+Qwen3-MoE, Mixtral), every value checked.
 
 Types are checked where config.json is read (`from_dict`, through engine/formats/config_values.py), ranges in
 `__post_init__`; the file itself is read by engine/formats/json_file.py, RoPE parameters by engine/formats/rope_config.py.
@@ -26,10 +26,13 @@ SUPPORTED = {
     "mistral": ("MistralForCausalLM",),
     "qwen2": ("Qwen2ForCausalLM",),
     "qwen3": ("Qwen3ForCausalLM",),
+    "qwen3_moe": ("Qwen3MoeForCausalLM",),
+    "mixtral": ("MixtralForCausalLM",),
     "gemma2": ("Gemma2ForCausalLM",),
     "gemma3_text": ("Gemma3ForCausalLM",),
 }
 _GEMMA = ("gemma2", "gemma3_text")
+MOE = ("qwen3_moe", "mixtral")  # the model types whose layers route through experts (docs/moe.md)
 # transformers' defaults for keys a Gemma config.json may leave out (Gemma2Config, Gemma3TextConfig)
 _GEMMA_DEFAULTS = {
     "gemma2": dict(query_pre_attn_scalar=256, final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
@@ -78,6 +81,13 @@ class ModelConfig:
     final_softcap: float | None = None
     layer_windows: tuple[int | None, ...] = ()  # per layer: its sliding window in tokens, None = full; () = all full
     local_rope: RopeConfig | None = None  # the sliding layers' rotary embedding when it differs (Gemma 3)
+    # Mixture of experts (docs/moe.md): 0 experts is a dense model. Each routed layer picks num_experts_per_tok
+    # experts of expert_intermediate_size; norm_topk_prob renormalizes their weights to sum to 1 (Mixtral always).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    expert_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    dense_layers: tuple[int, ...] = ()  # layers of an MoE model that keep a dense MLP of intermediate_size
     # config.json keys that were absent, with how their value was derived (the layout's errors quote it)
     implied: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -106,6 +116,22 @@ class ModelConfig:
         for w in self.layer_windows:
             require(w is None or (isinstance(w, int) and not isinstance(w, bool) and w > 0),
                      f"sliding_window must be a positive integer, got {w!r}")
+        if self.num_experts:
+            require(self.num_experts_per_tok > 0 and self.expert_intermediate_size > 0,
+                     f"num_experts_per_tok ({self.num_experts_per_tok}) and the experts' intermediate size "
+                     f"({self.expert_intermediate_size}) must be positive integers in a model of experts")
+            if self.num_experts_per_tok > self.num_experts:
+                raise ModelFormatError(
+                    f"config.json: num_experts_per_tok ({self.num_experts_per_tok}) is more than the "
+                    f"{self.num_experts} experts the model has; the config is corrupt")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer `layer` routes its MLP through experts (False for every layer of a dense model)."""
+        return self.num_experts > 0 and layer not in self.dense_layers
 
     def window(self, layer: int) -> int | None:
         """Layer `layer`'s sliding window in tokens (a query sees itself and the window - 1 before it); None: all."""
@@ -174,13 +200,14 @@ class ModelConfig:
             qkv_bias=model_type == "qwen2" or attention_bias,
             o_bias=model_type != "qwen2" and attention_bias,
             mlp_bias=get_bool(raw, "mlp_bias"),
-            qk_norm=model_type in ("qwen3", "gemma3_text"),
+            qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
             torch_dtype=_str(raw.get("torch_dtype") or raw.get("dtype")),
             bos_token_id=next(iter(_token_ids(raw.get("bos_token_id"))), None),
             eos_token_ids=_eos_ids(raw, generation or {}),
             implied=implied,
             layer_windows=_layer_windows(raw, model_type, num_layers),
             **gemma,
+            **(_moe_fields(raw, model_type, num_layers) if model_type in MOE else {}),
         )
 
 
@@ -240,11 +267,13 @@ def _layer_windows(raw: dict, model_type: str, num_layers: int) -> tuple[int | N
     """Each layer's sliding window, as transformers decides it for the architecture; () when every layer is full."""
     if model_type == "llama":
         return ()  # LlamaConfig has no sliding window
-    if model_type == "mistral":  # MistralConfig: sliding_window (null: none) on every layer, layer_types ignored
+    if model_type in ("mistral", "mixtral"):  # sliding_window (null: none) on every layer, layer_types ignored
         window = _window(raw, None)
         return (window,) * num_layers if window is not None else ()
-    if model_type in ("qwen2", "qwen3") and not get_bool(raw, "use_sliding_window"):
+    if model_type in ("qwen2", "qwen3", "qwen3_moe") and not get_bool(raw, "use_sliding_window"):
         return ()
+    if model_type == "qwen3_moe":  # Qwen3MoeConfig: the window (default 4096) on every layer
+        return (_window(raw, 4096),) * num_layers
     window = _window(raw, _GEMMA_DEFAULTS.get(model_type, {}).get("sliding_window"))
     types = raw.get("layer_types")
     if types is None:
@@ -264,6 +293,26 @@ def _layer_windows(raw: dict, model_type: str, num_layers: int) -> tuple[int | N
     if "sliding_attention" in types and window is None:
         raise ModelFormatError("config.json: layer_types has sliding layers but sliding_window is null")
     return tuple(window if t == "sliding_attention" else None for t in types)
+
+
+def _moe_fields(raw: dict, model_type: str, num_layers: int) -> dict:
+    """The experts of a Qwen3-MoE or Mixtral config, read as transformers reads them (docs/moe.md)."""
+    key = "num_experts" if "num_experts" in raw else "num_local_experts"  # transformers 5 writes the second
+    num_experts = get_int(raw, key, 128 if model_type == "qwen3_moe" else 8)
+    fields = dict(num_experts=num_experts,
+                  num_experts_per_tok=get_int(raw, "num_experts_per_tok", 8 if model_type == "qwen3_moe" else 2))
+    if model_type == "mixtral":  # every layer routes; the experts are intermediate_size wide; weights renormalized
+        return fields | dict(expert_intermediate_size=get_int(raw, "intermediate_size"), norm_topk_prob=True)
+    step = get_int(raw, "decoder_sparse_step", 1)
+    if step < 1:
+        raise ModelFormatError(f"config.json: decoder_sparse_step must be a positive integer, got {step}")
+    only = raw.get("mlp_only_layers") or []
+    if not isinstance(only, list) or any(type(i) is not int or not 0 <= i < num_layers for i in only):
+        raise ModelFormatError(f"config.json: mlp_only_layers must list layer indices below {num_layers}, "
+                               f"got {only!r:.80}")
+    dense = tuple(i for i in range(num_layers) if i in only or (i + 1) % step)
+    return fields | dict(expert_intermediate_size=get_int(raw, "moe_intermediate_size"),
+                         norm_topk_prob=get_bool(raw, "norm_topk_prob"), dense_layers=dense)
 
 
 def _gemma_fields(raw: dict, model_type: str, hidden: int) -> dict:

@@ -42,8 +42,18 @@ class TensorInfo(Protocol):
     def nbytes(self) -> int: ...
 
 
+# Where a model of experts keeps its router and experts, and its per-expert names for gate, up and down
+_MOE_BLOCK = {"mixtral": "block_sparse_moe"}  # any other: "mlp"
+_EXPERT_NAMES = {"mixtral": {"gate": "w1", "up": "w3", "down": "w2"}}  # any other: "{role}_proj"
+EXPERT_ROLES = ("gate", "up", "down")
+
+
+def _moe_block(config: ModelConfig, index: int) -> str:
+    return f"model.layers.{index}.{_MOE_BLOCK.get(config.model_type, 'mlp')}."
+
+
 def layer_tensor_names(config: ModelConfig, index: int) -> dict[str, str]:
-    """Short name -> checkpoint name for every tensor layer `index` needs."""
+    """Short name -> checkpoint name for every tensor layer `index` needs, its experts aside (expert_tensor_names)."""
     p = f"model.layers.{index}."
     names = {
         "input_norm": p + "input_layernorm.weight",
@@ -52,15 +62,17 @@ def layer_tensor_names(config: ModelConfig, index: int) -> dict[str, str]:
         "k": p + "self_attn.k_proj.weight",
         "v": p + "self_attn.v_proj.weight",
         "o": p + "self_attn.o_proj.weight",
-        "gate": p + "mlp.gate_proj.weight",
-        "up": p + "mlp.up_proj.weight",
-        "down": p + "mlp.down_proj.weight",
     }
+    if config.is_moe_layer(index):
+        names["router"] = _moe_block(config, index) + "gate.weight"
+    else:
+        names |= {"gate": p + "mlp.gate_proj.weight", "up": p + "mlp.up_proj.weight",
+                  "down": p + "mlp.down_proj.weight"}
     if config.qkv_bias:
         names |= {f"{x}_bias": p + f"self_attn.{x}_proj.bias" for x in "qkv"}
     if config.o_bias:
         names["o_bias"] = p + "self_attn.o_proj.bias"
-    if config.mlp_bias:
+    if config.mlp_bias and not config.is_moe_layer(index):
         names |= {f"{x}_bias": p + f"mlp.{x}_proj.bias" for x in ("gate", "up", "down")}
     if config.qk_norm:
         names |= {"q_norm": p + "self_attn.q_norm.weight", "k_norm": p + "self_attn.k_norm.weight"}
@@ -68,6 +80,29 @@ def layer_tensor_names(config: ModelConfig, index: int) -> dict[str, str]:
         names |= {"pre_ff_norm": p + "pre_feedforward_layernorm.weight",
                   "post_ff_norm": p + "post_feedforward_layernorm.weight"}
     return names
+
+
+def fused_expert_names(config: ModelConfig, index: int) -> dict[str, str]:
+    """The 3-D expert tensors of layer `index`, [num_experts, out, in] (GGUF's ffn_{gate,up,down}_exps)."""
+    return {role: _moe_block(config, index) + f"experts.{role}_proj.weight" for role in EXPERT_ROLES}
+
+
+def expert_tensor_names(config: ModelConfig, index: int, fused: bool) -> dict[str, str]:
+    """Short name -> checkpoint name of layer `index`'s experts: "gate" ... when fused into 3-D tensors, else
+    "gate.E" ... per expert E (Hugging Face); {} for a layer without experts."""
+    if not config.is_moe_layer(index):
+        return {}
+    if fused:
+        return fused_expert_names(config, index)
+    block, names = _moe_block(config, index), _EXPERT_NAMES.get(config.model_type, {})
+    return {f"{role}.{e}": block + f"experts.{e}.{names.get(role, role + '_proj')}.weight"
+            for e in range(config.num_experts) for role in EXPERT_ROLES}
+
+
+def is_fused(config: ModelConfig, tensors: Mapping[str, TensorInfo]) -> bool:
+    """Whether the files hold the experts as 3-D tensors (GGUF) rather than one matrix per expert."""
+    first = next((i for i in range(config.num_layers) if config.is_moe_layer(i)), None)
+    return first is not None and fused_expert_names(config, first)["gate"] in tensors
 
 
 @dataclass(frozen=True)
@@ -83,25 +118,29 @@ class ModelLayout:
     stored_dtype: str  # the embeddings' stored dtype name
     num_embeddings: int  # the embeddings' rows: token ids 0 .. num_embeddings - 1 can be read (>= vocab_size)
     unused: tuple[str, ...]  # tensors in the files that nothing reads (e.g. a tied checkpoint's lm_head copy)
+    experts: tuple[dict[str, str], ...] = ()  # per decoder layer: its experts' short name -> tensor name ({}: none)
+    fused_experts: bool = False  # the experts are 3-D tensors [num_experts, out, in] (GGUF), not one per expert
 
     @classmethod
     def of(cls, config: ModelConfig, tensors: Mapping[str, TensorInfo], model_name: str) -> "ModelLayout":
         """The layout of a model whose files hold `tensors`; raises ModelFormatError when they do not match."""
         _check_layer_count(config, tensors, model_name)
         layers = tuple(layer_tensor_names(config, i) for i in range(config.num_layers))
+        fused = is_fused(config, tensors)
+        experts = tuple(expert_tensor_names(config, i, fused) for i in range(config.num_layers))
         # A separate head only when the checkpoint has one and the config does not tie it.
         tied = config.tie_word_embeddings or LM_HEAD not in tensors
         head = EMBED if tied else LM_HEAD
-        needed = [EMBED, FINAL_NORM, head] + [n for layer in layers for n in layer.values()]
+        needed = [EMBED, FINAL_NORM, head] + [n for layer in layers + experts for n in layer.values()]
         missing = [n for n in needed if n not in tensors]
         if missing:
             detail = "the architecture needs tensors that are missing: " + ", ".join(missing[:5]) + (
                 f" and {len(missing) - 5} more" if len(missing) > 5 else "")
             raise ModelFormatError(f"{model_name}: {detail}")
-        _check_tensors(config, tensors, layers, head, model_name)
+        _check_tensors(config, tensors, layers, head, model_name, experts, fused)
         used = set(needed)
         return cls(config, layers, EMBED, FINAL_NORM, head, tied, tensors[EMBED].dtype_name, tensors[EMBED].shape[0],
-                   tuple(sorted(n for n in tensors if n not in used)))
+                   tuple(sorted(n for n in tensors if n not in used)), experts, fused)
 
     @property
     def num_layers(self) -> int:
@@ -124,7 +163,8 @@ class ModelLayout:
 
     def read_names(self) -> tuple[str, ...]:
         """Every tensor the model reads, once (a tied head is the embedding tensor)."""
-        names = [self.embed, self.norm, self.lm_head, *(n for layer in self.layers for n in layer.values())]
+        names = [self.embed, self.norm, self.lm_head,
+                 *(n for layer in self.layers + self.experts for n in layer.values())]
         return tuple(dict.fromkeys(names))
 
     def head_names(self) -> dict[str, str]:
@@ -161,7 +201,11 @@ class _Dim:
 
 
 def _expected_shapes(config: ModelConfig) -> dict[str, tuple[_Dim, ...]]:
-    """Short tensor name -> the shape the forward pass (engine/runtime/model.py) needs, for this config."""
+    """Short tensor name -> the shape the forward pass (engine/runtime/model.py) needs, for this config (an expert's
+    by "expert_" and its role, a 3-D tensor of every expert's by "experts_" and its role)."""
+    experts = _Dim(config.num_experts, "num_experts")
+    einter = _Dim(config.expert_intermediate_size,
+                  "intermediate_size" if config.model_type == "mixtral" else "moe_intermediate_size")
     hidden = _Dim(config.hidden_size, "hidden_size")
     q = _Dim(config.num_heads * config.head_dim, "num_attention_heads*head_dim")
     kv = _Dim(config.num_kv_heads * config.head_dim, "num_key_value_heads*head_dim")
@@ -175,6 +219,10 @@ def _expected_shapes(config: ModelConfig) -> dict[str, tuple[_Dim, ...]]:
         "q_bias": (q,), "k_bias": (kv,), "v_bias": (kv,), "o_bias": (hidden,),
         "gate_bias": (inter,), "up_bias": (inter,), "down_bias": (hidden,),
         "q_norm": (head_dim,), "k_norm": (head_dim,),
+        "router": (experts, hidden),
+        "expert_gate": (einter, hidden), "expert_up": (einter, hidden), "expert_down": (hidden, einter),
+        "experts_gate": (experts, einter, hidden), "experts_up": (experts, einter, hidden),
+        "experts_down": (experts, hidden, einter),
     }
 
 
@@ -182,7 +230,8 @@ def _config_values(config: ModelConfig, formulas: list[str]) -> str:
     """"num_attention_heads=4, head_dim=16 (not in config.json: hidden_size/num_attention_heads)" for the names used."""
     values = {"hidden_size": config.hidden_size, "num_attention_heads": config.num_heads,
               "num_key_value_heads": config.num_kv_heads, "head_dim": config.head_dim,
-              "intermediate_size": config.intermediate_size, "vocab_size": config.vocab_size}
+              "intermediate_size": config.intermediate_size, "vocab_size": config.vocab_size,
+              "num_experts": config.num_experts, "moe_intermediate_size": config.expert_intermediate_size}
     names = dict.fromkeys(n for f in formulas for n in f.split("*"))
     return ", ".join(f"{n}={values[n]}" + (f" (not in config.json: {config.implied[n]})" if n in config.implied else "")
                      for n in names)
@@ -227,11 +276,13 @@ def _rows_error(config: ModelConfig, name: str, info: TensorInfo) -> str | None:
 
 
 def _check_tensors(config: ModelConfig, tensors: Mapping[str, TensorInfo], layers: tuple[dict[str, str], ...],
-                   head: str, model_name: str) -> None:
+                   head: str, model_name: str, experts: tuple[dict[str, str], ...] = (), fused: bool = False) -> None:
     """Every tensor the model reads: a weight dtype, and the shape the config implies."""
     shapes = _expected_shapes(config)
     problems: list[str] = []
+    kind = "experts_" if fused else "expert_"
     read = [(FINAL_NORM, "norm")] + [(n, short) for layer in layers for short, n in layer.items()]
+    read += [(n, kind + short.split(".")[0]) for layer in experts for short, n in layer.items()]
     for name in [EMBED, head] + [n for n, _ in read]:
         if tensors[name].dtype_name in _NOT_WEIGHTS:
             problems.append(f"tensor {name!r} is stored as {tensors[name].dtype_name}; weights must be "

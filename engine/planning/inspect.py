@@ -103,6 +103,7 @@ class ModelInfo:
     file_bytes: int  # the weight files' sizes, headers included
     compute_dtype: str  # what the model computes in when no dtype is forced (compute_dtype_of)
     matrices: Matrices | None = None  # GGUF: what the tiled products' scratch depends on (None: safetensors)
+    experts: tuple[WeightGroup, ...] = ()  # one per decoder layer: its experts (empty for a dense layer or model)
 
     @property
     def config(self) -> ModelConfig:
@@ -124,10 +125,15 @@ class ModelInfo:
         """Weight bytes of each layer in the dtype it will have (None: no dtype forced, WeightGroup.nbytes)."""
         return tuple(layer.nbytes(dtype) for layer in self.layers)
 
+    def expert_bytes(self, dtype: str | None = None) -> tuple[int, ...]:
+        """Weight bytes of each layer's experts (0 for a dense layer), as layer_bytes counts the rest of it."""
+        return tuple(e.nbytes(dtype) for e in self.experts) or (0,) * self.num_layers
+
     def weights_bytes(self, dtype: str | None = None) -> int:
         """Every weight the loader reads, once (tied embeddings counted once)."""
         head = 0 if self.tied_embeddings else self.lm_head.nbytes(dtype)
-        return sum(self.layer_bytes(dtype)) + self.embed.nbytes(dtype) + self.norm.nbytes(dtype) + head
+        return (sum(self.layer_bytes(dtype)) + sum(self.expert_bytes(dtype)) + self.embed.nbytes(dtype)
+                + self.norm.nbytes(dtype) + head)
 
     def kv_spec(self, kv_dtype_name: str | None = None, block_size: int = BLOCK_SIZE) -> CacheSpec:
         """One layer's cache shape; kv_dtype None means the compute dtype."""
@@ -168,4 +174,5 @@ def inspect_source(source: ModelSource) -> ModelInfo:
         file_bytes=source.file_bytes,
         compute_dtype=compute,
         matrices=source.matrices(layout),
+        experts=tuple(group(e.values()) for e in layout.experts),
     )

@@ -127,7 +127,7 @@ class Plan:
     block_size: int
     prefill_chunk: int  # the requested chunk, at most the context
     devices: tuple[DevicePlan, ...]  # GPUs in order, then the CPU
-    layer_devices: tuple[str, ...]
+    layer_devices: tuple[str, ...]  # each layer's attention, KV cache, router and dense parts
     embed_device: str
     head_device: str
     note: str = ""
@@ -135,6 +135,7 @@ class Plan:
     kv_disk_bytes: int = 0  # the budget of evicted conversations' K/V on disk (engine/serving/kv_store.py); 0: none
     kv_disk_free_bytes: int = 0  # free space on the disk of kv_dir when planned
     kv_dir: str = ""  # where they are written
+    expert_devices: tuple[str, ...] = ()  # each layer's experts (docs/moe.md); its own device for a dense layer
 
     def device(self, name: str) -> DevicePlan:
         return next(d for d in self.devices if d.device == name)
@@ -173,7 +174,7 @@ class _Costs:
         self.kv_dtype = request.kv_dtype or self.dtype_name
         self.kv_spec = info.kv_spec(self.kv_dtype, request.block_size)
         self.chunk = request.prefill_chunk
-        self.layer_bytes = info.layer_bytes(request.dtype)
+        self.layer_bytes = tuple(a + e for a, e in zip(info.layer_bytes(request.dtype), info.expert_bytes(request.dtype)))
         self.embed_bytes = info.embed.nbytes(request.dtype)
         self.norm_bytes = info.norm.nbytes(request.dtype)
         self.lm_head_bytes = info.lm_head.nbytes(request.dtype)

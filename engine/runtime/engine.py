@@ -27,7 +27,7 @@ from .sampler import SamplingParams
 from ..serving.prefix_pool import PrefixPool
 from ..serving.scheduler import Scheduler
 from ..text.tokenizer import Tokenizer
-from .weights import load_layers, place
+from .weights import load_experts, load_layers, place
 
 Progress = Callable[[float, str], None]
 
@@ -86,7 +86,8 @@ class Engine:
             raise ModelFormatError(f"{model_dir.name}: the plan was made for another model ({plan.num_layers} layers, "
                                    f"{plan.dtype}); plan again for this model")
         layout.check_token_ids(tokenizer.num_token_ids, model_dir.name)
-        names = set(plan.layer_devices) | {plan.embed_device, plan.head_device}
+        expert_devices = plan.expert_devices or plan.layer_devices  # a layer's experts may sit apart (docs/moe.md)
+        names = set(plan.layer_devices) | set(expert_devices) | {plan.embed_device, plan.head_device}
         devices = {name: torch.device((simulate or {}).get(name, name)) for name in names}
         layer_devices = [devices[d] for d in plan.layer_devices]
         for name in set(plan.layer_devices):
@@ -108,7 +109,10 @@ class Engine:
                      converted=converted)
         layers = load_layers(checkpoint, layout.layers, layer_devices, plan.layer_devices, dtype, report,
                              is_cancelled, converted)
-        model = Transformer(config, embed, head, layers, cache.context_tokens, qk_order=source.qk_order)
+        experts = load_experts(checkpoint, layout, [devices[d] for d in expert_devices], expert_devices, dtype,
+                               is_cancelled, converted)
+        model = Transformer(config, embed, head, layers, cache.context_tokens, qk_order=source.qk_order,
+                            experts=experts)
         # The objects a load leaves (tokenizer tables, tensor records) live as long as the model: out of the
         # collector's way, so the few objects each decode step makes do not have them scanned again and again.
         # The young generations only: a full collection walks every object torch left, a large part of a small
@@ -176,7 +180,7 @@ class Engine:
         # a tied head on the embeddings' device shares their storage: count it once there (on another
         # device it is a copy of its own, even where a simulated device maps the same file pages)
         seen: dict[str, set[int]] = {}
-        for ts in [self.model.embed, self.model.head, *self.model.layers]:
+        for ts in [self.model.embed, self.model.head, *self.model.layers, *filter(None, self.model.experts)]:
             mapped = ts.bytes_excluding(seen.setdefault(ts.label, set())) - ts.copied_bytes
             add(ts.label, "weights_copied", ts.copied_bytes)
             add(ts.label, "weights_mapped", mapped)

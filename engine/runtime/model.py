@@ -1,8 +1,10 @@
-"""The Llama-family transformer (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 text) over the paged KV cache.
+"""The Llama-family transformer (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 text; Qwen3-MoE and Mixtral) over
+the paged KV cache.
 
 Gemma differs in ways ModelConfig names: (1 + weight) norms in fp32, a norm after attention and after the MLP,
 embeddings scaled by sqrt(hidden_size), GELU-tanh, its own attention scale, soft-capped scores and logits,
 sliding-window layers (Mistral too) and, in Gemma 3, a rotary base of their own for the sliding layers.
+A model of experts routes each token's MLP through the top-k of its layer's experts (docs/moe.md, `moe`).
 """
 
 from __future__ import annotations
@@ -80,8 +82,11 @@ class Transformer:
     """Runs one sequence's new tokens through every layer, each on its own device."""
 
     def __init__(self, config: ModelConfig, embed: TensorSet, head: TensorSet, layers: list[TensorSet],
-                 max_positions: int, qk_order: torch.Tensor | None = None):
+                 max_positions: int, qk_order: torch.Tensor | None = None,
+                 experts: list[TensorSet | None] | None = None):
         self.config = config
+        # per layer: its experts ("gate.E", "up.E", "down.E"), on their own device (None: a dense layer)
+        self.experts = experts or [None] * len(layers)
         # [head_dim]: puts each head's Q/K outputs in Hugging Face order when the file stores the rows permuted
         # (llama.cpp's llama files, engine/formats/gguf_model.py); per device, as the layers are
         self.qk_order = {layer.device: qk_order.to(layer.device) for layer in layers} if qk_order is not None else None
@@ -226,6 +231,32 @@ class Transformer:
         else:
             h = h + attn
             x = norm(h, w["post_norm"], cfg.rms_norm_eps)
-        gate = self.act(linear(x, w["gate"], w.get("gate_bias")))
-        mlp = linear(gate * linear(x, w["up"], w.get("up_bias")), w["down"], w.get("down_bias"))
+        if self.experts[i] is not None:
+            mlp = self.moe(x, w["router"], self.experts[i]).to(h.device)
+        else:
+            gate = self.act(linear(x, w["gate"], w.get("gate_bias")))
+            mlp = linear(gate * linear(x, w["up"], w.get("up_bias")), w["down"], w.get("down_bias"))
         return h + (norm(mlp, w["post_ff_norm"], cfg.rms_norm_eps) if cfg.sandwich_norm else mlp)
+
+    def moe(self, x: torch.Tensor, router: torch.Tensor | QuantizedWeight, experts: TensorSet) -> torch.Tensor:
+        """The routed MLP of x [n, hidden]: each token's top-k experts, weighted by their router probabilities.
+
+        Softmax over every expert in fp32, then top-k, renormalized when norm_topk_prob (Qwen3-MoE's choice; Mixtral
+        always, which equals a softmax over the top-k logits). Experts run in ascending order, each one product
+        over the tokens routed to it, so only the chosen experts' rows are read; the output is on the experts'
+        device (the attention's may be another)."""
+        cfg = self.config
+        probs = torch.softmax(linear(x, router).float(), dim=-1)  # [n, num_experts]
+        weights, chosen = torch.topk(probs, cfg.num_experts_per_tok, dim=-1)  # [n, k]
+        if cfg.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        x = x.to(experts.device)
+        weights, chosen = weights.to(device=x.device, dtype=x.dtype), chosen.to(x.device)
+        out = torch.zeros_like(x)
+        for e in torch.unique(chosen).tolist():  # sorted
+            tokens, slot = torch.where(chosen == e)
+            xe = x[tokens]
+            y = linear(self.act(linear(xe, experts[f"gate.{e}"])) * linear(xe, experts[f"up.{e}"]),
+                       experts[f"down.{e}"])
+            out.index_add_(0, tokens, y * weights[tokens, slot, None])
+        return out

@@ -83,6 +83,8 @@ class NativeDecode:
     @classmethod
     def _build(cls, lib, transformer, cache) -> "NativeDecode":
         cfg, layers = transformer.config, transformer.layers
+        if cfg.is_moe:  # decode_layer.c has no experts yet (docs/moe.md): the torch path runs them
+            raise Unsupported("experts")
         if cfg.hidden_act not in ACTS or cfg.head_dim > MAX_HEAD_DIM or cfg.head_dim % 2 \
                 or cfg.num_heads // cfg.num_kv_heads > MAX_GROUP \
                 or transformer.dtype not in FLOAT_CODES or cache.spec.dtype not in (*FLOAT_CODES, torch.float8_e4m3fn):

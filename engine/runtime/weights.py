@@ -59,19 +59,34 @@ def place(
         if name in by_source:  # tied weights: one tensor, two names
             out[short] = by_source[name]
             continue
-        t = checkpoint.tensor(name)
-        if isinstance(t, QuantizedWeight):
-            if device.type != "cpu":
-                t = t.to(device)  # the stored blocks, copied as they are
-                copied += t.nbytes
-            out[short] = by_source[name] = t
-            continue
-        target = dtype if name in converted else t.dtype
-        if device.type != "cpu" or target != t.dtype:
-            t = t.to(device=device, dtype=target)
-            copied += t.nbytes
-        out[short] = by_source[name] = t
+        stored = checkpoint.tensor(name)
+        out[short] = by_source[name] = t = _put(stored, device, dtype if name in converted else None)
+        copied += 0 if t is stored else t.nbytes
     return TensorSet(device, out, copied, label, dict(names))
+
+
+def place_experts(checkpoint, names: dict[str, str], device: torch.device, dtype: torch.dtype, *, label: str,
+                  fused: bool, num_experts: int, converted: Collection[str] = frozenset()) -> TensorSet:
+    """One layer's experts on `device` as "gate.E", "up.E", "down.E" matrices: per-expert tensors as place() puts
+    them; 3-D ones (ModelLayout.fused_experts) sliced per expert from the map, `checkpoint.expert(name, E)`."""
+    if not fused:
+        return place(checkpoint, names, device, dtype, label, converted=converted)
+    out, copied = {}, 0
+    for role, name in names.items():
+        for e in range(num_experts):
+            stored = checkpoint.expert(name, e)
+            t = out[f"{role}.{e}"] = _put(stored, device, dtype if name in converted else None)
+            copied += 0 if t is stored else t.nbytes
+    return TensorSet(device, out, copied, label, dict(names))
+
+
+def _put(t, device: torch.device, dtype: torch.dtype | None):
+    """`t` on `device`, converted to `dtype` (None: as stored); on the CPU, unconverted, the mapped view itself.
+    Quantized weights are never converted: the stored blocks go as they are."""
+    if isinstance(t, QuantizedWeight):
+        return t.to(device) if device.type != "cpu" else t
+    target = dtype or t.dtype
+    return t.to(device=device, dtype=target) if device.type != "cpu" or target != t.dtype else t
 
 
 def load_layers(
@@ -92,3 +107,17 @@ def load_layers(
         if progress:
             progress((i + 1) / len(layer_devices), f"layer {i + 1}/{len(layer_devices)} on {device}")
     return layers
+
+
+def load_experts(checkpoint, layout, expert_devices: list[torch.device], labels: tuple[str, ...], dtype: torch.dtype,
+                 is_cancelled: Callable[[], bool] = lambda: False,
+                 converted: Collection[str] = frozenset()) -> list[TensorSet | None]:
+    """Each layer's experts on the plan's device for them (Plan.expert_devices); None for a layer without experts."""
+    out: list[TensorSet | None] = []
+    for i, names in enumerate(layout.experts or [{}] * layout.num_layers):
+        if is_cancelled():
+            raise GenerationCancelled("loading cancelled")
+        out.append(place_experts(checkpoint, names, expert_devices[i], dtype, label=labels[i],
+                                 fused=layout.fused_experts, num_experts=layout.config.num_experts,
+                                 converted=converted) if names else None)
+    return out

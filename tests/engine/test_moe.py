@@ -1,0 +1,126 @@
+"""Mixture-of-experts models from Hugging Face folders (Qwen3-MoE, Mixtral) against transformers (docs/moe.md)."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from factory import cpu_plan, greedy_reference
+from moe_factory import make_moe_model
+from transformers import AutoModelForCausalLM
+
+from stowage.engine.errors import ModelFormatError
+from stowage.engine.planning import inspect
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.runtime.kv_cache import Sequence
+from stowage.engine.runtime.sampler import SamplingParams
+
+PROMPTS = ["The quick brown fox jumps over the lazy dog.",
+           "Stowage plans memory: weights, KV cache, workspace and headroom. Pick a context size with the slider;"]
+VARIANTS = {
+    "qwen3_moe": {},
+    # renormalized top-k weights, a dense layer among the routed ones, 3 of 8 experts
+    "qwen3_moe-norm-dense": {"norm_topk_prob": True, "mlp_only_layers": [1], "num_experts_per_tok": 3},
+    "mixtral": {},
+}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def model_dir(request, tmp_path_factory):
+    return make_moe_model(tmp_path_factory.mktemp(request.param), request.param.split("-")[0],
+                          **VARIANTS[request.param])
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def test_logits_match_transformers(model_dir, reference):
+    engine = Engine.load(model_dir, cpu_plan(model_dir, 256, prefill_chunk=5))
+    for prompt in PROMPTS:
+        ids = engine.tokenizer.encode(prompt)
+        seq = Sequence()
+        ours = engine.model.forward(ids, seq, engine.cache, all_logits=True)
+        with torch.no_grad():
+            theirs = reference(torch.tensor([ids])).logits[0]
+        assert theirs.abs().max() > 1.0
+        assert (ours - theirs).abs().max().item() <= 1e-4
+        engine.cache.release(seq)
+
+
+def test_greedy_tokens_identical_one_and_two_at_a_time(model_dir, reference):
+    engine = Engine.load(model_dir, cpu_plan(model_dir, 256, prefill_chunk=16, num_seqs=2))
+    prompts = [engine.tokenizer.encode(p) for p in PROMPTS]
+    expected = [greedy_reference(reference, ids, engine.eos_ids, 32) for ids in prompts]
+    assert engine.generate(prompts[0], SamplingParams(temperature=0, max_tokens=32)).run().token_ids == expected[0]
+    # two sequences decoded in one step: each token's experts routed on its own
+    seqs = [Sequence(), Sequence()]
+    last = [engine.model.forward(ids, s, engine.cache)[-1].argmax().item() for ids, s in zip(prompts, seqs)]
+    got = [[t] for t in last]
+    for _ in range(7):
+        last = engine.model.decode_step(last, seqs, engine.cache).argmax(-1).tolist()
+        for g, t in zip(got, last):
+            g.append(t)
+    assert got == [e[:8] for e in expected]
+
+
+def test_the_load_maps_what_the_plan_counted(model_dir):
+    info = inspect(model_dir)
+    assert sum(info.expert_bytes()) > sum(info.layer_bytes())  # most of an MoE model is its experts
+    plan = cpu_plan(model_dir, 64)
+    report = Engine.load(model_dir, plan).memory_report()["cpu"]
+    assert report["weights_copied"] == 0
+    assert report["weights_mapped"] == plan.device("cpu").weights_bytes == info.weights_bytes()
+
+
+# -- bad input: typed errors naming the tensor, from inspect (what plan reads), before anything is loaded --
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    return make_moe_model(tmp_path_factory.mktemp("good"), "qwen3_moe", num_hidden_layers=2)
+
+
+def edited(good, tmp_path, edit_tensors=None, **config):
+    from safetensors.torch import load_file, save_file
+
+    model_dir = tmp_path / "bad"
+    shutil.copytree(good, model_dir)
+    if edit_tensors:
+        tensors = load_file(model_dir / "model.safetensors")
+        edit_tensors(tensors)
+        save_file(tensors, model_dir / "model.safetensors")
+    if config:
+        raw = json.loads((model_dir / "config.json").read_text())
+        (model_dir / "config.json").write_text(json.dumps(raw | config))
+    return model_dir
+
+
+def refused(model_dir) -> str:
+    with pytest.raises(ModelFormatError) as e:
+        inspect(model_dir)
+    return str(e.value)
+
+
+EXPERT = "model.layers.1.mlp.experts.5.up_proj.weight"
+
+
+def test_a_missing_expert_is_named(good, tmp_path):
+    assert EXPERT in refused(edited(good, tmp_path, lambda t: t.pop(EXPERT)))
+
+
+def test_an_expert_of_the_wrong_shape_is_named(good, tmp_path):
+    def edit(t):
+        t[EXPERT] = t[EXPERT][:40].clone()
+    text = refused(edited(good, tmp_path, edit))
+    assert EXPERT in text and "[40, 64]" in text and "moe_intermediate_size=48" in text
+
+
+def test_a_router_that_disagrees_with_num_experts_is_named(good, tmp_path):
+    text = refused(edited(good, tmp_path, num_local_experts=6))  # the router has 8 rows
+    assert "model.layers.0.mlp.gate.weight" in text and "num_experts=6" in text
+
+
+def test_more_active_experts_than_experts_is_refused(good, tmp_path):
+    text = refused(edited(good, tmp_path, num_experts_per_tok=9))
+    assert "num_experts_per_tok (9)" in text and "8 experts" in text

@@ -9,6 +9,11 @@ class ModelFormatError(StowageError):
     """A model folder or weight file is malformed, incomplete or of a format we refuse."""
 
 
+class WeightsChangedError(ModelFormatError):
+    """A weight file changed on disk (truncated, replaced, rewritten) under a loaded model: the step that met it is
+    discarded, and the model must be loaded again."""
+
+
 class TemplateError(ModelFormatError):
     """The chat template failed to render (or raised on purpose through raise_exception)."""
 

@@ -78,5 +78,9 @@ def choose(levels, flags: set[str], env: str, environ) -> str | None:
     return runs[0]
 
 
+# kernels/fault_guard.py's SIGBUS handler: a weights file truncated under a running model (any CPU)
+FAULT_GUARD = NativeLibrary("fault_guard", ("fault_guard.c",), ("-O2", "-shared", "-fPIC"))
+
+
 def all_libraries() -> list[NativeLibrary]:
-    return [GEMV_BF16, *(quant_gemv(i) for i in QUANT_ISAS), *(decode_layer(i) for i in ISAS)]
+    return [GEMV_BF16, *(quant_gemv(i) for i in QUANT_ISAS), *(decode_layer(i) for i in ISAS), FAULT_GUARD]

@@ -9,7 +9,9 @@ from pathlib import Path, PurePosixPath
 import torch
 
 from .config import read_json_object
-from ..errors import ModelFormatError
+from stowage.kernels import fault_guard
+
+from ..errors import ModelFormatError, WeightsChangedError
 from .safetensors import MappedFile, TensorSpec, read_header
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -40,6 +42,7 @@ class Checkpoint:
         if spec.path not in self._maps:
             self.watch.check([spec.path])  # the header's offsets hold only for the file they were read from
             self._maps[spec.path] = MappedFile(spec.path)
+            self.watch.mapped(spec.path, self._maps[spec.path].mapping)
         return self._maps[spec.path].tensor(spec)
 
     def check_unchanged(self) -> None:
@@ -52,25 +55,33 @@ class Checkpoint:
 
 
 class FileWatch:
-    """What weight files were when they were read (device, inode, size, mtime), to refuse using one that changed.
+    """What weight files were when they were read (device, inode, size, mtime), to refuse using one that changed,
+    and their mappings, watched for pages read past a file's end (kernels/fault_guard.py).
 
-    A few stat calls: check before each forward step, since reading a page of a truncated mapping kills the
-    process with SIGBUS. It cannot help once a step is running (docs/robustness.md). Safetensors folders and GGUF
-    files (every part of a split one) are watched alike."""
+    A few stat calls: check before and after each forward step. Before, since reading a page of a truncated mapping
+    would raise SIGBUS; after, since a file truncated during the step made the fault guard read zeros for the pages
+    past its end: the step's results are then discarded (docs/robustness.md). Safetensors folders and GGUF files
+    (every part of a split one) are watched alike."""
 
     def __init__(self, paths):
         self._identity = {Path(p): _identity(Path(p)) for p in paths}
+        self._guards: dict[Path, fault_guard.Watched] = {}
+
+    def mapped(self, path: Path, mapping) -> None:
+        """Watch the numpy.memmap of a watched file for pages read past its end."""
+        self._guards[Path(path)] = fault_guard.watch(mapping)
 
     def check(self, paths=None) -> None:
-        """Raise ModelFormatError naming the first of `paths` (default: all watched) that changed."""
+        """Raise WeightsChangedError naming the first of `paths` (default: all watched) that changed."""
         for path in self._identity if paths is None else paths:
             try:
                 now = _identity(path)
             except ModelFormatError:
                 now = None
-            if now != self._identity[path]:
-                raise ModelFormatError(f"the weights file {path.name} changed on disk while the model was loaded "
-                                       "(replaced, truncated or rewritten); load the model again")
+            guard = self._guards.get(Path(path))
+            if now != self._identity[path] or (guard is not None and guard.faulted):
+                raise WeightsChangedError(f"the weights file {path.name} changed on disk while the model was loaded "
+                                          "(replaced, truncated or rewritten); load the model again")
 
 
 def _identity(path: Path) -> tuple[int, int, int, int]:

@@ -108,9 +108,16 @@ class GGUFFile:
             self.tensors[name] = GGUFTensor(name, type_name, tuple(reversed(dims)), self.path, self.data_start + offset)
         _check_spans(r.name, r.size, self.tensors.values())
 
+    @property
+    def mapping(self) -> np.memmap:
+        """The whole file's mapping (what FileWatch.mapped watches)."""
+        return self._map
+
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes, mapped: f32 / f16 as such, bf16 as int16, block formats as uint8 [..., row_bytes]."""
         tensor = self.tensors[name]
+        if tensor.offset + tensor.nbytes > len(self._map):  # only where the file is its first bytes
+            raise PrefixTooShort(self.path.name, tensor.offset + tensor.nbytes)
         view = self._map[tensor.offset : tensor.offset + tensor.nbytes]
         fmt = FORMATS[tensor.type_name]
         if fmt.dtype is not None:

@@ -141,6 +141,8 @@ class GGUFModel:
         # what the parts were before they were mapped (a missing one is left to open_gguf to name)
         self.watch = FileWatch([p for p in part_paths(self.path) if p.is_file()])
         self.file: GGUFCheckpoint = open_gguf(self.path)
+        for part in self.file.parts:
+            self.watch.mapped(part.path, part.mapping)
         self.metadata = self.file.metadata
         self.architecture = self.metadata.get("general.architecture")
         self.config = config_from_gguf(self.file, self.name)

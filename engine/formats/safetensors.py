@@ -135,6 +135,11 @@ class MappedFile:
         # mode "r": a read-only shared mapping; pages come from the page cache, never private memory.
         self._map = np.memmap(path, dtype=np.uint8, mode="r")
 
+    @property
+    def mapping(self) -> np.memmap:
+        """The whole file's mapping (what FileWatch.mapped watches)."""
+        return self._map
+
     def tensor(self, spec: TensorSpec) -> torch.Tensor:
         """A torch tensor sharing the mapped bytes (read-only memory: do not write into it)."""
         _, np_dtype, torch_dtype = DTYPES[spec.dtype]

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import (GenerationCancelled, InsufficientMemoryError, InvalidArgumentError, ModelFormatError,
-                      StowageError, UnsupportedModelError)
+                      StowageError, UnsupportedModelError, WeightsChangedError)
 from ..runtime.generation import GenerationResult, TokenEvent
 from ..planning.report import summary, to_dict
 from .responses import Reply, listed_model, model_object, sse
@@ -119,15 +119,17 @@ class _Api:
             raise ApiError(503, f"no model is loaded: {loading!r:.80} is loading (POST /stowage/load); retry once it "
                                 "is loaded", type="server_error", code="model_not_loaded",
                            headers={"Retry-After": RETRY_AFTER_SECONDS})
-        raise ApiError(503, "no model is loaded: load one with POST /stowage/load (GET /stowage/models lists them)",
-                       type="server_error", code="model_not_loaded")
+        why = f" ({self.serving.unloaded})" if self.serving.unloaded else ""
+        raise ApiError(503, f"no model is loaded{why}: load one with POST /stowage/load (GET /stowage/models lists "
+                            "them)", type="server_error", code="model_not_loaded")
 
     async def health(self, request: Request) -> JSONResponse:
         if self.serving.current is not None:
             return JSONResponse({"status": "ok"})
         # up, but nothing to serve: 503 as llama.cpp's server says while it loads
         status = "loading" if self.serving.loading is not None else "no model is loaded"
-        return JSONResponse({"status": status}, status_code=503)
+        why = {"reason": self.serving.unloaded} if self.serving.unloaded and status != "loading" else {}
+        return JSONResponse({"status": status, **why}, status_code=503)
 
     async def models(self, request: Request) -> JSONResponse:
         served = self.serving.current
@@ -349,7 +351,7 @@ class _Api:
             return None
         last = result.result()
         if isinstance(last, Exception):
-            raise ApiError(500, f"generation failed: {last}", type="server_error") from None
+            raise _failed(last) from None
         return last
 
     async def _stream(self, reply: Reply, events: _Events):
@@ -364,10 +366,18 @@ class _Api:
                 yield sse(reply.progress_chunk(event.done_tokens, event.prompt_tokens))
                 continue
             if isinstance(event, Exception):
-                yield sse(ApiError(500, f"generation failed: {event}", type="server_error").body())
+                yield sse(_failed(event).body())
             else:
                 yield sse(reply.last_chunk(event))
                 if reply.include_usage:
                     yield sse(reply.usage_chunk(event))
             yield sse("[DONE]")
             return
+
+
+def _failed(error: Exception) -> ApiError:
+    """What a request that ended with an error answers: 503 when its model is gone (a weights file changed under it:
+    the server unloaded it), else 500."""
+    if isinstance(error, WeightsChangedError):
+        return ApiError(503, f"the model was unloaded: {error}", type="server_error", code="model_unloaded")
+    return ApiError(500, f"generation failed: {error}", type="server_error")

@@ -113,8 +113,9 @@ def serve(engine, sock: socket.socket, defaults, *, api_key: str | None, cors_or
     from .serving import Served, Serving
 
     parallel = defaults.parallel
-    serving = Serving(Served(engine.name, Scheduler(engine, max_running=parallel,
-                                                    max_waiting=defaults.max_queue).start()), defaults)
+    serving = Serving(Served(engine.name, Scheduler(engine, max_running=parallel, max_waiting=defaults.max_queue)),
+                      defaults)
+    serving.current.scheduler.start()  # once Serving watches it (a weights file changing unloads the model)
     url = base_url(sock)
     loopback_bind = sock.family != getattr(socket, "AF_UNIX", None) and is_loopback(sock.getsockname()[0])
     server = http_server(serving, api_key=api_key, cors_origins=cors_origins, loopback_bind=loopback_bind)

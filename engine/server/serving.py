@@ -11,6 +11,7 @@ None while a load runs and after one failed or was cancelled.
 from __future__ import annotations
 
 import gc
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -18,12 +19,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..formats.discovery import FoundModel, Places, discover
-from ..errors import GenerationCancelled, InsufficientMemoryError, InvalidArgumentError
+from ..errors import GenerationCancelled, InsufficientMemoryError, InvalidArgumentError, WeightsChangedError
 from ..planning import Budgets, ModelInfo, Plan, PlanRequest, default_context_tokens, detect_budgets, inspect, plan
 from ..serving.scheduler import Scheduler
 from .schemas import LoadRequest
 
 STOP_POLL_SECONDS = 0.01  # how often a swap looks whether the old scheduler has answered its cancelled requests
+log = logging.getLogger(__name__)
 Report = Callable[[float, str], None]  # the fraction of the model loaded, and the stage: as Engine.load reports
 
 
@@ -136,8 +138,31 @@ class Serving:
         self.current = current
         self.defaults = defaults
         self.loading: str | None = None  # the id of the model a load is loading
+        self.unloaded: str | None = None  # why the last model served was unloaded without a request asking
         self._lock = threading.Lock()
         self._cancel: threading.Event | None = None  # the running load's
+        if current is not None:
+            self._watch(current)
+
+    def _watch(self, served: Served) -> None:
+        """Unload `served` if a weights file changes under it (its scheduler's on_broken)."""
+        served.scheduler.on_broken = lambda e: self._unload_broken(served, e)
+
+    def _unload_broken(self, served: Served, e: WeightsChangedError) -> None:
+        """On the scheduler's thread, once its requests have ended with e: say so in one line, stop serving the
+        model, and free it on a thread of its own (closing joins the scheduler's thread). The server goes on."""
+        log.warning("%s unloaded: %s", served.name, e)
+        with self._lock:
+            if self.current is not served:
+                return
+            self.current = None
+            self.unloaded = f"{served.name} was unloaded: {e}"
+
+        def close() -> None:
+            served.close()
+            release_memory()
+
+        threading.Thread(target=close, name="stowage-unload", daemon=True).start()
 
     @classmethod
     def of(cls, scheduler: Scheduler) -> "Serving":
@@ -208,9 +233,12 @@ class Serving:
                 raise GenerationCancelled("loading cancelled")
             found = prepared.found
             engine = Engine.load(found.path, planned, progress=report, cancel=cancel)
-            scheduler = Scheduler(engine, max_running=planned.num_seqs, max_waiting=self.defaults.max_queue).start()
-            self.current = Served(found.name, scheduler)
-            return self.current
+            scheduler = Scheduler(engine, max_running=planned.num_seqs, max_waiting=self.defaults.max_queue)
+            served = Served(found.name, scheduler)
+            self._watch(served)
+            scheduler.start()
+            self.current, self.unloaded = served, None
+            return served
         finally:
             self.end_load()
 

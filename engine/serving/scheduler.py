@@ -27,7 +27,7 @@ import torch
 
 from stowage.kernels.cpu_decode import MAX_LANES, torch_on_one_thread
 
-from ..errors import GenerationCancelled, StowageError
+from ..errors import GenerationCancelled, StowageError, WeightsChangedError
 from ..runtime.generation import GenerationResult, StopMatcher, TokenEvent
 from ..runtime.sampler import Sampler, SamplingParams
 
@@ -136,8 +136,13 @@ class Scheduler:
     """Runs an engine's replies, `max_running` at a time: `submit` from any thread; `step` from one thread only,
     its own once started (the server) or the one iterating an in-process reply."""
 
-    def __init__(self, engine, *, max_running: int, max_waiting: int):
+    def __init__(self, engine, *, max_running: int, max_waiting: int,
+                 on_broken: Callable[[WeightsChangedError], None] | None = None):
+        """on_broken: called once, on the stepping thread, when a weights file changed under the model: every open
+        request has then ended with that error, and every later submit raises it (the server unloads the model)."""
         self.engine = engine
+        self.on_broken = on_broken
+        self.broken: WeightsChangedError | None = None
         self.max_running, self.max_waiting = max_running, max_waiting
         self.pool = engine.pool  # the engine's one eviction policy, whichever scheduler runs it
         self._cond = threading.Condition()
@@ -174,6 +179,8 @@ class Scheduler:
 
         Raises ServerBusyError when max_running requests run and max_waiting more wait already."""
         with self._cond:
+            if self.broken is not None:
+                raise self.broken
             if self._closed:
                 raise GenerationCancelled("the server is shutting down")
             if self._num_active >= self.max_running + self.max_waiting:
@@ -244,6 +251,7 @@ class Scheduler:
         start = time.perf_counter()
         engine.check_weights()
         logits = engine.model.forward(chunk, seq, engine.cache)
+        engine.check_weights()  # a file truncated during the chunk: its pages read as zeros; discard what it gave
         r.result.prefill_seconds += time.perf_counter() - start
         r.cursor += len(chunk)
         r.result.prefilled_tokens += len(chunk)
@@ -262,6 +270,7 @@ class Scheduler:
         engine.check_weights()
         with self._torch_part(len(requests)):
             logits = engine.model.decode_step([r.next_token for r in requests], seqs, engine.cache)  # [n, vocab]
+            engine.check_weights()  # as after a prefill chunk
             elapsed = time.perf_counter() - start
             for r, row in zip(requests, logits):
                 r.result.decode_seconds += elapsed
@@ -278,12 +287,24 @@ class Scheduler:
         # A failure (NaN scores from a corrupt file, a bug) ends the requests in this step; the server goes on.
         try:
             work(requests)
+        except WeightsChangedError as e:  # no step can run on this model again: end every request with it
+            self._break(e)
         except Exception as e:
             if not isinstance(e, StowageError):
                 log.exception("a step of %d request(s) failed", len(requests))
             for r in requests:
                 r.next_token = None
                 self._answer(r, e)
+
+    def _break(self, e: WeightsChangedError) -> None:
+        with self._cond:
+            self.broken = e
+            waiting, self._waiting = list(self._waiting), deque()
+        for r in [*self._running, *waiting]:
+            r.next_token = None
+            self._answer(r, e)
+        if self.on_broken is not None:
+            self.on_broken(e)
 
     def _answer(self, request: _Request, last: object) -> None:
         """Send the last event and let the request go: its blocks stay cached if it finished, else are freed."""

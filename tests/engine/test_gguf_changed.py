@@ -67,4 +67,4 @@ def test_generation_stops_cleanly_when_its_gguf_file_is_truncated(files):
     out = run_fresh(SCRIPT, files[0], files[-1], timeout=120)
     # the typed error ends the process (exit status 1), not SIGBUS (-7)
     assert out.returncode == 1, (out.returncode, out.stdout, out.stderr[-2000:])
-    assert f"ModelFormatError: the weights file {files[-1].name} changed on disk" in out.stderr
+    assert f"WeightsChangedError: the weights file {files[-1].name} changed on disk" in out.stderr

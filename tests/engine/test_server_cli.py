@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+import httpx
 
 import openai
 import pytest
@@ -172,3 +173,44 @@ def test_sigterm_is_a_clean_stop(model_dir, tmp_path):
     assert "Traceback" not in err
     assert not sock.exists()  # the socket file went with the server
     assert list(kv_dir.rglob("*.kv")), "the cached conversation was not written to the KV store"
+
+
+def test_serve_unloads_a_model_whose_file_is_truncated_and_keeps_answering(tmp_path):
+    # before: `serve` died with SIGBUS mid-stream (or, truncated between steps, failed every request while /health
+    # said ok)
+    model_dir = make_model(tmp_path / "m", "llama", eos_token_id=None)
+    proc = stowage("serve", model_dir, "--port", 0, "--context", 512,
+                   env={**ENV, "STOWAGE_KV_DIR": str(tmp_path / "kv")})
+    url = read_line(proc)
+    auth = {"Authorization": f"Bearer {KEY}"}
+    try:
+        with httpx.Client(base_url=url, headers=auth, timeout=TIMEOUT) as client:
+            body = {"model": "m", "prompt": "a b c", "max_tokens": 400, "temperature": 0, "stream": True}
+            events = []
+            with client.stream("POST", "/v1/completions", json=body) as reply:
+                assert reply.status_code == 200
+                for line in reply.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    events.append(json.loads(line.removeprefix("data: ")))
+                    if len(events) == 3:
+                        os.truncate(model_dir / "model.safetensors", 4096)
+            assert len(events) < 400, "the stream went on past the truncation"
+            error = events[-1].get("error")
+            assert error and error["code"] == "model_unloaded", events[-1]
+            assert "model.safetensors changed on disk" in error["message"]
+
+            health = client.get("/health")
+            assert health.status_code == 503
+            assert health.json()["status"] == "no model is loaded"
+            assert "m was unloaded" in health.json()["reason"]
+            again = client.post("/v1/completions", json={**body, "stream": False})
+            assert again.status_code == 503 and "was unloaded" in again.json()["error"]["message"]
+            assert proc.poll() is None, "the server exited"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    unloaded = [line for line in err.splitlines() if "unloaded" in line]
+    assert len(unloaded) == 1 and "model.safetensors changed on disk" in unloaded[0], err

@@ -116,8 +116,6 @@ class GGUFFile:
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes, mapped: f32 / f16 as such, bf16 as int16, block formats as uint8 [..., row_bytes]."""
         tensor = self.tensors[name]
-        if tensor.offset + tensor.nbytes > len(self._map):  # only where the file is its first bytes
-            raise PrefixTooShort(self.path.name, tensor.offset + tensor.nbytes)
         view = self._map[tensor.offset : tensor.offset + tensor.nbytes]
         fmt = FORMATS[tensor.type_name]
         if fmt.dtype is not None:

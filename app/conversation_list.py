@@ -5,12 +5,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QFileDialog,
     QHBoxLayout,
+    QLabel,
     QLineEdit,
     QListWidget,
     QListWidgetItem,
@@ -24,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from . import export
+from . import export, theme
 from .store import ConversationStore
 
 ID_ROLE = Qt.ItemDataRole.UserRole
@@ -90,6 +91,13 @@ class ConversationList(QWidget):
         self.search.setPlaceholderText("Search chats (Ctrl+F)")
         self.search.setAccessibleName("Search conversations")
         self.search.setClearButtonEnabled(True)
+        self.search.setToolTip("Esc clears the search")
+        self.no_matches = QLabel()
+        self.no_matches.setWordWrap(True)
+        self.no_matches.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        theme.tint(self.no_matches, "muted")
+        self.no_matches.hide()
+        self._open_id: int | None = None  # the chat on screen: kept while a search hides it, selected again after
         self.new_button = QPushButton("New chat")
         self.new_button.setToolTip("Start a new conversation (Ctrl+N)")
         self.rename_button = QToolButton()
@@ -111,6 +119,7 @@ class ConversationList(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.new_button)
         layout.addWidget(self.search)
+        layout.addWidget(self.no_matches)
         layout.addWidget(self.list, 1)
         layout.addLayout(buttons)
         delete_action = QAction(self)
@@ -118,6 +127,7 @@ class ConversationList(QWidget):
         delete_action.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
         delete_action.triggered.connect(self.confirm_delete)
         self.list.addAction(delete_action)
+        self.search.installEventFilter(self)  # Esc clears it
 
         self.new_button.clicked.connect(self.new_conversation)
         self.rename_button.clicked.connect(self.rename_current)
@@ -133,12 +143,19 @@ class ConversationList(QWidget):
         return None if item is None else item.data(ID_ROLE)
 
     def refresh(self, select_id: int | None = None) -> None:
-        """Reload from the store, keeping (or moving to) the selection."""
-        keep = select_id if select_id is not None else self.current_id
+        """Reload from the store, keeping (or moving to) the selection: the chat on screen, even when a search hid it
+        for a while."""
+        if select_id is not None:
+            self._open_id = select_id
+        keep = self._open_id if self._open_id is not None else self.current_id
         self.list.blockSignals(True)
         self.list.clear()
         now = time.time()
-        for row in self.store.search(self.search.text().strip()):
+        query = self.search.text().strip()
+        rows = self.store.search(query)
+        self.no_matches.setText(f"No chats match “{query}”. Esc clears the search." if query else "")
+        self.no_matches.setVisible(bool(query) and not rows)
+        for row in rows:
             item = QListWidgetItem(row.title)
             item.setData(ID_ROLE, row.id)
             item.setData(DATE_ROLE, when(row.updated, now))
@@ -152,7 +169,15 @@ class ConversationList(QWidget):
         for button in (self.rename_button, self.delete_button, self.export_button):
             button.setEnabled(has)
 
+    def eventFilter(self, obj, event) -> bool:
+        if (obj is self.search and event.type() == QEvent.Type.KeyPress and event.key() == Qt.Key.Key_Escape
+                and self.search.text()):
+            self.search.clear()
+            return True
+        return super().eventFilter(obj, event)
+
     def select(self, conversation_id: int) -> None:
+        self._open_id = conversation_id
         self.refresh(conversation_id)
         self.selected.emit(conversation_id)
 
@@ -169,6 +194,8 @@ class ConversationList(QWidget):
 
     def delete(self, conversation_id: int) -> None:
         self.store.delete(conversation_id)
+        if self._open_id == conversation_id:
+            self._open_id = None
         self.deleted.emit(conversation_id)
         rows = self.store.conversations()
         if rows:
@@ -185,6 +212,7 @@ class ConversationList(QWidget):
 
     def _current_changed(self, current, _previous) -> None:
         if current is not None:
+            self._open_id = current.data(ID_ROLE)
             for button in (self.rename_button, self.delete_button, self.export_button):
                 button.setEnabled(True)
             self.selected.emit(current.data(ID_ROLE))

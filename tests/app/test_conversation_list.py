@@ -72,3 +72,28 @@ def test_export_writes_the_branch_on_screen(qtbot, tmp_path):
     text = (tmp_path / "chat.md").read_text()
     assert "the reply on screen" in text and "regenerated" not in text and "version 1 of 2" in text
     store.close()
+
+
+def test_search_says_no_matches_esc_clears_it_and_the_open_chat_stays_selected(qtbot, tmp_path):
+    from PySide6.QtCore import Qt
+
+    store = ConversationStore(tmp_path / "c.sqlite3")
+    plans = store.create("Weekend plans")
+    taxes = store.create("Taxes")
+    widget = ConversationList(store)
+    qtbot.addWidget(widget)
+    widget.show()
+    widget.select(plans)
+    chosen = []
+    widget.selected.connect(chosen.append)
+    qtbot.keyClicks(widget.search, "nothing like this")
+    assert widget.list.count() == 0
+    assert widget.no_matches.isVisible() and "No chats match" in widget.no_matches.text()
+    qtbot.keyClick(widget.search, Qt.Key.Key_Escape)
+    assert widget.search.text() == "" and not widget.no_matches.isVisible()
+    assert widget.list.count() == 2 and widget.current_id == plans  # the chat on screen, selected again
+    qtbot.keyClicks(widget.search, "tax")  # the open chat is hidden by the search, then shown again
+    assert [widget.list.item(i).data(ID_ROLE) for i in range(widget.list.count())] == [taxes]
+    widget.search.clear()
+    assert widget.current_id == plans and chosen == []  # nothing else was opened meanwhile
+    store.close()

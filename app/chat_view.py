@@ -97,6 +97,15 @@ class ChatView(QScrollArea):
         kept = f" with the {later} messages after it" if later > 1 else " with the reply after it" if later else ""
         widget.set_edit_note(f"Sending makes version {num_versions} of this message and answers it; the one there "
                              f"now is kept{kept} (‹ › switches back).")
+        # The editor may be far above the newest message: bring it into view once it is laid out, and stop following
+        # the bottom, which would pull the view away from it.
+        self._at_bottom = False
+        QTimer.singleShot(0, lambda: self._show_editor(widget))
+
+    def _show_editor(self, widget: MessageWidget) -> None:
+        if widget in self.widgets and widget.editor.isVisible():
+            self._at_bottom = False
+            self.ensureWidgetVisible(widget.editor, 10, 40)
 
     def set_alternatives_enabled(self, enabled: bool) -> None:
         self._alternatives_enabled = enabled

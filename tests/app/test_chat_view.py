@@ -92,3 +92,26 @@ def test_arrows_show_which_version_and_ask_for_the_next(qtbot):
     assert chosen.args == [2]
     view.set_alternatives_enabled(False)  # while a reply streams
     assert not second.previous_button.isEnabled()
+
+
+def test_editing_an_earlier_message_brings_its_editor_into_view(qtbot):
+    from PySide6.QtCore import QPoint
+
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(500, 400)
+    view.show()
+    for i in range(30):
+        view.add_message(Message(i + 1, "user" if i % 2 == 0 else "assistant", f"message {i}\n\nwith a second line"))
+    bar = view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())  # at the newest, as after a reply
+    first = view.widgets[0]
+    first.start_edit()
+
+    def editor_in_view() -> bool:
+        top = first.editor.mapTo(view.viewport(), QPoint(0, 0)).y()
+        return 0 <= top and top + first.editor.height() <= view.viewport().height()
+
+    qtbot.waitUntil(editor_in_view, timeout=2000)
+    qtbot.wait(100)  # and it stays there: the view no longer follows the bottom
+    assert editor_in_view()

@@ -57,3 +57,16 @@ class EngineStartError(StowageError):
 class EngineCrashedError(StowageError):
     """The engine's child process died (a signal, the out-of-memory killer, a crash in native code); the caller,
     its chats and the text streamed so far are intact, and a new engine can be started."""
+
+
+class HubError(StowageError):
+    """The Hugging Face Hub (or the server HF_ENDPOINT names) refused, failed, or sent a file that is not what it
+    lists; the message says which repository or file, and what to do."""
+
+
+class HubAccessError(HubError):
+    """A repository is gated or private and the token (HF_TOKEN, the stored login) has no access: log in."""
+
+
+class DownloadCancelled(StowageError):
+    """A download was cancelled by the user; what was fetched is kept, and the next pull of the model resumes it."""

@@ -76,7 +76,10 @@ def bind(grammar: str, tokenizer, num_logits: int, eos_ids) -> Grammar:
     key = (num_logits, tuple(sorted(eos_ids)))
     cached = _tokenizers.setdefault(tokenizer, {})
     if key not in cached:
-        cached[key] = llguidance.LLTokenizer(tokenizer.to_json(), n_vocab=num_logits, eos_token=list(key[1]))
+        try:
+            cached[key] = llguidance.LLTokenizer(tokenizer.to_json(), n_vocab=num_logits, eos_token=list(key[1]))
+        except (ValueError, RuntimeError) as e:
+            raise InvalidArgumentError(f"constrained output is not available for this model's tokenizer: {e}") from e
     return Grammar(grammar, cached[key], num_logits)
 
 

@@ -100,19 +100,21 @@ class Tokenizer:
             return "plain (the model has no template)"
         return getattr(self, "template_name", "the model's own")
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> str:
         template = self.chat_template
         if template is None:
             warnings.warn("model has no chat template; using a plain 'Role: text' format", StowageWarning, stacklevel=2)
             template = chat_template.FALLBACK_TEMPLATE
         return chat_template.render(
             template, messages, add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "", eos_token=self.eos_token or "",
+            bos_token=self.bos_token or "", eos_token=self.eos_token or "", tools=tools,
         )
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> list[int]:
         # The template writes its own special tokens (BOS included), as transformers does.
-        ids = self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+        ids = self.encode(self.render_chat(messages, add_generation_prompt, tools), add_special_tokens=False)
         if not ids:
             raise chat_template.TemplateError("the chat template wrote nothing for this conversation; "
                                               "use the model's published template")

@@ -299,9 +299,13 @@ class ChatPanel(QWidget):
 
     def _reply_finished(self, reply: Reply) -> None:
         r = reply.result
+        # A reply stopped mid-stream ends before the engine's usage arrives (0 tokens): what the panel counted
+        # stands in, so the counter and the stored figures still say what the context holds.
+        prompt_tokens = r.prompt_tokens or self._prompt_tokens
+        completion_tokens = r.completion_tokens or (self._reply_tokens if not r.prompt_tokens else 0)
         meta = self._reply_meta(
-            r.finish_reason, tokens_per_s=round(r.decode_tokens_per_s, 2), prompt_tokens=r.prompt_tokens,
-            completion_tokens=r.completion_tokens, first_token_s=round(r.first_token_seconds, 3),
+            r.finish_reason, tokens_per_s=round(r.decode_tokens_per_s, 2), prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens, first_token_s=round(r.first_token_seconds, 3),
             prompt_tokens_per_s=round(r.prefill_tokens_per_s, 1))
         message = self._store_reply(r.text, meta)
         self._generating_for = None
@@ -311,7 +315,8 @@ class ChatPanel(QWidget):
                 self.show_conversation(self.conversation_id)
             else:
                 self.view.end_reply(message)
-            self.counter.setText(f"{r.decode_tokens_per_s:.1f} tokens/s · " + self._context_text(reply.context_tokens))
+            speed = f"{r.decode_tokens_per_s:.1f} tokens/s · " if r.decode_tokens_per_s else ""
+            self.counter.setText(speed + self._context_text(prompt_tokens + completion_tokens))
             if r.finish_reason == "context_full":
                 self.show_error(self._context_full_text())
         self._update_buttons()

@@ -55,6 +55,14 @@ _MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # an empty name, n_dims = 0, a type, an 
 _PART = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
+class PrefixTooShort(ModelFormatError):
+    """The header runs past the bytes given (a file's first bytes, read over the network): read `needed_bytes`."""
+
+    def __init__(self, name: str, needed_bytes: int):
+        super().__init__(f"{name}: the header needs the file's first {needed_bytes:,} bytes")
+        self.needed_bytes = needed_bytes
+
+
 @dataclass(frozen=True)
 class GGUFTensor:
     """One tensor of a GGUF file: its ggml type, its shape in torch order, where its bytes lie."""
@@ -82,18 +90,24 @@ class GGUFTensor:
 
 
 class GGUFFile:
-    """One GGUF file mapped read-only: its metadata, its tensor infos, and views of tensor data."""
+    """One GGUF file mapped read-only: its metadata, its tensor infos, and views of tensor data.
 
-    def __init__(self, path: str | Path):
+    Given `prefix`, the file's first bytes and `file_bytes` its size, the header is parsed from those bytes alone
+    (a file not downloaded yet, engine/hub); a read past them raises PrefixTooShort, which says how many to get."""
+
+    def __init__(self, path: str | Path, prefix: bytes | None = None, file_bytes: int | None = None):
         self.path = Path(path)
-        try:
-            if self.path.stat().st_size == 0:
-                raise ModelFormatError(f"{self.path.name}: the file is empty; the download is incomplete")
-            # mode "r": a read-only shared mapping; tensor pages come from the page cache, never private memory.
-            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
-        except OSError as e:
-            raise ModelFormatError(f"{self.path}: cannot read ({e.strerror})") from e
-        r = _Cursor(memoryview(self._map), self.path.name)
+        if prefix is not None:
+            self._map = np.frombuffer(prefix, dtype=np.uint8)
+        else:
+            try:
+                if self.path.stat().st_size == 0:
+                    raise ModelFormatError(f"{self.path.name}: the file is empty; the download is incomplete")
+                # mode "r": a read-only shared mapping; tensor pages come from the page cache, never private memory.
+                self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+            except OSError as e:
+                raise ModelFormatError(f"{self.path}: cannot read ({e.strerror})") from e
+        r = _Cursor(memoryview(self._map), self.path.name, file_bytes)
         self.version, num_tensors, num_kvs = _header(r)
         self.metadata = _metadata(r, num_kvs)
         self.alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
@@ -116,6 +130,8 @@ class GGUFFile:
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes, mapped: f32 / f16 as such, bf16 as int16, block formats as uint8 [..., row_bytes]."""
         tensor = self.tensors[name]
+        if tensor.offset + tensor.nbytes > len(self._map):  # only where the file is its first bytes
+            raise PrefixTooShort(self.path.name, tensor.offset + tensor.nbytes)
         view = self._map[tensor.offset : tensor.offset + tensor.nbytes]
         fmt = FORMATS[tensor.type_name]
         if fmt.dtype is not None:
@@ -154,7 +170,11 @@ def open_gguf(path: str | Path) -> GGUFCheckpoint:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise ModelFormatError(f"{path.name}: part {missing[0]}{more} of this {len(paths)}-part model is missing; "
                                "download every part into the same folder")
-    parts = [GGUFFile(p) for p in paths]
+    return join_parts([GGUFFile(p) for p in paths])
+
+
+def join_parts(parts: list[GGUFFile]) -> GGUFCheckpoint:
+    """The model the parts of a split file make (or one file's), checked against their split.* metadata."""
     for index, part in enumerate(parts):
         count, number = part.metadata.get("split.count", 1), part.metadata.get("split.no", index)
         if (count, number) != (len(parts), index):
@@ -164,7 +184,7 @@ def open_gguf(path: str | Path) -> GGUFCheckpoint:
     checkpoint = GGUFCheckpoint(parts)
     expected = parts[0].metadata.get("split.tensors.count", len(checkpoint.tensors))
     if expected != len(checkpoint.tensors):
-        raise ModelFormatError(f"{path.name}: the parts hold {len(checkpoint.tensors)} tensors, "
+        raise ModelFormatError(f"{parts[0].path.name}: the parts hold {len(checkpoint.tensors)} tensors, "
                                f"but split.tensors.count says {expected}; a part is corrupt")
     return checkpoint
 
@@ -235,16 +255,21 @@ def read_metadata(path: str | Path, keys: frozenset[str]) -> dict:
 
 
 class _Cursor:
-    """Reads the mapped file front to back, checking every read against the file size first."""
+    """Reads the mapped file front to back, checking every read against the file size first.
 
-    def __init__(self, buf: memoryview, name: str):
-        self.buf, self.name, self.pos, self.size = buf, name, 0, len(buf)
+    `size`: the file's size where `buf` holds only its first bytes; a read past those raises PrefixTooShort."""
+
+    def __init__(self, buf: memoryview, name: str, size: int | None = None):
+        self.buf, self.name, self.pos = buf, name, 0
+        self.size = len(buf) if size is None else size
 
     def need(self, num_bytes: int, what: str) -> None:
         if num_bytes > self.size - self.pos:
             raise ModelFormatError(
                 f"{self.name}: {what} needs {num_bytes:,} bytes at byte {self.pos:,}, but the file has "
                 f"{self.size:,} bytes: the file is truncated or corrupt")
+        if self.pos + num_bytes > len(self.buf):
+            raise PrefixTooShort(self.name, self.pos + num_bytes)
 
     def unpack(self, code: str, what: str):
         num_bytes = struct.calcsize("<" + code)
@@ -266,7 +291,7 @@ class _Cursor:
 
     def strings(self, num_items: int, what: str) -> list[str]:
         """An array of strings (a vocabulary: 100k+ tokens and merges), each length checked before it is read."""
-        buf, pos, size, out = self.buf, self.pos, self.size, []
+        buf, pos, size, out = self.buf, self.pos, len(self.buf), []  # self.need tells a short prefix from a short file
         length_of = _U64.unpack_from
         for i in range(num_items):
             if pos + 8 > size:
@@ -328,6 +353,7 @@ class _Cursor:
             return self.strings(num_items, what)
         if code is None:
             return [self.value(item_type, f"{what}[{i}]", depth + 1) for i in range(num_items)]
+        self.need(num_items * item_bytes, what)
         items = np.frombuffer(self.buf, np.dtype("<" + code), num_items, self.pos)
         self.pos += num_items * item_bytes
         return items.tolist()

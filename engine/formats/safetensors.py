@@ -59,18 +59,28 @@ def read_header(path: str | os.PathLike) -> dict[str, TensorSpec]:
             raise ModelFormatError(f"{path}: not a regular file")
         file_bytes = st.st_size
         with open(path, "rb") as f:
-            prefix = f.read(8)
-            if len(prefix) < 8:
-                raise ModelFormatError(f"{path.name}: file is {file_bytes} bytes, too short for a safetensors header")
-            (header_bytes,) = struct.unpack("<Q", prefix)
-            if header_bytes > MAX_HEADER_BYTES or 8 + header_bytes > file_bytes:
-                raise ModelFormatError(
-                    f"{path.name}: header length {header_bytes:,} bytes runs beyond the file ({file_bytes:,} bytes); "
-                    "the file is truncated or not safetensors"
-                )
-            raw = f.read(header_bytes)
+            raw = f.read(header_length(f.read(8), path.name, file_bytes))
     except OSError as e:
         raise ModelFormatError(f"{path}: cannot read ({e.strerror})") from e
+    return parse_header(raw, path, file_bytes)
+
+
+def header_length(prefix: bytes, name: str, file_bytes: int) -> int:
+    """The JSON header's length, from the file's first 8 bytes, checked against the file's size."""
+    if len(prefix) < 8:
+        raise ModelFormatError(f"{name}: file is {file_bytes} bytes, too short for a safetensors header")
+    (header_bytes,) = struct.unpack("<Q", prefix[:8])
+    if header_bytes > MAX_HEADER_BYTES or 8 + header_bytes > file_bytes:
+        raise ModelFormatError(
+            f"{name}: header length {header_bytes:,} bytes runs beyond the file ({file_bytes:,} bytes); "
+            "the file is truncated or not safetensors"
+        )
+    return header_bytes
+
+
+def parse_header(raw: bytes, path: Path, file_bytes: int) -> dict[str, TensorSpec]:
+    """The tensors a header's JSON lists, checked against a file of `file_bytes` (read_header's, or a header read
+    over the network before the file is downloaded, engine/hub)."""
     try:
         header = json.loads(raw)
     except RecursionError:
@@ -79,7 +89,7 @@ def read_header(path: str | os.PathLike) -> dict[str, TensorSpec]:
         raise ModelFormatError(f"{path.name}: header is not valid JSON ({e})") from None
     if not isinstance(header, dict):
         raise ModelFormatError(f"{path.name}: header is not a JSON object")
-    data_start = 8 + header_bytes
+    data_start = 8 + len(raw)
     data_bytes = file_bytes - data_start
     specs: dict[str, TensorSpec] = {}
     for name, entry in header.items():

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 
-.PHONY: run test fuzz venv bench bench-gui install-desktop bundle clean
+.PHONY: run test fuzz soak venv bench bench-gui install-desktop bundle clean
 
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -29,6 +29,11 @@ test: venv
 # for another count): docs/robustness.md
 fuzz: venv
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -P -m pytest -q -s -m fuzz tests/engine/test_fuzz.py tests/engine/test_fuzz_server.py
+
+# The 10-minute soak of `stowage serve` (32 streaming clients, hang-ups, 200 idle sockets, the KV store turned
+# read-only midway; STOWAGE_SOAK_SECONDS=N for another length): docs/robustness.md
+soak: venv
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -P -m pytest -q -s -m soak tests/engine/test_soak.py
 
 bench: venv
 	$(BIN)/python bench/engine_bench.py

@@ -3,38 +3,22 @@
 import io
 import json
 import os
-import selectors
 import signal
 import socket
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
-import httpx
 
+import httpx
 import openai
 import pytest
-from factory import ROOT, cpu_plan, make_model
+from factory import cpu_plan, make_model
+from processes import SERVE_ENV, SERVE_KEY, TIMEOUT_S, read_line, stowage
 
 from stowage.engine.cli import build_parser, main
 from stowage.engine.runtime.engine import Engine
 from stowage.engine.runtime.sampler import SamplingParams
 
-TIMEOUT = 60  # seconds to wait for the server before failing instead of hanging
-KEY = "test-key"
-# one thread in the server as in this process (tests/conftest.py): the same matrix products, the same greedy tokens
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "STOWAGE_API_KEY": KEY}
-
-
-def stowage(*args, env=ENV):
-    return subprocess.Popen([sys.executable, "-P", "-m", "stowage.engine.cli", *map(str, args)], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def read_line(proc) -> str:
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        assert sel.select(TIMEOUT), "the server printed no URL"
-    return proc.stdout.readline().strip()
+TIMEOUT = TIMEOUT_S  # seconds to wait for the server before failing instead of hanging
+KEY, ENV = SERVE_KEY, SERVE_ENV
 
 
 @pytest.fixture(scope="module")

@@ -2,12 +2,35 @@
 
 from __future__ import annotations
 
+import os
+import selectors
 import socket
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 TIMEOUT_S = 60  # seconds a client waits for a test's server
+ROOT = Path(__file__).resolve().parents[2]
+SERVE_KEY = "test-key"
+# one thread in the server as in this process (tests/conftest.py): the same matrix products, the same greedy tokens
+SERVE_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "STOWAGE_API_KEY": SERVE_KEY}
+
+
+def stowage(*args, env=SERVE_ENV) -> subprocess.Popen:
+    """`stowage ARGS` (the installed package's CLI) as a child with its stdout and stderr piped."""
+    return subprocess.Popen([sys.executable, "-P", "-m", "stowage.engine.cli", *map(str, args)], cwd=ROOT, env=env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def read_line(proc: subprocess.Popen) -> str:
+    """The child's next line on stdout (a server's URL), failing after TIMEOUT_S rather than hanging."""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        assert sel.select(TIMEOUT_S), "the server printed no URL"
+    return proc.stdout.readline().strip()
 
 
 def alive(pid: int) -> bool:

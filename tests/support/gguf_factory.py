@@ -139,7 +139,7 @@ def write_gguf(model_dir: Path, path: Path, qtype: str = "f32", *, drop: tuple[s
     else:
         w.add_rope_freq_base(theta)
         w.add_rope_dimension_count(head_dim)
-    w.add_file_type({"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7}.get(qtype, 0))
+    w.add_file_type({"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7}.get(qtype, 0))
     if sentencepiece is not None:
         add_gemma_sentencepiece(w, sentencepiece)
     else:

@@ -28,10 +28,17 @@ CREATE TABLE IF NOT EXISTS messages (
     meta TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
+CREATE TABLE IF NOT EXISTS presets (  -- a system prompt with sampling, saved by name, chosen per chat
+    id INTEGER PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    system_prompt TEXT NOT NULL,
+    sampling TEXT NOT NULL DEFAULT '{}'  -- SamplingParams fields as JSON (those not given: the settings')
+);
 """
 # SCHEMA is version 0; every file, a new one included, is brought to SCHEMA_VERSION by MIGRATIONS in order.
-# Each is (columns added: (table, column, declaration), ...), then the SQL that fills them in for old rows.
-SCHEMA_VERSION = 1
+# Each is (columns added: (table, column, declaration), ...), then the SQL that fills them in for old rows (or "").
+# A table of its own (presets) is in SCHEMA, made where missing at every open.
+SCHEMA_VERSION = 2
 MIGRATIONS = {
     1: ((("messages", "parent_id", "INTEGER REFERENCES messages(id) ON DELETE CASCADE"),  # NULL: a first message
          ("messages", "chosen", "INTEGER NOT NULL DEFAULT 0"),  # the highest among siblings is on screen
@@ -39,7 +46,11 @@ MIGRATIONS = {
         # Before branches a chat was one line of messages in id order: each follows the one before it.
         "UPDATE messages SET chosen = id, parent_id = (SELECT MAX(p.id) FROM messages p "
         "WHERE p.conversation_id = messages.conversation_id AND p.id < messages.id)"),
+    2: ((("conversations", "preset_id", "INTEGER REFERENCES presets(id) ON DELETE SET NULL"),  # NULL: none
+         ("conversations", "overflow_policy", "TEXT")),  # context_policy's name; NULL: the settings' choice
+        ""),
 }
+_CONVERSATION_COLUMNS = "id, title, updated, memory_start_id, system_prompt, preset_id, overflow_policy"
 # Files SQLite keeps beside the database; they belong to it and move with it.
 _SIDE_FILES = ("-wal", "-shm", "-journal")
 
@@ -50,7 +61,17 @@ class ConversationRow:
     title: str
     updated: float
     memory_start_id: int | None = None
-    system_prompt: str | None = None  # None: the default system prompt in the settings
+    system_prompt: str | None = None  # None: the preset's, else the default system prompt in the settings
+    preset_id: int | None = None
+    overflow_policy: str | None = None  # when the context is full (context_policy); None: as the settings say
+
+
+@dataclass(frozen=True)
+class Preset:
+    id: int
+    name: str
+    system_prompt: str
+    sampling: dict  # SamplingParams fields it sets
 
 
 @dataclass(frozen=True)
@@ -102,7 +123,8 @@ def _migrate(db: sqlite3.Connection) -> None:
             columns, fill = MIGRATIONS[v]
             for table, column, declaration in columns:
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
-            db.execute(fill)
+            if fill:
+                db.execute(fill)
         # Written even when nothing changes: a read-only file is found out now, not at the first message sent.
         db.execute(f"PRAGMA user_version = {max(int(version), SCHEMA_VERSION)}")
         db.commit()
@@ -269,7 +291,7 @@ class ConversationStore:
     def conversations(self) -> list[ConversationRow]:
         """All conversations, most recently updated first."""
         rows = self._db.execute(
-            "SELECT id, title, updated, memory_start_id, system_prompt FROM conversations ORDER BY updated DESC, id DESC"
+            f"SELECT {_CONVERSATION_COLUMNS} FROM conversations ORDER BY updated DESC, id DESC"
         )
         return [ConversationRow(*row) for row in rows]
 
@@ -279,7 +301,7 @@ class ConversationStore:
             return self.conversations()
         pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         rows = self._db.execute(
-            "SELECT id, title, updated, memory_start_id, system_prompt FROM conversations c WHERE title LIKE ?1 ESCAPE '\\' OR "
+            f"SELECT {_CONVERSATION_COLUMNS} FROM conversations c WHERE title LIKE ?1 ESCAPE '\\' OR "
             "EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id AND m.content LIKE ?1 ESCAPE '\\') "
             "ORDER BY updated DESC, id DESC",
             (pattern,),
@@ -288,7 +310,7 @@ class ConversationStore:
 
     def conversation(self, conversation_id: int) -> ConversationRow:
         row = self._db.execute(
-            "SELECT id, title, updated, memory_start_id, system_prompt FROM conversations WHERE id = ?", (conversation_id,)
+            f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE id = ?", (conversation_id,)
         ).fetchone()
         if row is None:
             raise KeyError(f"no conversation {conversation_id}")
@@ -320,6 +342,38 @@ class ConversationStore:
         """This chat's own system prompt (None: follow the default in the settings)."""
         with self._db:
             self._db.execute("UPDATE conversations SET system_prompt = ? WHERE id = ?", (text, conversation_id))
+
+    def set_preset(self, conversation_id: int, preset_id: int | None) -> None:
+        with self._db:
+            self._db.execute("UPDATE conversations SET preset_id = ? WHERE id = ?", (preset_id, conversation_id))
+
+    def set_overflow_policy(self, conversation_id: int, policy: str | None) -> None:
+        """What this chat does when its context is full (None: as the settings say)."""
+        with self._db:
+            self._db.execute("UPDATE conversations SET overflow_policy = ? WHERE id = ?", (policy, conversation_id))
+
+    # presets
+    def presets(self) -> list[Preset]:
+        rows = self._db.execute("SELECT id, name, system_prompt, sampling FROM presets ORDER BY name COLLATE NOCASE")
+        return [Preset(id, name, prompt, json.loads(sampling)) for id, name, prompt, sampling in rows]
+
+    def preset(self, preset_id: int) -> Preset | None:
+        return next((p for p in self.presets() if p.id == preset_id), None)
+
+    def save_preset(self, name: str, system_prompt: str, sampling: dict) -> int:
+        """Save under `name`, replacing a preset of that name (the chats that chose it keep it); its id."""
+        with self._db:
+            self._db.execute(
+                "INSERT INTO presets (name, system_prompt, sampling) VALUES (?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
+                "system_prompt = excluded.system_prompt, sampling = excluded.sampling",
+                (name, system_prompt, json.dumps(sampling)))
+        return self._db.execute("SELECT id FROM presets WHERE name = ?", (name,)).fetchone()[0]
+
+    def delete_preset(self, preset_id: int) -> None:
+        """The chats that chose it go back to the settings' system prompt and sampling."""
+        with self._db:
+            self._db.execute("UPDATE conversations SET preset_id = NULL WHERE preset_id = ?", (preset_id,))
+            self._db.execute("DELETE FROM presets WHERE id = ?", (preset_id,))
 
     # messages: a tree (regenerated replies and edits are siblings); a chat shows one branch of it
     def messages(self, conversation_id: int) -> list[Message]:
@@ -383,3 +437,24 @@ class ConversationStore:
                 self._db.execute(
                     "UPDATE messages SET content = ?, meta = ? WHERE id = ?", (content, json.dumps(meta), message_id)
                 )
+
+    def delete_message(self, message_id: int) -> None:
+        """Delete one message. The messages after it follow the one before it instead; but a message with other
+        versions (a regenerated reply, an edit) takes the branch below it along, and another version shows."""
+        row = self._db.execute("SELECT conversation_id, parent_id FROM messages WHERE id = ?", (message_id,)).fetchone()
+        if row is None:
+            return
+        conversation_id, parent_id = row
+        num_versions = self._db.execute(
+            "SELECT COUNT(*) FROM messages WHERE conversation_id = ? AND parent_id IS ?", (conversation_id, parent_id),
+        ).fetchone()[0]
+        with self._db:
+            if num_versions == 1:
+                self._db.execute("UPDATE messages SET parent_id = ? WHERE parent_id = ?", (parent_id, message_id))
+            child = self._db.execute("SELECT MIN(id) FROM messages WHERE parent_id IS ? AND conversation_id = ? "
+                                     "AND id != ?", (parent_id, conversation_id, message_id)).fetchone()[0]
+            # the model's memory started at this message: it starts at the one that takes its place
+            self._db.execute("UPDATE conversations SET memory_start_id = ? WHERE id = ? AND memory_start_id = ?",
+                             (child, conversation_id, message_id))
+            self._db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+            self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conversation_id))

@@ -94,3 +94,66 @@ def test_search_finds_titles_and_message_text(tmp_path):
     assert store.search("0_c") == [] and store.search("nowhere") == []
     assert [r.id for r in store.search("")] == [r.id for r in store.conversations()]
     store.close()
+
+
+# A history at schema version 1 (branches and per-chat system prompts, before presets), as Stowage wrote it.
+VERSION_1 = """
+CREATE TABLE conversations (id INTEGER PRIMARY KEY, title TEXT NOT NULL, created REAL NOT NULL,
+                            updated REAL NOT NULL, memory_start_id INTEGER, system_prompt TEXT);
+CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT,
+                       conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+                       role TEXT NOT NULL, content TEXT NOT NULL, created REAL NOT NULL, meta TEXT NOT NULL DEFAULT '{}',
+                       parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE, chosen INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
+INSERT INTO conversations VALUES (1, 'Kept chat', 1.0, 2.0, NULL, 'Be brief.');
+INSERT INTO messages (conversation_id, role, content, created, parent_id, chosen) VALUES
+    (1, 'user', 'hi', 1.0, NULL, 1), (1, 'assistant', 'hello', 1.5, 1, 2);
+PRAGMA user_version = 1;
+"""
+
+
+def test_presets_come_with_a_migration_that_keeps_the_chats(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "c.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript(VERSION_1)
+    db.close()
+    store = ConversationStore(path)
+    assert store.warning is None
+    (row,) = store.conversations()
+    assert (row.title, row.system_prompt, row.preset_id, row.overflow_policy) == ("Kept chat", "Be brief.", None, None)
+    assert [m.content for m in store.messages(1)] == ["hi", "hello"]
+    coder = store.save_preset("Coder", "You write Python.", {"temperature": 0.2, "top_k": 20})
+    store.set_preset(1, coder)
+    store.set_overflow_policy(1, "drop_oldest")
+    assert store.save_preset("Coder", "You write Rust.", {"temperature": 0.3}) == coder  # saved again: replaced
+    store.close()
+    again = ConversationStore(path)
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
+    (row,) = again.conversations()
+    assert (row.preset_id, row.overflow_policy) == (coder, "drop_oldest")
+    assert again.preset(coder).system_prompt == "You write Rust." and again.preset(coder).sampling == {"temperature": 0.3}
+    again.delete_preset(coder)
+    assert again.presets() == [] and again.conversation(1).preset_id is None
+    again.close()
+
+
+def test_deleting_one_message_keeps_the_ones_after_it(tmp_path):
+    store = ConversationStore(tmp_path / "c.sqlite3")
+    cid = store.create()
+    q1 = store.add_message(cid, "user", "q1")
+    a1 = store.add_message(cid, "assistant", "a1")
+    q2 = store.add_message(cid, "user", "q2")
+    a2 = store.add_message(cid, "assistant", "a2")
+    store.set_memory_start(cid, a1)
+    store.delete_message(a1)
+    assert [m.id for m in store.messages(cid)] == [q1, q2, a2]
+    assert store.conversation(cid).memory_start_id == q2  # the memory line moves to the message in its place
+    store.delete_message(q1)  # the first one: the next becomes the first
+    assert [m.content for m in store.messages(cid)] == ["q2", "a2"]
+    retry = store.add_alternative(a2, "a2, again")
+    store.add_message(cid, "user", "q3")  # below the second version
+    store.delete_message(retry)  # a version goes with its branch; the other version shows
+    assert [m.content for m in store.messages(cid)] == ["q2", "a2"]
+    store.close()

@@ -1,0 +1,216 @@
+"""Downloads into the Hugging Face cache, laid out as huggingface_hub lays it out (blobs/<etag>, snapshots/<commit>/
+<file> linking to it, refs/main), so Stowage's listing, `hf` and transformers all find the files.
+
+Each file streams through huggingface_hub's http_get (its Range resume after a dropped connection) into
+blobs/<etag>.incomplete, which a restart resumes; then it is checked against the Hub's SHA-256 (its git blob id for
+a small file) before it becomes a blob. A part of a model is never visible as a model: files land in the snapshot
+only when whole, a split GGUF's first part and a safetensors model's config.json last, and refs/main is written at
+the end. Free disk space is checked before the first byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from threading import Event
+
+from huggingface_hub import get_hf_file_metadata, hf_hub_url
+from huggingface_hub.file_download import http_get, repo_folder_name
+from huggingface_hub.utils.tqdm import silent_tqdm
+
+from ..errors import DownloadCancelled, HubError
+from ..formats.discovery import Places
+from ..units import format_bytes
+from .client import Hub
+from .files import RemoteFile, RemoteModel
+
+PARTIAL_SUFFIX = ".incomplete"
+MIN_FREE_BYTES = 1 << 30  # left free on the disk after a download
+PROGRESS_INTERVAL_S = 0.1
+_HASH_CHUNK = 8 << 20
+
+
+@dataclass(frozen=True)
+class DownloadProgress:
+    """Where a download stands: bytes of the whole model, the rate since it (re)started, the time left."""
+
+    file: str
+    done_bytes: int
+    total_bytes: int
+    rate_bytes_per_s: float
+    seconds_left: float | None  # None until a rate is known
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub), as the listing reads it."""
+    return Places.default(None).hf_cache
+
+
+def model_path(model: RemoteModel, cache_dir: Path | None = None) -> Path:
+    """Where the model opens once downloaded: its GGUF file (the first part), or the snapshot folder."""
+    snapshot = (cache_dir or hub_cache_dir()) / repo_folder_name(repo_id=model.repo, repo_type="model") / \
+        "snapshots" / model.revision
+    return snapshot / model.name if model.format == "gguf" else snapshot
+
+
+def pull(hub: Hub, model: RemoteModel, *, cache_dir: Path | None = None,
+         progress: Callable[[DownloadProgress], None] | None = None, cancel: Event | None = None) -> Path:
+    """Download every file of `model` not in the cache yet; the path to open. DownloadCancelled when `cancel` is
+    set (what was fetched stays, and the next pull resumes it); HubError with a sentence on any other failure."""
+    cache_dir = cache_dir or hub_cache_dir()
+    storage = cache_dir / repo_folder_name(repo_id=model.repo, repo_type="model")
+    snapshot = storage / "snapshots" / model.revision
+    # the file a listing would show last: a split GGUF's first part, a safetensors model's config.json
+    order = list(reversed(model.weights)) if model.format == "gguf" else list(model.weights) + list(model.extras)
+    if model.format == "safetensors":
+        order.sort(key=lambda f: f.path == "config.json")
+    todo = [f for f in order if not (snapshot / f.path).is_file()]
+    meter = _Meter(model, sum(f.size for f in order) , sum(f.size for f in order if f not in todo), progress, cancel)
+    _check_disk(storage, todo, cache_dir)
+    for f in todo:
+        _fetch(hub, model, f, storage, snapshot, meter)
+    ref = storage / "refs" / "main"
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    ref.write_text(model.revision)
+    meter.report(force=True)
+    return model_path(model, cache_dir)
+
+
+def partial_path(storage: Path, etag: str) -> Path:
+    return storage / "blobs" / f"{etag}{PARTIAL_SUFFIX}"
+
+
+def _check_disk(storage: Path, todo: list[RemoteFile], cache_dir: Path) -> None:
+    needed = 0
+    for f in todo:
+        partial = partial_path(storage, f.sha256 or f.blob_id or "")
+        needed += f.size - (partial.stat().st_size if partial.is_file() else 0)
+    existing = next(p for p in (storage, *storage.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    if needed + MIN_FREE_BYTES > free:
+        raise HubError(f"not enough disk space: the download needs {format_bytes(needed)} (and "
+                       f"{format_bytes(MIN_FREE_BYTES)} left free), but {existing} has {format_bytes(free)} free; "
+                       "free some space or set HF_HUB_CACHE to a larger disk")
+
+
+def _fetch(hub: Hub, model: RemoteModel, f: RemoteFile, storage: Path, snapshot: Path, meter: "_Meter") -> None:
+    url = hf_hub_url(model.repo, f.path, revision=model.revision, endpoint=hub.endpoint)
+    headers = hub.headers()
+    with hub.errors(model.repo, f.path):
+        meta = get_hf_file_metadata(url, token=hub.token or False, endpoint=hub.endpoint)
+    if not meta.etag or meta.commit_hash is None:
+        raise HubError(f"{hub.endpoint} did not say which version {model.repo}/{f.path} is (no ETag or X-Repo-Commit "
+                       "header); is HF_ENDPOINT a Hugging Face Hub?")
+    blob = storage / "blobs" / meta.etag
+    if not blob.is_file():
+        partial = partial_path(storage, meta.etag)
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        size = meta.size if meta.size is not None else f.size
+        done = partial.stat().st_size if partial.is_file() else 0
+        if done > size:  # not this file's bytes: start again
+            partial.unlink()
+            done = 0
+        if meta.location != url and not _same_host(url, meta.location):
+            headers.pop("authorization", None)  # a signed CDN address takes no token (as huggingface_hub does)
+        meter.start_file(f.path, done)
+        with open(partial, "ab") as out, hub.errors(model.repo, f.path):
+            http_get(meta.location, _MeteredFile(out, meter), resume_size=done, headers=headers,
+                     expected_size=size, displayed_filename=f.path, tqdm_class=silent_tqdm)
+        _verify(partial, f, model.repo)
+        os.chmod(partial, 0o644)
+        os.replace(partial, blob)
+    _link(blob, snapshot / f.path)
+
+
+def _verify(path: Path, f: RemoteFile, repo: str) -> None:
+    """The file is what the Hub lists: its SHA-256 (LFS), else its git blob id; a mismatch discards it."""
+    size = path.stat().st_size
+    digest = hashlib.sha256() if f.sha256 else hashlib.sha1(b"blob %d\0" % size)
+    with open(path, "rb") as file:
+        while chunk := file.read(_HASH_CHUNK):
+            digest.update(chunk)
+    expected = f.sha256 or f.blob_id
+    if expected and digest.hexdigest() != expected.lower():
+        path.unlink()
+        kind = "SHA-256" if f.sha256 else "git blob id"
+        raise HubError(f"{repo}/{f.path}: the downloaded file's {kind} is {digest.hexdigest()}, but the Hub lists "
+                       f"{expected}; the file was corrupted on the way and has been discarded. Pull again")
+
+
+def _link(blob: Path, pointer: Path) -> None:
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    if pointer.is_symlink() or pointer.exists():
+        pointer.unlink()
+    try:
+        pointer.symlink_to(os.path.relpath(blob, pointer.parent))
+    except OSError:  # no symlinks here (Windows without developer mode): huggingface_hub moves the blob then too
+        shutil.copyfile(blob, pointer)
+
+
+def _same_host(a: str, b: str) -> bool:
+    from urllib.parse import urlparse
+
+    return urlparse(a).netloc == urlparse(b).netloc
+
+
+class _Meter:
+    """Counts bytes for the progress callback and checks for a cancel at every chunk."""
+
+    def __init__(self, model: RemoteModel, total: int, done: int, progress, cancel: Event | None):
+        self.total, self.done, self.progress, self.cancel = total, done, progress, cancel
+        self.file = model.name
+        self._started, self._start_done, self._last = time.monotonic(), done, 0.0
+
+    def start_file(self, name: str, already: int) -> None:
+        self.file = name
+        self.done += already
+        self._start_done += already  # resumed bytes are not part of the rate
+        self.report(force=True)
+
+    def add(self, num_bytes: int) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise DownloadCancelled(f"download of {self.file} cancelled; pull again to resume it")
+        self.done += num_bytes
+        self.report()
+
+    def rewind(self, num_bytes: int) -> None:
+        self.done -= num_bytes
+
+    def report(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.progress is None or (not force and now - self._last < PROGRESS_INTERVAL_S):
+            return
+        self._last = now
+        elapsed = now - self._started
+        rate = (self.done - self._start_done) / elapsed if elapsed > 0 else 0.0
+        left = (self.total - self.done) / rate if rate > 0 else None
+        self.progress(DownloadProgress(self.file, self.done, self.total, rate, left))
+
+
+class _MeteredFile:
+    """The partial file as http_get writes it: every chunk counted (and a cancel noticed) on its way to disk."""
+
+    def __init__(self, file, meter: _Meter):
+        self.file, self.meter = file, meter
+
+    def write(self, chunk: bytes) -> int:
+        self.meter.add(len(chunk))
+        return self.file.write(chunk)
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.file.seek(offset, whence)
+
+    def truncate(self, size: int | None = None) -> int:
+        # a server that ignored the Range header: http_get starts the file again from here
+        before = self.file.tell() if size is None else size
+        self.meter.rewind(max(0, self.file.seek(0, 2) - before))
+        self.file.seek(before)
+        return self.file.truncate(before)

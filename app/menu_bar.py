@@ -12,6 +12,7 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QMessageBox
 
 from . import paths
+from .hub_dialog import open_hub_dialog
 
 
 def _action(window, menu, text: str, slot, shortcut=None, tip: str = "") -> QAction:
@@ -42,6 +43,8 @@ def build_menus(window) -> None:
     window.new_chat_action = _action(window, file, "&New chat", chats.new_conversation, QKeySequence.StandardKey.New)
     _action(window, file, "&Open model folder…", window.settings_panel.picker.browse, "Ctrl+O",
             "A folder with config.json and *.safetensors")
+    window.get_models_action = _action(window, file, "&Get models…", lambda: open_hub_dialog(window), "Ctrl+Shift+O",
+                                       "Search the Hugging Face Hub; see what fits before downloading")
     _action(window, file, "Add remote &server…", window.add_server_dialog, tip="An OpenAI-compatible server whose "
             "models join the model list")
     file.addSeparator()

@@ -44,3 +44,13 @@ def format_bytes(num_bytes: int) -> str:
 def format_tokens(num_tokens: int) -> str:
     """A token count with thousands separators: "14,336 tokens"."""
     return f"{num_tokens:,} token" + ("" if num_tokens == 1 else "s")
+
+
+def format_duration(seconds: float) -> str:
+    """A time left, as people say it: "45s", "3m 05s", "2h 10m"."""
+    seconds = int(seconds + 0.5)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"

@@ -12,7 +12,8 @@ What it serves, as huggingface.co does (and as huggingface_hub's file_download.p
 - errors with the Hub's X-Error-Code / X-Error-Message: 401 RepoNotFound (a missing or private repo, unauthenticated),
   401 GatedRepo, 404 EntryNotFound, 404 RevisionNotFound.
 Faults: `drop_after[path] = n` sends n bytes of a GET of that file then closes the connection (once per entry in
-`drops_left`); `corrupt` serves a file with a flipped byte while listing its true hash. `requests` logs what came.
+`drops_left`); `corrupt` serves a file with a flipped byte while listing its true hash; `slow` paces a file.
+`requests` logs what came.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import re
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -75,6 +77,7 @@ class HubServer:
     drop_after: dict[str, int] = field(default_factory=dict)  # file path -> bytes sent before the connection drops
     drops_left: dict[str, int] = field(default_factory=dict)  # file path -> how many GETs still drop (default 1)
     corrupt: set[str] = field(default_factory=set)  # file paths served with one byte flipped
+    slow: dict[str, float] = field(default_factory=dict)  # file path -> seconds to wait before each 16 KiB sent
     requests: list[tuple[str, str, str | None, bool]] = field(default_factory=list)  # method, path, Range, auth
 
     def add(self, repo: Repo) -> Repo:
@@ -313,6 +316,12 @@ def _handler(hub: HubServer):
                 self.wfile.flush()
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            if file in hub.slow:  # a slow link: a download that a cancel can land in the middle of
+                for at in range(0, len(body), 16 << 10):
+                    time.sleep(hub.slow[file])
+                    self.wfile.write(body[at : at + (16 << 10)])
+                    self.wfile.flush()
                 return
             self.wfile.write(body)
 

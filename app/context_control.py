@@ -5,9 +5,10 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QSpinBox, QVBoxLayout, QWidget
 
+from . import theme
 from .context_scale import MIN_CONTEXT, SLIDER_STEPS, position_to_tokens, snap, tokens_to_position
 
-MAX_TYPED = 9_999_999  # the box takes any number up to this; the commit says what became of it
+MAX_TYPED = 999_999_999  # the box takes any number up to this (no model reads more); the commit says what became of it
 
 
 class TokenBox(QSpinBox):
@@ -47,7 +48,7 @@ class ContextControl(QWidget):
         self.spin.setAccessibleName("Context size in tokens")
         self.note = QLabel()
         self.note.setWordWrap(True)
-        self.note.setStyleSheet("color: #8a5a00;")
+        theme.tint(self.note, "warning")
         self.note.hide()
         row = QHBoxLayout()
         row.addWidget(self.slider, 1)
@@ -74,6 +75,7 @@ class ContextControl(QWidget):
         self.slider.setEnabled(max_fit_tokens > self.lo)
         self.spin.lo, self.spin.hi = self.lo, model_max_tokens
         self.spin.setSingleStep(block_size)
+        self._set_note("")  # the other settings changed: a note about an earlier number no longer holds
         self._show(self._context_tokens)
 
     def set_context_tokens(self, tokens: int) -> None:

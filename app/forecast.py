@@ -8,6 +8,7 @@ from stowage.engine.defaults import BLOCK_SIZE
 from stowage.engine.planning.budgets import Budgets
 from stowage.engine.planning.inspect import ModelInfo
 from stowage.engine.planning.plan import PlanRequest, max_context, plan
+from stowage.engine.units import format_bytes
 
 from .model_settings import ModelSettings
 from .plan_bar import DeviceBar
@@ -65,3 +66,17 @@ class Forecast:
                 label = f"GPU {device.device.removeprefix('cuda:')}" + (f" ({budget.name})" if budget else "")
             bars.append(DeviceBar(label, device.weights_bytes, device.kv_bytes, device.workspace_bytes, device.budget_bytes))
         return bars
+
+
+def explain(plan, min_tokens: int, ram_limited: bool) -> str:
+    """Why `plan` does not fit, in two short sentences: where, by how much, and what to change. The largest context
+    is proposed only when the context box can take it (never below `min_tokens`); the planner's whole reasoning is
+    plan.error."""
+    over = [d for d in plan.devices if not d.fits] or list(plan.devices)
+    where = "; ".join(f"{d.label} would hold {format_bytes(d.total_bytes)}, {format_bytes(d.budget_bytes)} is usable"
+                      for d in over)
+    if plan.max_context_tokens >= min_tokens:
+        return (f"{plan.context_tokens:,} tokens do not fit ({where}). The largest context that fits is "
+                f"{plan.max_context_tokens:,} tokens.")
+    fix = "Raise the RAM limit" if ram_limited and any(d.device == "cpu" for d in over) else "Free some memory"
+    return f"Not even {min_tokens:,} tokens fit ({where}). {fix}, or choose fp8 for the KV cache."

@@ -5,7 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
-from .model_picker import ERROR_STYLE
+from . import theme
 
 
 class LoadControls(QWidget):
@@ -26,12 +26,12 @@ class LoadControls(QWidget):
         self.load_status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.template_label = QLabel()  # which chat template the loaded model formats chats with
         self.template_label.setWordWrap(True)
-        self.template_label.setStyleSheet("color: #555;")
+        theme.tint(self.template_label, "muted")
         self.template_label.setAccessibleName("Chat template")
         self.template_label.hide()
         self.pending = QLabel()  # settings changed since Load, which only the next Load applies
         self.pending.setWordWrap(True)
-        self.pending.setStyleSheet("color: #8a5a00;")
+        theme.tint(self.pending, "warning")
         self.pending.hide()
         load_row = QHBoxLayout()
         load_row.addWidget(self.load_button)
@@ -73,7 +73,7 @@ class LoadControls(QWidget):
         if not self.progress_widget.isVisible():
             self.progress_widget.show()
             self.load_button.setEnabled(False)
-            self.load_status.setStyleSheet("")
+            theme.tint(self.load_status, None)
             self.load_status.clear()
         if not self._progress_timer.isActive():
             self._draw_progress()
@@ -92,7 +92,7 @@ class LoadControls(QWidget):
         self.progress_widget.hide()
         self.template_label.setText(f"Chat template: {template_source}")
         self.template_label.setVisible(bool(template_source))
-        self.load_status.setStyleSheet("color: #1b5e20;")
+        theme.tint(self.load_status, "ok")
         self.load_status.setText(text)
         self.unload_button.setEnabled(True)
         self.load_button.setEnabled(can_load)
@@ -100,7 +100,7 @@ class LoadControls(QWidget):
     def show_unloaded(self, text: str, error: bool, can_load: bool) -> None:
         self.progress_widget.hide()
         self.template_label.hide()
-        self.load_status.setStyleSheet(ERROR_STYLE if error else "color: #555;")
+        theme.tint(self.load_status, "error" if error else "muted")
         self.load_status.setText(text)
         self.unload_button.setEnabled(False)
         self.load_button.setEnabled(can_load)

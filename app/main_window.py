@@ -5,11 +5,13 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, Qt, QTimer
+from PySide6.QtCore import QByteArray, QEvent, Qt, QTimer
 from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QSizePolicy, QSplitter
 
+from stowage.engine.formats.gguf import is_gguf_file
 from stowage.engine.planning.report import summary
 
+from . import theme
 from .chat_panel import ChatPanel
 from .conversation_list import ConversationList
 from .forecast import Forecast
@@ -17,6 +19,7 @@ from .memory_graph import MemoryGraph
 from .memory_stats import MemoryStats
 from .menu_bar import build_menus
 from .model_catalog import find_models
+from .model_watch import ModelWatch
 from .model_settings import ModelSettings, load_model_settings, model_defaults, open_settings, save_model_settings
 from .remote_chooser import RemoteChooser
 from .remote_source import RemoteModel, ServerBook
@@ -67,20 +70,26 @@ class MainWindow(QMainWindow):
 
         self.conversations = ConversationList(self.store)
         self.chat = ChatPanel(self.store, self.client)
-        self.settings_panel = SettingsPanel(find_models() if models is None else models)
+        catalog = find_models() if models is None else models
+        self.settings_panel = SettingsPanel(catalog)
+        # The places models are kept are watched when the list is the catalog's (tests pass theirs).
+        self.model_watch = ModelWatch(find_models, self) if models is None else None
+        if self.model_watch is not None:
+            self.model_watch.seen(catalog)
+            self.model_watch.found.connect(self.settings_panel.picker.update_models)
         self.graph = MemoryGraph(self.stats)
 
         self.left = QSplitter(Qt.Orientation.Horizontal)
         self.left.addWidget(self.conversations)
         self.left.addWidget(self.chat)
         self.left.setStretchFactor(1, 1)
-        self.left.setSizes([200, 600])
+        self.left.setSizes([180, 620])
         self.main = QSplitter(Qt.Orientation.Horizontal)
         self.main.addWidget(self.left)
         self.main.addWidget(self.settings_panel)
         self.main.setStretchFactor(0, 1)
         self.main.setCollapsible(1, False)  # the settings are never squeezed out of sight
-        self.main.setSizes([860, 420])
+        self.main.setSizes([900, 380])  # at 1024 pixels the chat still gets about half
         self.vertical = QSplitter(Qt.Orientation.Vertical)
         self.vertical.addWidget(self.main)
         self.vertical.addWidget(self.graph)
@@ -126,13 +135,15 @@ class MainWindow(QMainWindow):
         worker.load_progress.connect(panel.show_loading)
         worker.loaded.connect(self._loaded)
         worker.load_failed.connect(self._load_failed)
-        worker.load_cancelled.connect(lambda: panel.show_unloaded("Loading cancelled; nothing is held."))
+        worker.load_cancelled.connect(self._load_cancelled)
         worker.unloaded.connect(self._unloaded)
         worker.engine_started.connect(self.stats.follow)  # the graphs follow the engine where it runs
+        worker.load_started.connect(self._load_started)
         worker.engine_crashed.connect(self._engine_crashed)
         worker.remote_loaded.connect(self._remote_loaded)
 
         build_menus(self)
+        self.setAcceptDrops(True)  # a model folder or .gguf file dropped anywhere on the window opens it
         self.resize(1280, 800)
         self._restore_layout()
         rows = self.store.conversations()
@@ -141,7 +152,7 @@ class MainWindow(QMainWindow):
         else:
             self.chat.show_conversation(None)
         for folder in self._remembered_folders():
-            if Path(folder).is_dir():
+            if Path(folder).exists():
                 panel.picker.add_folder(folder)
         panel.serve.set_settings(self.serve_settings)
         panel.set_num_seqs(self.serve_settings.plan_seqs)
@@ -149,7 +160,7 @@ class MainWindow(QMainWindow):
         last = self.qsettings.value("last_model", "")
         first = panel.model_combo.itemData(1) if panel.model_combo.count() > 1 else None
         first = first if isinstance(first, str) else None
-        start_model = last if last and Path(last).is_dir() else first
+        start_model = last if last and Path(last).exists() else first
         last_remote = next((m for m in self.remotes.book.models() if m.ref == last), None)
         if last_remote is not None:  # asked on the probe's thread, as when chosen
             panel.picker.select_remote(last_remote)
@@ -258,10 +269,8 @@ class MainWindow(QMainWindow):
         elif plan.fits:
             self.plan_label.setText(summary(plan))
         else:
-            self.plan_label.setText(f"{plan.context_tokens:,} tokens do not fit; the largest context that fits is "
-                                    f"{plan.max_context_tokens:,} tokens")
+            self.plan_label.setText(self.settings_panel.explain(plan))
         self.plan_label.setToolTip(self.plan_label.text())
-        self.graph.predict(plan)
 
     def _show_pending(self, plan) -> None:
         """Context, layers and KV dtype apply at the next Load; say so while they differ from what is loaded."""
@@ -289,9 +298,15 @@ class MainWindow(QMainWindow):
 
     def _start_load(self, model_dir: str, plan, message: str) -> None:
         self._loading_plan, self._loading_serve = plan, self.serve_settings
-        self.graph.predict(plan)
         self.settings_panel.show_loading(0.0, message)
         self.client.load(model_dir, plan, threads=self.settings_panel.settings.cpu_threads, serve=self.serve_settings)
+
+    def _load_started(self, pid: int, base_bytes: int) -> None:
+        """The graphs measure the process that loads (the engine's child) and predict it from here on: what it held
+        before the model plus the plan's RAM."""
+        self.stats.follow(pid)
+        if self._loading_plan is not None:
+            self.graph.expect(self._loading_plan, base_bytes)
 
     def _loaded(self, model_dir: str, seconds: float) -> None:
         self.loaded_dir, self.loaded_plan = model_dir, self._loading_plan
@@ -358,6 +373,7 @@ class MainWindow(QMainWindow):
         self._start_load(self.loaded_dir, plan, restart_message(self.loaded_serve, serve))
 
     def _load_failed(self, message: str) -> None:
+        self.graph.set_prediction(None)
         self.settings_panel.show_unloaded(message, error=True)
         self.show_error("Loading failed", message)
 
@@ -376,8 +392,13 @@ class MainWindow(QMainWindow):
             return  # loaded again meanwhile
         self._start_load(model_dir, plan, "Restarting the engine")
 
+    def _load_cancelled(self) -> None:
+        self.graph.set_prediction(None)
+        self.settings_panel.show_unloaded("Loading cancelled; nothing is held.")
+
     def _unloaded(self) -> None:
         self.stats.follow(None)
+        self.graph.set_prediction(None)
         self.loaded_dir = self.loaded_plan = self.loaded_remote = self.loaded_serve = None
         self.settings_panel.serve.set_endpoint(None, RESTARTING
                                                if self._serve_restarting else "Load a model to serve it.")
@@ -388,6 +409,28 @@ class MainWindow(QMainWindow):
         self.settings_panel.show_unloaded("Unloaded; the memory is free again.")
         self.settings_panel.show_pending("")
         self._plan_changed(self.settings_panel.plan)
+
+    # -- drag and drop, the window coming back -----------------------------------------------------
+    def dragEnterEvent(self, event) -> None:
+        if _dropped_models(event.mimeData()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:
+        """Every model dropped joins the list; the first is chosen."""
+        dropped = _dropped_models(event.mimeData())
+        if not dropped:
+            return
+        event.acceptProposedAction()
+        picker = self.settings_panel.picker
+        for path in dropped[1:]:
+            picker.add_folder(path)
+        picker.open_path(dropped[0])
+
+    def changeEvent(self, event) -> None:
+        # Back from a browser or a file manager: a model may have been downloaded or copied meanwhile.
+        if event.type() == QEvent.Type.ActivationChange and self.isActiveWindow() and self.model_watch is not None:
+            self.model_watch.refresh_soon()
+        super().changeEvent(event)
 
     # -- errors ----------------------------------------------------------------------------------
     def show_error(self, title: str, message: str) -> None:
@@ -435,7 +478,19 @@ class MainWindow(QMainWindow):
         super().closeEvent(event)
 
 
+def _dropped_models(mime) -> list[str]:
+    """The dropped local folders and GGUF files (a model folder, a folder of .gguf files, or .gguf files)."""
+    if not mime.hasUrls():
+        return []
+    found = []
+    for url in mime.urls():
+        path = Path(url.toLocalFile()) if url.isLocalFile() else None
+        if path is not None and (path.is_dir() or (path.is_file() and is_gguf_file(path))):
+            found.append(str(path))
+    return found
+
+
 def _separator() -> QLabel:
     label = QLabel("|")
-    label.setStyleSheet("color: #bbb;")
+    theme.tint(label, "muted")
     return label

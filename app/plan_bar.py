@@ -10,12 +10,13 @@ from PySide6.QtWidgets import QSizePolicy, QWidget
 
 from stowage.engine.units import format_bytes
 
+from . import theme
+
 SEGMENTS = (  # (attribute, legend, colour)
     ("weights_bytes", "weights", QColor("#4e79a7")),
     ("kv_bytes", "KV", QColor("#f28e2b")),
     ("workspace_bytes", "workspace", QColor("#76b7b2")),
 )
-FREE = QColor("#e8e8e8")
 OVER = QColor("#d62728")
 ROW_HEIGHT = 38
 
@@ -61,17 +62,19 @@ class PlanBar(QWidget):
         painter = QPainter(self)
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
         width = self.width() - 2
+        text_color = self.palette().color(self.foregroundRole())  # the palette's: readable in light and dark
+        free = QColor(theme.colors().free)
         metrics = painter.fontMetrics()
         y = 0
         for bar in self.bars:
             # Scale so both the budget and an over-budget total fit the width.
             scale = width / max(bar.budget_bytes, bar.total_bytes, 1)
-            painter.setPen(QColor("#222"))
+            painter.setPen(text_color)
             text = f"{bar.label}: {format_bytes(bar.total_bytes)} of {format_bytes(bar.budget_bytes)}"
             painter.drawText(1, y + metrics.ascent(), text)
             top = y + metrics.height() + 2
             height = ROW_HEIGHT - metrics.height() - 8
-            painter.fillRect(QRectF(1, top, bar.budget_bytes * scale, height), FREE)
+            painter.fillRect(QRectF(1, top, bar.budget_bytes * scale, height), free)
             x = 1.0
             for attr, _, color in SEGMENTS:
                 w = getattr(bar, attr) * scale
@@ -80,15 +83,15 @@ class PlanBar(QWidget):
             if not bar.fits:
                 budget_x = 1 + bar.budget_bytes * scale
                 painter.fillRect(QRectF(budget_x, top, x - budget_x, height), OVER)
-                painter.setPen(QPen(QColor("#000"), 2))
+                painter.setPen(QPen(text_color, 2))
                 painter.drawLine(int(budget_x), top - 2, int(budget_x), top + height + 2)
             y += ROW_HEIGHT
         # Legend along the bottom.
         x = 1
-        legend = [(name, color) for _, name, color in SEGMENTS] + [("free", FREE), ("over", OVER)]
+        legend = [(name, color) for _, name, color in SEGMENTS] + [("free", free), ("over", OVER)]
         for name, color in legend:
             painter.fillRect(QRectF(x, y + 4, 10, 10), color)
-            painter.setPen(QColor("#444"))
+            painter.setPen(text_color)
             painter.drawText(x + 13, y + 4 + metrics.ascent() - 1, name)
             x += 13 + metrics.horizontalAdvance(name) + 10
         painter.end()

@@ -16,6 +16,7 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (QCheckBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPushButton,
                                QSpinBox, QWidget)
 
+from . import theme
 from .serve_settings import MAX_SEQUENCES, ServeSettings, new_key, url_for_others
 
 
@@ -50,7 +51,7 @@ class ServeSwitch(QGroupBox):
         self.new_key.setToolTip("Replace the key: programs given the old one are refused from now on")
         self.note = QLabel()
         self.note.setWordWrap(True)
-        self.note.setStyleSheet("color: #555;")
+        theme.tint(self.note, "muted")
         self.endpoint: tuple[str, str, str] | None = None
         self.why_not = ""
         form = QFormLayout(self)

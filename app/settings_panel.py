@@ -26,12 +26,12 @@ from PySide6.QtWidgets import (
 from stowage.engine.planning.report import summary
 from stowage.engine.units import format_bytes, format_tokens
 
-from . import context_policy
+from . import context_policy, theme
 from .context_control import ContextControl
-from .forecast import Forecast
+from .forecast import Forecast, explain
 from .load_controls import LoadControls
 from .model_catalog import ModelEntry
-from .model_picker import ERROR_STYLE, ModelPicker
+from .model_picker import ModelPicker
 from .model_settings import ModelSettings, with_preset
 from .plan_bar import PlanBar
 from .remote_source import RemoteModel
@@ -39,8 +39,19 @@ from .sampling_form import SamplingForm
 from .serve_switch import ServeSwitch
 from .wheel_guard import guard_wheel
 
-KV_DTYPE_CHOICES = (("Same as the model", None), ("float16", "float16"), ("bfloat16", "bfloat16"),
-                    ("float32", "float32"), ("fp8 (half the memory)", "fp8"))
+KV_DTYPES = (None, "float16", "bfloat16", "float32", "fp8")  # None: the model's compute dtype
+SHARES = {0.25: "a quarter of the memory", 0.5: "half the memory", 2.0: "twice the memory", 4.0: "four times the memory"}
+
+
+def kv_dtype_label(info, kv_dtype: str | None) -> str:
+    """The KV cache box's entry for `kv_dtype`, with its memory against the model's own ("fp8 (a quarter of the
+    memory)" on a float32 model); `info` None: no model yet."""
+    if kv_dtype is None:
+        return f"Same as the model ({info.compute_dtype})" if info is not None else "Same as the model"
+    if info is None:
+        return kv_dtype
+    share = SHARES.get(info.kv_bytes_per_token(kv_dtype) / info.kv_bytes_per_token(None))
+    return f"{kv_dtype} ({share})" if share else kv_dtype
 
 
 class SettingsPanel(QWidget):
@@ -74,7 +85,7 @@ class SettingsPanel(QWidget):
         self.context = ContextControl()
         self.max_label = QLabel()
         self.max_label.setWordWrap(True)
-        self.max_label.setStyleSheet("color: #555;")
+        theme.tint(self.max_label, "muted")
         self.plan_bar = PlanBar()
         self.plan_message = QLabel()
         self.plan_message.setWordWrap(True)
@@ -88,8 +99,8 @@ class SettingsPanel(QWidget):
         gpu_row.addWidget(self.gpu_auto)
         gpu_row.addWidget(self.gpu_layers, 1)
         self.kv_dtype = QComboBox()
-        for label, value in KV_DTYPE_CHOICES:
-            self.kv_dtype.addItem(label, value)
+        for value in KV_DTYPES:
+            self.kv_dtype.addItem(kv_dtype_label(None, value), value)
         self.ram_limit = QDoubleSpinBox()
         self.ram_limit.setDecimals(2)
         self.ram_limit.setSingleStep(0.5)
@@ -110,6 +121,9 @@ class SettingsPanel(QWidget):
         self.memory_box = memory_box = QGroupBox("Memory")
         self.memory_form = form = QFormLayout(memory_box)
         form.addRow("Context", self.context)
+        # The note gets a row of its own: inside the control's field a form gives it one line and cuts the rest.
+        self.context.layout().removeWidget(self.context.note)
+        form.addRow("", self.context.note)
         form.addRow("", self.max_label)
         form.addRow(self.plan_bar)
         form.addRow(self.plan_message)
@@ -144,7 +158,6 @@ class SettingsPanel(QWidget):
         column = QVBoxLayout(inner)
         column.addWidget(self.picker)
         column.addWidget(memory_box)
-        column.addWidget(self.loading)
         column.addWidget(self.serve)
         column.addWidget(sampling_box)
         column.addWidget(prompt_box)
@@ -155,8 +168,11 @@ class SettingsPanel(QWidget):
         self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
-        outer.addWidget(self.scroll)
-        self.setMinimumWidth(360)
+        outer.addWidget(self.scroll, 1)
+        # Load stays in sight below the scrolling settings, however short the window.
+        self.loading.setContentsMargins(6, 4, 6, 4)
+        outer.addWidget(self.loading)
+        self.setMinimumWidth(320)
         # Scrolling the panel must not move the slider or a box the pointer passes over (and save it).
         self._wheel_guard = guard_wheel(self.scroll)
 
@@ -184,10 +200,14 @@ class SettingsPanel(QWidget):
         self._show_memory_rows(True)
         info = forecast.info
         c = info.config
-        self.picker.say(
-            f"{c.model_type}, {info.num_layers} layers, {format_bytes(info.weights_bytes())} of weights "
-            f"({info.compute_dtype}), up to {format_tokens(info.max_position_embeddings)}"
-        )
+        if info.matrices is not None:  # GGUF: its blocks' type, which is not the dtype it computes in
+            weights = f"{format_bytes(info.weights_bytes())} of {_stored_type(info)} weights"
+        else:
+            weights = f"{format_bytes(info.weights_bytes())} of weights ({info.compute_dtype})"
+        self.picker.say(f"{c.model_type}, {info.num_layers} layers, {weights}, up to "
+                        f"{format_tokens(info.max_position_embeddings)}")
+        for index, value in enumerate(KV_DTYPES):
+            self.kv_dtype.setItemText(index, kv_dtype_label(info, value))
         self.gpu_layers.blockSignals(True)
         self.gpu_layers.setRange(0, info.num_layers)
         self.gpu_layers.blockSignals(False)
@@ -216,9 +236,10 @@ class SettingsPanel(QWidget):
 
     def _show_memory_rows(self, shown: bool) -> None:
         """The rows of this machine's memory; 'When full' stays, a remote context fills up too."""
-        for field in (self.context, self.max_label, self.plan_bar, self.plan_message, self.gpu_row, self.kv_dtype,
+        for field in (self.context, self.context.note, self.max_label, self.plan_bar, self.plan_message, self.gpu_row, self.kv_dtype,
                       self.ram_limit, self.cpu_threads):
             self.memory_form.setRowVisible(field, shown)
+        self.context.note.setVisible(shown and bool(self.context.note.text()))  # a row of its own, shown when said
         self.memory_box.setTitle("Memory" if shown else "Context")
         self.load_button.setText("Load" if shown else "Connect")
 
@@ -321,13 +342,19 @@ class SettingsPanel(QWidget):
         self.plan = self.forecast.plan(self.settings, num_seqs=self.num_seqs)
         self.plan_bar.set_bars(self.forecast.bars(self.plan, self.settings))
         if self.plan.fits:
-            self.plan_message.setStyleSheet("color: #1b5e20;")
+            theme.tint(self.plan_message, "ok")
             self.plan_message.setText(summary(self.plan))
+            self.plan_message.setToolTip("")
         else:
-            self.plan_message.setStyleSheet(ERROR_STYLE)
-            self.plan_message.setText(self.plan.error)
+            theme.tint(self.plan_message, "error")
+            self.plan_message.setText(self.explain(self.plan))
+            self.plan_message.setToolTip(self.plan.error)  # the planner's whole reasoning
         self.loading.set_can_load(self.can_load)
         self.plan_changed.emit(self.plan)
+
+    def explain(self, plan) -> str:
+        """Why `plan` does not fit, short, proposing no context below the context box's minimum."""
+        return explain(plan, self.context.lo, self.settings.ram_limit_gib is not None)
 
     def show_loaded(self, text: str, template_source: str = "") -> None:
         """Loaded: `text` says what and how fast; `template_source` which chat template it uses ('' if not known)."""
@@ -335,6 +362,15 @@ class SettingsPanel(QWidget):
 
     def show_unloaded(self, text: str = "", error: bool = False) -> None:
         self.loading.show_unloaded(text, error, self.can_load)
+
+
+def _stored_type(info) -> str:
+    """The type most of a GGUF model's layer weights are stored in ("Q4_1"; a Q4_K_M file's is Q4_K)."""
+    stored: dict[str, int] = {}
+    for layer in info.layers:
+        for dtype, _, nbytes in layer.by_dtype:
+            stored[dtype] = stored.get(dtype, 0) + nbytes
+    return max(stored, key=stored.get).upper() if stored else "GGUF"
 
 
 def _placement(s: ModelSettings) -> tuple:

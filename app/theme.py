@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import shiboken6
 from PySide6.QtCore import QEvent, QObject, Qt, Signal
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication, QStyleFactory
@@ -149,15 +150,14 @@ def watch(widget, restyle) -> None:
     """Call `restyle()` now and after every palette change while `widget` lives."""
     restyle()
     changed = watcher().changed
-    changed.connect(restyle)
-    widget.destroyed.connect(lambda *_: _disconnect(changed, restyle))
 
+    def follow() -> None:
+        if shiboken6.isValid(widget):
+            restyle()
+        else:  # the widget is gone: its restyle goes too
+            changed.disconnect(follow)
 
-def _disconnect(signal, slot) -> None:
-    try:
-        signal.disconnect(slot)
-    except (RuntimeError, TypeError):  # already gone with the application
-        pass
+    changed.connect(follow)
 
 
 def apply(theme: str) -> None:

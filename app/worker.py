@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 # Imported here, on the GUI thread before the window shows, not lazily in the engine thread: an import
@@ -58,6 +59,9 @@ class EngineWorker(QObject):
     # with the engine in a child process only:
     prefill_progress = Signal(int, int, int)  # conversation_id, prompt tokens done, total (a long prompt)
     engine_started = Signal(int)  # the engine process's id, for graphs that follow it
+    # A load began: the process that will hold the model (the child, or this one) and its resident bytes before
+    # the model, which the graphs' predicted RAM adds the plan to.
+    load_started = Signal(int, object)  # object: a byte count passes 2**31
     engine_crashed = Signal(str)  # how it died; `unloaded` follows
     # a remote server's model instead of a local one:
     remote_loaded = Signal(object, float)  # RemoteModel (with the context its server says now), seconds
@@ -139,6 +143,7 @@ class EngineWorker(QObject):
             if self.use_process:
                 self._start_process(Path(model_dir), plan, progress, cancel)
             else:
+                self.load_started.emit(os.getpid(), psutil.Process().memory_info().rss)
                 self.engine = Engine.load(Path(model_dir), plan, progress=progress, cancel=cancel)
                 self.tokenizer = self.engine.tokenizer
                 self._use_threads()
@@ -160,10 +165,22 @@ class EngineWorker(QObject):
         tokenizer = source.tokenizer
         tokenizer.use_builtin_template(source.config.model_type)  # as Engine does, so counts agree
         threads = self.threads or max(1, cpu_decode.default_threads() - 1)  # the GUI a core (lower_priority)
+        started = False
+
+        def first_progress(fraction: float, message: str) -> None:
+            # The child reports once it has started Python, torch and its server and begins reading the model:
+            # what it holds then is what the plan comes on top of.
+            nonlocal started
+            child = None if started else _newest_child()
+            if child is not None:
+                started = True
+                self.load_started.emit(*child)
+            progress(fraction, message)
+
         # the plan's own request, planned again by the child against the memory free now: its sequences are
         # Serve's while it serves (the forecast counted their KV cache), else the chat's one
         self.process = EngineProcess.start(
-            model_dir, plan.request, progress=progress, cancel=cancel,
+            model_dir, plan.request, progress=first_progress, cancel=cancel,
             env={"OMP_NUM_THREADS": str(threads), cpu_decode.THREADS_ENV: str(threads)}, nice=ENGINE_NICE,
             **self.serve.listen())
         self.serving = self.serve.listening()
@@ -295,6 +312,16 @@ class EngineWorker(QObject):
         if isinstance(ids, str):
             ids = self.tokenizer.encode(ids)
         return len(ids)
+
+
+def _newest_child() -> tuple[int, int] | None:
+    """(pid, resident bytes) of this process's newest child: the engine just started (None if none is left)."""
+    try:
+        children = psutil.Process().children()
+        child = max(children, key=lambda c: c.create_time()) if children else None
+        return (child.pid, child.memory_info().rss) if child is not None else None
+    except psutil.Error:
+        return None
 
 
 class EngineClient(QObject):

@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import ModelFormatError
-from .gguf import FILE_TYPES, is_gguf_file, part_paths, read_metadata
+from .gguf import FILE_TYPES, find_gguf, is_gguf_file, part_paths, read_metadata
 from ..units import format_bytes
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
@@ -102,6 +102,26 @@ def discover(places: Places) -> Discovery:
 def is_model_dir(path: Path) -> bool:
     """A Hugging Face folder Stowage could load: config.json and safetensors weights (a pickle is never offered)."""
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def gguf_models(folder: Path, source: str = "folder") -> list[FoundModel]:
+    """The GGUF models directly in a folder a user chose (Downloads, say), each named after its file; an unreadable
+    file is left out."""
+    notes: list[str] = []
+    files = _gguf_files(folder, MAX_FOLDER_DEPTH - 1)  # its own files only: a Downloads folder is not walked
+    found = [_gguf_entry(p, _relative_name(p, folder), source, notes) for p in files]
+    return [m for m in found if m is not None]
+
+
+def gguf_quant(path: Path) -> str | None:
+    """The quantization of the GGUF model at `path` (a file, or a folder holding one) as a listing names it ("Q4_1");
+    None when unknown."""
+    try:
+        path = find_gguf(path)
+    except ModelFormatError:
+        return None
+    entry = _gguf_entry(path, path.name, "folder", [])
+    return entry.quant if entry is not None else None
 
 
 def _hf_entry(path: Path, name: str, source: str) -> FoundModel:

@@ -32,26 +32,34 @@ def test_graph_receives_live_samples(qtbot):
     assert abs(ys[-1] - sample.process_bytes / GIB) < 1.0
 
 
-def test_no_nvidia_gpu_is_said_not_failed(qtbot):
+def test_without_an_nvidia_gpu_the_vram_graph_is_hidden_and_ram_has_the_strip(qtbot):
     stats = MemoryStats()
     graph = MemoryGraph(stats)
     qtbot.addWidget(graph)
+    graph.resize(1000, 170)
     graph.show()
-    if stats.gpus:
-        assert graph.vram_plot.isVisible()
-    else:
-        assert graph.vram_note.isVisible()
-        assert graph.vram_note.text().startswith("No NVIDIA GPU")
-        assert stats.device_summary().startswith("CPU only")
+    qtbot.waitExposed(graph)
+    assert graph.vram_plot.isVisible() == bool(stats.gpus)
+    if not stats.gpus:
+        assert graph.ram_plot.width() > 0.9 * graph.width()  # no placeholder taking half the strip
+        assert stats.device_summary().startswith("CPU only")  # the status bar says why
 
 
-def test_prediction_line(qtbot):
-    graph = MemoryGraph(MemoryStats())
+def test_the_predicted_line_starts_where_the_prediction_starts(qtbot):
+    graph = MemoryGraph(MemoryStats(), interval_ms=10_000)  # samples only when the test adds them
     qtbot.addWidget(graph)
+    graph.show()
+    for _ in range(3):
+        graph.update_now()
     graph.set_prediction(2 * GIB)
-    assert graph.ram_predicted.isVisible() and graph.ram_predicted.value() == 2.0
+    for _ in range(2):
+        graph.update_now()
     graph.set_prediction(None)
-    assert not graph.ram_predicted.isVisible()
+    graph.update_now()
+    values = graph.process_predicted.values()
+    assert np.isnan(values[:4]).all() and values[4:6].tolist() == [2.0, 2.0] and np.isnan(values[6])
+    _, ys = graph.ram_predicted.getData()
+    assert np.isnan(ys[0]) and ys[-2] == 2.0  # drawn from the samples: nothing across the earlier history
 
 
 def test_y_axis_moves_only_when_the_data_leaves_it():

@@ -65,3 +65,13 @@ def test_less_than_the_minimum_is_refused_and_said(control):
     assert control.context_tokens == 512
     assert control.spin.value() == 512
     assert control.note.isVisible() and "512" in control.note.text()
+
+
+def test_ten_million_is_typed_in_full_and_said(control):
+    control.set_range(8192, 32_768, 16)
+    control.set_context_tokens(1024)
+    assert type_tokens(control, "10000000")[-1].replace(",", "") == "10000000"  # the eighth digit is not refused
+    assert control.context_tokens == 32_768
+    assert "10,000,000" in control.note.text() and "32,768" in control.note.text()
+    control.set_range(4096, 32_768, 16)  # another setting moved the slider's top: the old note goes
+    assert control.note.isHidden()

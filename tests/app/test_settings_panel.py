@@ -116,3 +116,54 @@ def test_the_wheel_scrolls_the_panel_instead_of_changing_settings(panel, qtbot):
     qtbot.waitUntil(panel.temperature.hasFocus)
     _wheel(panel.temperature, steps=1)
     assert panel.settings.sampling.temperature == pytest.approx(settings.sampling.temperature + 0.05)
+
+
+def test_a_plan_that_does_not_fit_is_said_short_and_never_proposes_less_than_the_minimum(qtbot, tiny_model_dir):
+    info = inspect(tiny_model_dir)
+    # RAM for about 100 tokens: less than the 512 the context box starts at
+    at_96 = plan(info, PlanRequest(96), given_budgets([], 10**9, ram_reserve_bytes=0)).devices[-1].total_bytes
+    small = Forecast(info, given_budgets([], at_96, ram_reserve_bytes=0))
+    panel = SettingsPanel([])
+    qtbot.addWidget(panel)
+    panel.show()
+    panel.set_model(small, ModelSettings(context_tokens=1024))
+    assert not panel.plan.fits and 0 < panel.plan.max_context_tokens < 512
+    text = panel.plan_message.text()
+    assert text.startswith("Not even 512 tokens fit") and f"{panel.plan.max_context_tokens:,}" not in text
+    assert len(text) < 200 and panel.plan_message.toolTip() == panel.plan.error  # the whole reasoning on hover
+
+    panel.set_model(Forecast(info, given_budgets([], 10**9, ram_reserve_bytes=0)), ModelSettings(context_tokens=1024))
+    panel.context.spin.setValue(4096)
+    roomy = panel.plan
+    if not roomy.fits:  # the largest context is proposed when the box can take it
+        assert f"{roomy.max_context_tokens:,} tokens" in panel.plan_message.text()
+
+
+def test_the_kv_cache_labels_are_computed_from_the_models_dtype(panel, forecast):
+    labels = [panel.kv_dtype.itemText(i) for i in range(panel.kv_dtype.count())]
+    dtype = forecast.info.compute_dtype
+    assert labels[0] == f"Same as the model ({dtype})"
+    fp8 = labels[panel.kv_dtype.findData("fp8")]
+    assert fp8 == {"float32": "fp8 (a quarter of the memory)", "bfloat16": "fp8 (half the memory)",
+                   "float16": "fp8 (half the memory)"}[dtype]
+    if dtype == "float32":
+        assert labels[panel.kv_dtype.findData("float16")] == "float16 (half the memory)"
+        assert labels[panel.kv_dtype.findData("float32")] == "float32"
+
+
+def test_the_context_note_is_not_cut_and_goes_when_other_settings_change(panel, qtbot):
+    from PySide6.QtCore import Qt
+    from PySide6.QtTest import QTest
+
+    panel.resize(340, 900)
+    edit = panel.context.spin.lineEdit()
+    panel.context.spin.setFocus()
+    edit.selectAll()
+    QTest.keyClicks(edit, "10000000")
+    assert edit.text().replace(",", "").startswith("10000000")  # no digit dropped
+    QTest.keyClick(edit, Qt.Key.Key_Return)
+    note = panel.context.note
+    qtbot.waitUntil(lambda: note.isVisible() and note.height() >= note.heightForWidth(note.width()))
+    assert "10,000,000" in note.text() and "4,096" in note.text()
+    panel.kv_dtype.setCurrentIndex(panel.kv_dtype.findData("fp8"))
+    assert note.isHidden()

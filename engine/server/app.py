@@ -15,6 +15,8 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import replace
+from functools import partial
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -27,7 +29,9 @@ from ..errors import (GenerationCancelled, InsufficientMemoryError, InvalidArgum
                       StowageError, UnsupportedModelError, WeightsChangedError)
 from ..runtime.generation import GenerationResult, TokenEvent
 from ..planning.report import summary, to_dict
-from .responses import Reply, listed_model, model_object, sse
+from ..text import grammar
+from ..text.tool_calls import format_of
+from .responses import Reply, ToolReplies, listed_model, model_object, sse
 from .schemas import ApiError, CompletionRequest, LoadRequest, parse_chat, parse_completion, parse_load
 from ..serving.scheduler import PrefillProgress, Scheduler, ServerBusyError
 from .guards import RETRY_AFTER_SECONDS, stack
@@ -242,7 +246,9 @@ class _Api:
         served = self._served()
         self._check_model(served, req.model)
         tokenizer = served.engine.tokenizer
-        ids = await run_in_threadpool(self._tokenize, tokenizer.apply_chat_template, list(req.messages))
+        tools = list(req.tools.specs) if req.tools is not None else None
+        ids = await run_in_threadpool(self._tokenize, partial(tokenizer.apply_chat_template, tools=tools),
+                                      list(req.messages))
         return await self._complete(request, served, req, ids, chat=True)
 
     async def completions(self, request: Request):
@@ -309,6 +315,14 @@ class _Api:
         # max_tokens past the context is not cut to it: the reply ends where the context is full, with the engine's
         # "context_full" (OpenAI's "length"), and a reply of exactly max_tokens that also fills it says "length"
         sampling = req.sampling(req.max_tokens or room)
+        if req.grammar is not None:  # the tokenizer's view for llguidance is built once per model: off the loop
+            engine = served.engine
+            try:
+                bound = await run_in_threadpool(grammar.bind, req.grammar, engine.tokenizer,
+                                                engine.config.vocab_size, engine.eos_ids)
+            except InvalidArgumentError as e:  # a tokenizer llguidance cannot read
+                raise ApiError(400, str(e), param="response_format" if req.tools is None else "tools") from None
+            sampling = replace(sampling, grammar=bound)
         events, cancel = _Events(keep_tokens=req.stream), threading.Event()
         served.track(cancel)  # a swap cancels it; it then ends with its final event
         try:
@@ -320,7 +334,7 @@ class _Api:
         except StowageError as e:  # shutting down, or the model is being replaced
             served.untrack(cancel)
             raise ApiError(503, str(e), type="server_error") from None
-        reply = Reply(served.name, chat=chat, include_usage=req.include_usage)
+        reply = Reply(served.name, chat=chat, include_usage=req.include_usage, tools=_tool_replies(req, served))
         if req.stream:
             return _CancelWhenDone(self._stream(reply, events), cancel, lambda: served.untrack(cancel))
         try:
@@ -360,7 +374,8 @@ class _Api:
         while True:
             event = await events.queue.get()
             if isinstance(event, TokenEvent):
-                yield sse(reply.chunk(event.text))
+                for chunk in reply.token_chunks(event):
+                    yield sse(chunk)
                 continue
             if isinstance(event, PrefillProgress):
                 yield sse(reply.progress_chunk(event.done_tokens, event.prompt_tokens))
@@ -368,11 +383,24 @@ class _Api:
             if isinstance(event, Exception):
                 yield sse(_failed(event).body())
             else:
-                yield sse(reply.last_chunk(event))
+                for chunk in reply.end_chunks(event):
+                    yield sse(chunk)
                 if reply.include_usage:
                     yield sse(reply.usage_chunk(event))
             yield sse("[DONE]")
             return
+
+
+def _tool_replies(req: CompletionRequest, served: Served) -> ToolReplies | None:
+    """How the reply's text is read as tool calls: None without tools, or when tool_choice is none."""
+    tools = req.tools
+    if tools is None or tools.choice == "none":
+        return None
+    tokenizer = served.engine.tokenizer
+    fmt = format_of(tokenizer.chat_template)
+    return ToolReplies(frozenset(tools.parameters), tools.is_forced, fmt,
+                       marker_id=tokenizer.token_id(fmt.start) if fmt.start else None,
+                       decode_all=partial(tokenizer.decode, skip_special_tokens=False))
 
 
 def _failed(error: Exception) -> ApiError:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from ..runtime.generation import GenerationResult
+from ..runtime.generation import GenerationResult, TokenEvent
+from ..text.tool_calls import ForcedCallStream, ReplyStream, ToolCall, ToolFormat, parse
 
 # The engine's reasons, in OpenAI's words: a reply cut by the context is cut for length, as by max_tokens.
 FINISH_REASONS = {"stop": "stop", "length": "length", "context_full": "length", "cancelled": "stop"}
@@ -33,13 +36,35 @@ def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-class Reply:
-    """The objects of one reply, for chat (`chat.completion`) or text (`text_completion`)."""
+@dataclass(frozen=True)
+class ToolReplies:
+    """How a chat reply with tools is read: a forced call (the grammar's `{"name", "arguments"}`), or in `auto` the
+    model's own format, whose start marker may be a special token that decoding drops (marker_id)."""
 
-    def __init__(self, model: str, *, chat: bool, include_usage: bool = False):
+    names: frozenset[str]
+    is_forced: bool
+    format: ToolFormat
+    marker_id: int | None = None  # the token of format.start, when it is one
+    decode_all: Callable[[list[int]], str] | None = None  # token ids to text, special tokens kept
+
+
+def call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+class Reply:
+    """The objects of one reply, for chat (`chat.completion`) or text (`text_completion`); with tools, the reply's
+    text read as content and tool calls."""
+
+    def __init__(self, model: str, *, chat: bool, include_usage: bool = False, tools: ToolReplies | None = None):
         self.model, self.chat, self.include_usage = model, chat, include_usage
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
+        self.tools = tools if tools is not None and tools.names else None
+        self.forced = ForcedCallStream() if self.tools is not None and self.tools.is_forced else None
+        self.auto = ReplyStream(tools.format, set(tools.names)) if self.tools and not self.forced else None
+        self.forced_id: str | None = None
+        self.num_calls = 0  # tool calls streamed
 
     def _object(self, kind: str, choices: list[dict], **extra) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices,
@@ -49,8 +74,13 @@ class Reply:
         """The non-streaming answer."""
         finish = FINISH_REASONS[result.finish_reason]
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": result.text}, "logprobs": None,
-                      "finish_reason": finish}
+            content, calls = self._read(result)
+            message = {"role": "assistant", "content": content}
+            if calls:
+                message = {"role": "assistant", "content": content or None,
+                           "tool_calls": [_call_object(call_id(), c) for c in calls]}
+                finish = "tool_calls" if finish == "stop" else finish
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
             return self._object("chat.completion", [choice], usage=usage(result))
         choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": finish}
         return self._object("text_completion", [choice], usage=usage(result))
@@ -68,7 +98,68 @@ class Reply:
 
     def last_chunk(self, result: GenerationResult) -> dict:
         """The chunk with the finish reason, and the engine's figures under "stowage"."""
-        return {**self.chunk(finish_reason=result.finish_reason), "stowage": engine_stats(result)}
+        chunk = {**self.chunk(finish_reason=result.finish_reason), "stowage": engine_stats(result)}
+        if self.num_calls and chunk["choices"][0]["finish_reason"] == "stop":
+            chunk["choices"][0]["finish_reason"] = "tool_calls"
+        return chunk
+
+    # -- tool calls ------------------------------------------------------------------------------
+    def _read(self, result: GenerationResult) -> tuple[str, list[ToolCall]]:
+        """A whole reply's content and tool calls."""
+        if self.forced is not None:
+            forced = ForcedCallStream()
+            forced.feed(result.text)
+            call = forced.call(complete=result.finish_reason == "stop")
+            return ("", [call]) if call is not None else (result.text, [])
+        if self.auto is not None:
+            tools = self.tools
+            text = result.text
+            if tools.marker_id is not None and tools.marker_id in result.token_ids and tools.decode_all:
+                text = tools.decode_all(result.token_ids)
+            return parse(text, tools.format, set(tools.names))
+        return result.text, []
+
+    def token_chunks(self, event: TokenEvent) -> list[dict]:
+        """The stream chunks of one token's text: content, or with tools the pieces of a call."""
+        if self.forced is not None:
+            name, arguments = self.forced.feed(event.text)
+            out = []
+            if name is not None:
+                self.forced_id, self.num_calls = call_id(), 1
+                out.append(self._call_chunk({"index": 0, "id": self.forced_id, "type": "function",
+                                             "function": {"name": name, "arguments": ""}}))
+            if arguments:
+                out.append(self._call_chunk({"index": 0, "function": {"arguments": arguments}}))
+            return out
+        if self.auto is not None:
+            text = event.text
+            if event.token_id == self.tools.marker_id and self.tools.format.start not in text:
+                text = self.tools.format.start + text  # a special token, which decoding drops
+            content = self.auto.feed(text)
+            return [self.chunk(content)] if content else []
+        return [self.chunk(event.text)] if event.text else []
+
+    def end_chunks(self, result: GenerationResult) -> list[dict]:
+        """The chunks that close a stream: a call's held tail or the calls of `auto`, then the finish chunk."""
+        out = []
+        if self.auto is not None:
+            content, calls = self.auto.finish()
+            if content:
+                out.append(self.chunk(content))
+            for i, c in enumerate(calls):
+                out.append(self._call_chunk({"index": i, "id": call_id(), "type": "function",
+                                             "function": {"name": c.name, "arguments": c.arguments}}))
+            self.num_calls = len(calls)
+        elif self.forced is not None and self.forced_id is not None and result.finish_reason != "stop":
+            tail = self.forced.held()  # cut short (max_tokens): the held character is an argument's, not the call's
+            if tail:
+                out.append(self._call_chunk({"index": 0, "function": {"arguments": tail}}))
+        return [*out, self.last_chunk(result)]
+
+    def _call_chunk(self, call: dict) -> dict:
+        extra = {"usage": None} if self.include_usage else {}
+        choice = {"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None}
+        return self._object("chat.completion.chunk", [choice], **extra)
 
     def progress_chunk(self, done_tokens: int, prompt_tokens: int) -> dict:
         """An empty chunk that says how much of a long prompt is read, under "stowage" (clients ignore it)."""
@@ -77,6 +168,10 @@ class Reply:
     def usage_chunk(self, result: GenerationResult) -> dict:
         """The last chunk when stream_options.include_usage: no choices, the usage of the whole reply."""
         return self._object("chat.completion.chunk" if self.chat else "text_completion", [], usage=usage(result))
+
+
+def _call_object(id_: str, call: ToolCall) -> dict:
+    return {"id": id_, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def model_object(name: str, created: int, context_tokens: int) -> dict:

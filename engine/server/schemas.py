@@ -1,19 +1,23 @@
 """What the OpenAI-compatible API accepts, checked field by field, and OpenAI's error object.
 
 Every field a request may carry is either supported, or accepted only at its neutral value (`n: 1`,
-`tools: []`, `logprobs: false`, ...) and refused otherwise: nothing a client asks for is silently ignored.
+`logprobs: false`, ...) and refused otherwise: nothing a client asks for is silently ignored.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, replace
+import re
+from dataclasses import dataclass, field, replace
 
 from ..dtypes import COMPUTE, KV
 from ..errors import InvalidArgumentError
 from ..runtime.sampler import MAX_SEED, MAX_STOP_CHARS, MAX_STOPS, SamplingParams
+from ..text import grammar
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 
 
@@ -42,6 +46,20 @@ def _bad(param: str, message: str, code: str | None = None) -> ApiError:
 
 
 @dataclass(frozen=True)
+class Tools:
+    """A chat request's tools: what the chat template is shown, and whether and which call the grammar forces."""
+
+    specs: tuple[dict, ...]  # OpenAI's tool objects, as chat templates receive them
+    parameters: dict[str, dict] = field(default_factory=dict)  # each tool's name -> its parameters' JSON Schema
+    choice: str = "auto"  # "auto", "none", "required", or the name of the tool that must be called
+
+    @property
+    def is_forced(self) -> bool:
+        """A call is forced (required, or a named tool): the reply is that call."""
+        return self.choice not in ("auto", "none")
+
+
+@dataclass(frozen=True)
 class CompletionRequest:
     """One validated request of either endpoint: what to continue, and how to sample."""
 
@@ -53,6 +71,8 @@ class CompletionRequest:
     params: SamplingParams = SamplingParams(temperature=1.0)  # OpenAI's default temperature
     stream: bool = False
     include_usage: bool = False
+    grammar: str | None = None  # llguidance's grammar the reply must match (response_format, a forced tool call)
+    tools: Tools | None = None  # chat: the tools offered
 
     def sampling(self, max_tokens: int) -> SamplingParams:
         """The engine's sampling settings, with the reply capped at max_tokens."""
@@ -67,12 +87,8 @@ _NEUTRAL = {
     "logit_bias": (({}, None), "logit_bias is not supported"),
     "logprobs": ((False, None), "logprobs are not supported"),
     "top_logprobs": ((0, None), "top_logprobs are not supported"),
-    "tools": (([], None), "tools (function calling) are not supported"),
-    "tool_choice": (("none", None), "tool_choice is not supported (no tools)"),
-    "parallel_tool_calls": ((True, False, None), "parallel_tool_calls needs tools, which are not supported"),
     "functions": (([], None), "functions (function calling) are not supported"),
     "function_call": (("none", None), "function_call is not supported"),
-    "response_format": (({"type": "text"}, None), "response_format other than text is not supported"),
     "echo": ((False, None), "echo is not supported"),
     "suffix": (("", None), "suffix (insertion) is not supported"),
     "best_of": ((1, None), "best_of must be 1"),
@@ -81,10 +97,10 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "rep
            "stream", "stream_options", "n", "frequency_penalty", "presence_penalty", "logit_bias", "user"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
                          "parallel_tool_calls", "functions", "function_call", "response_format"}
-COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix", "best_of"}
+COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix", "best_of", "response_format"}
 # Keys a message may carry at an empty value (clients echo the assistant message back as they received it).
-_MESSAGE_EMPTY = {"name": (None,), "tool_calls": (None, []), "function_call": (None,), "refusal": (None,),
-                  "audio": (None,), "annotations": (None, [])}
+_MESSAGE_EMPTY = {"name": (None,), "function_call": (None,), "refusal": (None,), "audio": (None,),
+                  "annotations": (None, [])}
 
 
 def parse_chat(body: dict) -> CompletionRequest:
@@ -94,8 +110,16 @@ def parse_chat(body: dict) -> CompletionRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", "messages must be a non-empty list of {\"role\", \"content\"} objects")
-    return CompletionRequest(messages=tuple(_message(m, i) for i, m in enumerate(messages)), max_tokens=max_tokens,
-                             **_common(body))
+    tools = _tools(body)
+    fields = _common(body)
+    if tools is not None and tools.is_forced:
+        if fields["grammar"] is not None:
+            raise _bad("response_format", "response_format and a forced tool call (tool_choice required or named) "
+                                          "cannot both shape one reply; give one")
+        fields["grammar"] = grammar.json_schema_grammar(grammar.tool_call_schema(
+            tools.parameters, None if tools.choice == "required" else tools.choice), "tools")
+    parsed = tuple(_message(m, i) for i, m in enumerate(messages))
+    return CompletionRequest(messages=parsed, max_tokens=max_tokens, tools=tools, **fields)
 
 
 def parse_completion(body: dict) -> CompletionRequest:
@@ -189,7 +213,77 @@ def _common(body: dict) -> dict:
         params = SamplingParams(**fields, stop=stops, seed=seed)
     except InvalidArgumentError as e:  # the fields were checked one by one; this is the last guard
         raise _bad(None, str(e)) from None
-    return dict(model=model, stream=stream, include_usage=include_usage, params=params)
+    return dict(model=model, stream=stream, include_usage=include_usage, params=params,
+                grammar=_response_format(body.get("response_format")))
+
+
+def _response_format(value) -> str | None:
+    """The grammar response_format asks for: None for text; any JSON object; JSON valid under a schema."""
+    where = "response_format"
+    if value is None or value == {"type": "text"}:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "json_object" and set(value) == {"type"}:
+        return grammar.json_schema_grammar(grammar.ANY_OBJECT, where)
+    if kind == "json_schema" and set(value) <= {"type", "json_schema"}:
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or set(spec) - {"name", "schema", "strict", "description"}:
+            raise _bad(where, f"{where}.json_schema must be {{\"name\", \"schema\", \"strict\", \"description\"}}")
+        if not isinstance(spec.get("name"), str) or not TOOL_NAME.fullmatch(spec["name"]):
+            raise _bad(where, f"{where}.json_schema.name must be 1-64 letters, digits, _ or -")
+        if not isinstance(spec.get("strict", False), (bool, type(None))):
+            raise _bad(where, f"{where}.json_schema.strict must be true or false")
+        return _compiled(spec.get("schema", grammar.ANY_OBJECT), where, f"{where}.json_schema.schema")
+    raise _bad(where, f"{where} must be {{\"type\": \"text\"}}, {{\"type\": \"json_object\"}} or {{\"type\": "
+                      f"\"json_schema\", \"json_schema\": {{\"name\", \"schema\"}}}}; got {value!r:.80}")
+
+
+def _compiled(schema, param: str, what: str) -> str:
+    try:
+        return grammar.json_schema_grammar(schema, what)
+    except InvalidArgumentError as e:
+        raise _bad(param, str(e), code="invalid_schema") from None
+
+
+def _tools(body: dict) -> Tools | None:
+    """The request's tools and tool_choice (parallel_tool_calls is accepted: a forced call is one call)."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    _bool(body, "parallel_tool_calls")
+    if tools is None or tools == []:
+        if choice not in (None, "none"):
+            raise _bad("tool_choice", "tool_choice needs tools")
+        return None
+    if not isinstance(tools, list):
+        raise _bad("tools", "tools must be a list of {\"type\": \"function\", \"function\": {...}} objects")
+    specs, parameters = [], {}
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not (isinstance(tool, dict) and tool.get("type") == "function" and set(tool) <= {"type", "function"}
+                and isinstance(function, dict)):
+            raise _bad(where, f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\", ...}}}} "
+                              "(only functions are supported)")
+        name = function.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+            raise _bad(f"{where}.function.name", f"{where}.function.name must be 1-64 letters, digits, _ or -")
+        if name in parameters:
+            raise _bad(f"{where}.function.name", f"{where}.function.name {name!r} is given twice")
+        if set(function) - {"name", "description", "parameters", "strict"}:
+            raise _bad(where, f"{where}.function takes name, description, parameters and strict")
+        if not isinstance(function.get("description", ""), str):
+            raise _bad(f"{where}.function.description", f"{where}.function.description must be a string")
+        schema = function.get("parameters") or {"type": "object", "properties": {}}
+        _compiled(schema, f"{where}.function.parameters", f"{where}.function.parameters")  # refused now, not later
+        parameters[name] = schema
+        specs.append({"type": "function", "function": {**function, "parameters": schema}})
+    if choice is None or choice in ("auto", "none", "required"):
+        return Tools(tuple(specs), parameters, choice or "auto")
+    named = choice.get("function", {}).get("name") if isinstance(choice, dict) and choice.get("type") == "function" \
+        and isinstance(choice.get("function"), dict) else None
+    if named not in parameters:
+        raise _bad("tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                                  f"\"function\": {{\"name\": ...}}}}}} naming one of the tools; got {choice!r:.80}")
+    return Tools(tuple(specs), parameters, named)
 
 
 def _max_tokens(body: dict, alias: str | None) -> int | None:
@@ -206,17 +300,61 @@ def _message(m, i: int) -> dict:
     where = f"messages[{i}]"
     if not isinstance(m, dict):
         raise _bad(where, f"{where} must be an object with role and content")
+    role = m.get("role")
+    if role == "assistant" and m.get("tool_calls"):
+        return _assistant_calls(m, where)
+    if role == "tool":
+        return _tool_result(m, where)
     for key, value in m.items():
-        if key in ("role", "content"):
+        if key in ("role", "content") or (key == "tool_calls" and value in (None, [])):
             continue
         if key not in _MESSAGE_EMPTY:
             raise _bad(f"{where}.{key}", f"{where}.{key} is not supported (a message has role and content)")
         if not _is_one_of(value, _MESSAGE_EMPTY[key]):
-            raise _bad(f"{where}.{key}", f"{where}.{key} is not supported (tools, names and audio are not)")
-    role = m.get("role")
+            raise _bad(f"{where}.{key}", f"{where}.{key} is not supported (names and audio are not)")
     if role not in ROLES:
         raise _bad(f"{where}.role", f"{where}.role must be one of {', '.join(ROLES)}; got {role!r:.40}")
     return {"role": role, "content": _content(m.get("content"), f"{where}.content")}
+
+
+def _assistant_calls(m: dict, where: str) -> dict:
+    """An assistant message with tool_calls, as chat templates read it: each call's arguments as an object."""
+    for key in m:
+        if key not in ("role", "content", "tool_calls") and not _is_one_of(m[key], _MESSAGE_EMPTY.get(key, ())):
+            raise _bad(f"{where}.{key}", f"{where}.{key} is not supported")
+    calls = m["tool_calls"]
+    if not isinstance(calls, list):
+        raise _bad(f"{where}.tool_calls", f"{where}.tool_calls must be a list")
+    out = []
+    for j, call in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not (isinstance(function, dict) and isinstance(function.get("name"), str)
+                and isinstance(function.get("arguments"), str) and isinstance(call.get("id", ""), str)):
+            raise _bad(at, f"{at} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
+                           "\"arguments\": a JSON object's text}}}}")
+        try:
+            arguments = json.loads(function["arguments"])
+        except ValueError:
+            raise _bad(at, f"{at}.function.arguments is not JSON") from None
+        out.append({"id": call.get("id", ""), "type": "function",
+                    "function": {"name": function["name"], "arguments": arguments}})
+    content = m.get("content")
+    text = "" if content is None else _content(content, f"{where}.content")
+    return {"role": "assistant", "content": text, "tool_calls": out}
+
+
+def _tool_result(m: dict, where: str) -> dict:
+    """A tool's answer to a call: its text, and the id of the call it answers."""
+    if set(m) - {"role", "content", "tool_call_id", "name"}:
+        raise _bad(where, f"{where}: a tool message has role, content, tool_call_id (and name)")
+    call_id = m.get("tool_call_id")
+    if not isinstance(call_id, str):
+        raise _bad(f"{where}.tool_call_id", f"{where}.tool_call_id must be the id of the call it answers")
+    out = {"role": "tool", "content": _content(m.get("content"), f"{where}.content"), "tool_call_id": call_id}
+    if isinstance(m.get("name"), str):
+        out["name"] = m["name"]
+    return out
 
 
 def _content(content, where: str) -> str:

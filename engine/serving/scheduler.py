@@ -65,7 +65,7 @@ class _Request:
         self.conv = None  # the Conversation whose Sequence holds this request's K/V, once admitted
         self.cursor = 0  # prompt tokens in the cache
         self.next_token: int | None = None  # sampled, to be fed by the next decode step
-        self.stop_matched = False  # the last token was EOS, or its text completed a stop string
+        self.stop_matched = False  # the last token was EOS, completed a stop string or the reply's grammar
 
     def start(self, conv, reused: int) -> None:
         self.conv, self.cursor = conv, reused
@@ -94,6 +94,8 @@ class _Request:
             if text:
                 r.text += text
                 self.send(TokenEvent(token, text))
+        # a grammar complete (a JSON value closed): only an EOS could follow, which would cost a step to sample
+        self.stop_matched = self.stop_matched or self.sampler.is_finished
         reason = self.stop_reason(engine.cache.context_tokens)
         if reason is not None:
             self.finish(reason)

@@ -3,7 +3,6 @@ limits on time and size (engine/text/template_limits.py); the built-in formats f
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -73,14 +72,11 @@ def render(
         raise TemplateError(f"{name} is empty; the model folder's template is missing its text — "
                             "use the model's published template")
     template = compile_template(source, name)
-    if "tool_calls" not in source:
-        messages = [_calls_as_text(m) for m in messages]
     with budget_for(name) as budget:
         try:
             chunks, size = [], 0
-            variables = dict(messages=messages, add_generation_prompt=add_generation_prompt, **special_tokens)
-            if tools:
-                variables["tools"] = tools
+            variables = dict(messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                             **special_tokens)  # tools None when none are offered, as transformers renders
             for chunk in template.generate(**variables):
                 size += len(chunk)
                 if size > LIMITS.max_output_chars:
@@ -99,14 +95,3 @@ def render(
             raise TemplateError(f"{name} failed: {e}") from e
         except Exception as e:  # TypeError, ZeroDivisionError, ... raised by the template's own expressions
             raise TemplateError(f"{name} failed: {type(e).__name__}: {e}") from e
-
-
-def _calls_as_text(message: dict) -> dict:
-    """An assistant message's tool calls written into its content, for a template that does not read tool_calls:
-    the model still sees the calls it made, as the forced calls are written (engine/text/tool_calls.py)."""
-    calls = message.get("tool_calls")
-    if not calls:
-        return message
-    text = "\n".join(json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
-                                ensure_ascii=False) for c in calls)
-    return {**message, "content": "\n".join(t for t in (message.get("content") or "", text) if t)}

@@ -22,6 +22,11 @@ from ..errors import InvalidArgumentError
 # fill the reply with newlines, and every reply is the same text however it is sampled.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_OBJECT = {"type": "object"}
+# A number's fraction is written with at most this many digits: a weak model's greedy "0.000000..." would otherwise
+# run to max_tokens and leave the JSON unfinished. Every value allowed is still valid under the schema given.
+FRACTION_DIGITS = 6
+_LITERALS = ("enum", "const", "default", "examples")  # values, not schemas: left as they are
+_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
 
 _masks = ThreadPoolExecutor(max_workers=max(1, min(4, (os.cpu_count() or 1))), thread_name_prefix="stowage-mask")
 
@@ -32,10 +37,28 @@ def json_schema_grammar(schema, what: str = "response_format.json_schema.schema"
     if not isinstance(schema, dict):
         raise InvalidArgumentError(f"{what} must be a JSON Schema object, got {type(schema).__name__}")
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(_short_fractions(schema), overrides=JSON_OPTIONS)
     except (ValueError, TypeError) as e:
         raise InvalidArgumentError(f"{what} is not a JSON Schema: {e}") from None
     return check(grammar, what)
+
+
+def _short_fractions(node):
+    """The schema with each number that sets no multipleOf made a multiple of 10**-FRACTION_DIGITS."""
+    if isinstance(node, list):
+        return [_short_fractions(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key in _MAPS and isinstance(value, dict):
+            out[key] = {name: _short_fractions(v) for name, v in value.items()}
+        else:
+            out[key] = value if key in _LITERALS else _short_fractions(value)
+    kind = node.get("type")
+    if (kind == "number" or isinstance(kind, list) and "number" in kind) and "multipleOf" not in node:
+        out["multipleOf"] = 10.0 ** -FRACTION_DIGITS
+    return out
 
 
 def check(grammar: str, what: str) -> str:
@@ -88,7 +111,8 @@ class Constraint:
 
     def __init__(self, grammar: Grammar):
         self.grammar = grammar
-        self._matcher: llguidance.LLMatcher | None = None
+        self._matcher: llguidance.LLMatcher | None = None  # used by one thread at a time: the mask's, then ours
+        self.is_finished = False  # the grammar is complete and takes no more tokens (only an EOS)
         self._words = np.zeros(((grammar.tokenizer.vocab_size + 31) // 32,), dtype=np.int32)
         # built off the caller's thread (a server's event loop): a large schema takes milliseconds to build
         self._next: Future = _masks.submit(self._start)
@@ -103,10 +127,6 @@ class Constraint:
     def _fill(self) -> None:
         self._matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
 
-    @property
-    def is_finished(self) -> bool:
-        """The grammar is complete and takes no more tokens (only an EOS)."""
-        return self._matcher is not None and self._matcher.is_stopped()
 
     def allowed(self) -> torch.Tensor:
         """[num_logits] bool: the tokens the grammar allows next (an EOS once it is complete)."""
@@ -121,5 +141,6 @@ class Constraint:
         """Advance past token (one allowed() said may come), and start the next mask."""
         if not self._matcher.consume_token(token):
             raise InvalidArgumentError(f"the grammar refused token {token}: {self._matcher.get_error():.300}")
+        self.is_finished = self._matcher.is_stopped()  # read before the next mask's thread takes the matcher
         self._next = _masks.submit(self._fill)  # once complete, the mask holds the EOS tokens alone
 

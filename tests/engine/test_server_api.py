@@ -140,11 +140,11 @@ def test_models_and_health(served):
 
 @pytest.mark.parametrize("fields, param", [
     ({"n": 2}, "n"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0]"),
     ({"logprobs": True}, "logprobs"),
     ({"frequency_penalty": 0.5}, "frequency_penalty"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages[0].content"),
     ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),

@@ -1,0 +1,156 @@
+"""response_format json_object / json_schema through the official openai client against a live server on the bundled
+demo model: every reply parses and validates (the grammar, not the model, guarantees it); a schema llguidance cannot
+compile is a 400 and the server goes on; and in one batched step a constrained and a free request each get what they
+get alone."""
+
+import json
+import threading
+from pathlib import Path
+
+import jsonschema
+import openai
+import pytest
+from factory import cpu_plan
+from processes import openai_client, running
+from scheduler_log import Log
+
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.runtime.sampler import SamplingParams
+from stowage.engine.server.listener import http_server, listen
+from stowage.engine.serving.scheduler import Scheduler
+from stowage.engine.text import grammar
+
+DEMO = Path(__file__).resolve().parents[2] / "assets" / "demo-model"
+ASK = [{"role": "user", "content": "Describe the model you would pick as JSON."}]
+
+SCHEMAS = {
+    "enums and ranges": {
+        "type": "object", "additionalProperties": False, "required": ["size", "layers", "ratio"],
+        "properties": {"size": {"enum": ["small", "medium", "large"]},
+                       "layers": {"type": "integer", "minimum": 1, "maximum": 80},
+                       "ratio": {"type": "number", "minimum": 0, "maximum": 1}}},
+    "arrays with min and max items": {
+        "type": "object", "additionalProperties": False, "required": ["tags"],
+        "properties": {"tags": {"type": "array", "minItems": 2, "maxItems": 3,
+                                "items": {"type": "string", "maxLength": 12}}}},
+    "nested objects": {
+        "type": "object", "additionalProperties": False, "required": ["model", "plan"],
+        "properties": {"model": {"type": "string", "maxLength": 20},
+                       "plan": {"type": "object", "additionalProperties": False, "required": ["fits", "devices"],
+                                "properties": {"fits": {"type": "boolean"},
+                                               "devices": {"type": "array", "maxItems": 2, "items": {
+                                                   "type": "object", "additionalProperties": False,
+                                                   "required": ["name", "gib"],
+                                                   "properties": {"name": {"enum": ["cpu", "cuda:0"]},
+                                                                  "gib": {"type": "integer", "minimum": 0,
+                                                                          "maximum": 64}}}}}}}},
+}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine.load(DEMO, cpu_plan(DEMO, 512, num_seqs=2))
+
+
+@pytest.fixture(scope="module")
+def client(engine):
+    scheduler = Scheduler(engine, max_running=2, max_waiting=4).start()
+    sock = listen("127.0.0.1", 0, has_key=False)
+    server = http_server(scheduler, api_key=None)
+    try:
+        with running(server, sock):
+            yield openai_client(f"http://127.0.0.1:{sock.getsockname()[1]}/v1", "unused")
+    finally:
+        scheduler.close()
+        sock.close()
+
+
+def schema_format(schema, name="reply"):
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+
+
+@pytest.mark.parametrize("name", SCHEMAS)
+@pytest.mark.parametrize("temperature", [0, 1.0])
+def test_json_schema_replies_parse_and_validate(client, name, temperature):
+    schema = SCHEMAS[name]
+    reply = client.chat.completions.create(model="demo-model", messages=ASK, temperature=temperature, seed=7,
+                                           max_tokens=200, response_format=schema_format(schema))
+    (choice,) = reply.choices
+    assert choice.finish_reason == "stop"
+    jsonschema.validate(json.loads(choice.message.content), schema)
+
+
+def test_json_object_on_completions_and_a_schema_streamed(client):
+    text = client.completions.create(model="demo-model", prompt="Stowage plans", max_tokens=60, temperature=0,
+                                     extra_body={"response_format": {"type": "json_object"}}).choices[0]
+    assert text.finish_reason == "stop" and isinstance(json.loads(text.text), dict)
+    schema = SCHEMAS["arrays with min and max items"]
+    stream = client.chat.completions.create(model="demo-model", messages=ASK, max_tokens=100, temperature=0,
+                                            response_format=schema_format(schema), stream=True)
+    pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+    whole = client.chat.completions.create(model="demo-model", messages=ASK, max_tokens=100, temperature=0,
+                                           response_format=schema_format(schema)).choices[0].message.content
+    assert len([p for p in pieces if p]) > 5 and "".join(pieces) == whole
+    jsonschema.validate(json.loads(whole), schema)
+
+
+def test_a_schema_that_cannot_finish_in_max_tokens_ends_for_length(client):
+    schema = {"type": "array", "minItems": 50, "items": {"type": "integer"}}
+    reply = client.chat.completions.create(model="demo-model", messages=ASK, max_tokens=12, temperature=0,
+                                           response_format=schema_format(schema))
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 12
+    assert reply.choices[0].message.content.startswith("[")
+
+
+@pytest.mark.parametrize("schema, says", [
+    ({"type": "integer", "minimum": 5, "maximum": 1}, "minimum"),
+    ({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}, "nowhere"),
+    ({"type": "string", "pattern": "(unclosed"}, "unclosed"),
+    ({"type": "frobnicate"}, "frobnicate"),
+])
+def test_an_invalid_schema_is_a_400_naming_the_problem_and_the_server_goes_on(client, schema, says):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="demo-model", messages=ASK, max_tokens=8,
+                                       response_format=schema_format(schema))
+    error = e.value.body
+    assert e.value.status_code == 400 and error["param"] == "response_format" and error["code"] == "invalid_schema"
+    assert says in error["message"]
+    assert client.chat.completions.create(model="demo-model", messages=ASK, max_tokens=4).choices[0].message.content
+
+
+def test_a_malformed_response_format_is_a_400(client):
+    for bad in ({"type": "xml"}, {"type": "json_schema"}, {"type": "json_schema", "json_schema": {"schema": {}}}):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="demo-model", messages=ASK, max_tokens=4, response_format=bad)
+        assert e.value.body["param"] == "response_format"
+
+
+def test_a_batched_step_mixes_constrained_and_free_requests_each_as_alone(engine):
+    """Two greedy requests in the same decode steps, one under a schema: each reply is the one it gets alone."""
+    schema = SCHEMAS["enums and ranges"]
+    bound = grammar.bind(grammar.json_schema_grammar(schema), engine.tokenizer, engine.config.vocab_size,
+                         engine.eos_ids)
+    prompt = engine.tokenizer.apply_chat_template(ASK)
+    constrained = SamplingParams(temperature=0, max_tokens=60, grammar=bound)
+    free = SamplingParams(temperature=0, max_tokens=60)
+    alone = {name: engine.generate(prompt, params).run() for name, params in (("json", constrained), ("free", free))}
+    assert alone["json"].text != alone["free"].text
+    jsonschema.validate(json.loads(alone["json"].text), schema)
+
+    scheduler = Scheduler(engine, max_running=2, max_waiting=2)  # stepped here: both are admitted in the first step
+    batch_sizes = []
+    decode_step = engine.model.decode_step
+    engine.model.decode_step = lambda tokens, *a: batch_sizes.append(len(tokens)) or decode_step(tokens, *a)
+    try:
+        log = Log()
+        for name, params in (("json", constrained), ("free", free)):
+            scheduler.submit(prompt, params, log.emitter(name), threading.Event())
+        while len(log.done) < 2:
+            scheduler.step()
+    finally:
+        del engine.model.decode_step
+    together = dict(zip(("json", "free"), log.wait("json", "free")))
+    assert batch_sizes.count(2) >= 5  # they shared decode steps
+    for name in ("json", "free"):
+        assert together[name].token_ids == alone[name].token_ids
+        assert together[name].finish_reason == alone[name].finish_reason

@@ -1,0 +1,144 @@
+"""Tool calling through the official openai client against a live server on the bundled demo model: a named or
+required tool choice is forced by the grammar (its arguments validate against the tool's parameters), the same call
+streamed and not; a tool's result goes back through the chat template and is answered; and the families' own
+call formats are read back from a reply's text, whole and streamed."""
+
+import json
+from pathlib import Path
+
+import jsonschema
+import openai
+import pytest
+from factory import cpu_plan
+from processes import openai_client, running
+
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.server.listener import http_server, listen
+from stowage.engine.serving.scheduler import Scheduler
+from stowage.engine.text.chat_template import render
+from stowage.engine.text.tool_calls import HERMES, JSON, MISTRAL, ReplyStream, ToolCall, format_of, parse
+
+DEMO = Path(__file__).resolve().parents[2] / "assets" / "demo-model"
+WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "unit", "days"],
+           "properties": {"city": {"type": "string", "maxLength": 16}, "unit": {"enum": ["celsius", "fahrenheit"]},
+                          "days": {"type": "integer", "minimum": 1, "maximum": 7}}}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The forecast for a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "list_models", "description": "The models on this machine",
+                                           "parameters": {"type": "object", "additionalProperties": False,
+                                                          "properties": {"limit": {"type": "integer", "minimum": 1,
+                                                                                   "maximum": 9}},
+                                                          "required": ["limit"]}}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.fixture(scope="module")
+def client():
+    engine = Engine.load(DEMO, cpu_plan(DEMO, 512, num_seqs=2))
+    scheduler = Scheduler(engine, max_running=2, max_waiting=4).start()
+    sock = listen("127.0.0.1", 0, has_key=False)
+    server = http_server(scheduler, api_key=None)
+    try:
+        with running(server, sock):
+            yield openai_client(f"http://127.0.0.1:{sock.getsockname()[1]}/v1", "unused")
+    finally:
+        scheduler.close()
+        sock.close()
+
+
+def test_a_named_tool_choice_gives_the_same_valid_call_streamed_and_not(client):
+    whole = client.chat.completions.create(model="demo-model", messages=ASK, tools=TOOLS, tool_choice=NAMED,
+                                           temperature=0, max_tokens=120)
+    (choice,) = whole.choices
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_") and call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+
+    chunks = list(client.chat.completions.create(model="demo-model", messages=ASK, tools=TOOLS, tool_choice=NAMED,
+                                                 temperature=0, max_tokens=120, stream=True))
+    deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+    first, rest = deltas[0], deltas[1:]
+    assert first.index == 0 and first.id.startswith("call_") and first.function.name == "get_weather"
+    assert len(rest) > 3 and all(d.index == 0 and d.id is None and d.function.name is None for d in rest)
+    assert "".join(d.function.arguments for d in deltas) == call.function.arguments
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_required_calls_one_of_the_tools_with_valid_arguments(client):
+    for seed in range(3):
+        reply = client.chat.completions.create(model="demo-model", messages=ASK, tools=TOOLS, tool_choice="required",
+                                               temperature=1.0, seed=seed, max_tokens=120)
+        (call,) = reply.choices[0].message.tool_calls
+        parameters = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[call.function.name]
+        jsonschema.validate(json.loads(call.function.arguments), parameters)
+        assert reply.choices[0].finish_reason == "tool_calls"
+
+
+def test_a_tool_result_round_trip_is_answered(client):
+    first = client.chat.completions.create(model="demo-model", messages=ASK, tools=TOOLS, tool_choice=NAMED,
+                                           temperature=0, max_tokens=120).choices[0].message
+    history = [*ASK, first.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": '{"forecast": "sunny, 21 C"}'}]
+    reply = client.chat.completions.create(model="demo-model", messages=history, tools=TOOLS, temperature=0,
+                                           max_tokens=30)
+    assert reply.choices[0].finish_reason in ("stop", "length") and reply.choices[0].message.content
+    assert reply.usage.prompt_tokens > client.chat.completions.create(
+        model="demo-model", messages=ASK, max_tokens=1).usage.prompt_tokens + 10  # the call and result are in it
+
+
+def test_tool_choice_none_and_auto_answer_in_text_on_a_model_without_tools(client):
+    for choice in ("none", "auto"):
+        reply = client.chat.completions.create(model="demo-model", messages=ASK, tools=TOOLS, tool_choice=choice,
+                                               temperature=0, max_tokens=20)
+        assert reply.choices[0].message.content and not reply.choices[0].message.tool_calls
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "integer", "minimum": 3,
+                                                                              "maximum": 1}}}]},
+     "tools[0].function.parameters"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
+])
+def test_bad_tools_are_a_400_naming_the_field(client, body, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="demo-model", messages=ASK, max_tokens=4, **body)
+    assert e.value.body["param"] == param
+
+
+# -- the families' formats, read back ----------------------------------------------------------------------
+def test_each_family_format_is_read_from_a_whole_reply():
+    names = {"get_weather", "list_models"}
+    hermes = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+              '<tool_call>\n{"name": "list_models", "arguments": {"limit": 2}}\n</tool_call>')
+    assert parse(hermes, HERMES, names) == ("Let me check.", [ToolCall("get_weather", '{"city": "Paris"}'),
+                                                              ToolCall("list_models", '{"limit": 2}')])
+    mistral = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}]'
+    assert parse(mistral, MISTRAL, names) == ("", [ToolCall("get_weather", '{"city": "Oslo"}')])
+    llama = '{"name": "list_models", "parameters": {"limit": 3}}'
+    assert parse(llama, JSON, names) == ("", [ToolCall("list_models", '{"limit": 3}')])
+    # not a call: an unknown tool, broken JSON, plain text
+    for text, fmt in (('{"name": "rm_rf", "parameters": {}}', JSON), ("<tool_call>\n{oops\n</tool_call>", HERMES),
+                      ("It is sunny.", HERMES)):
+        assert parse(text, fmt, names) == (text, [])
+
+
+def test_a_streamed_reply_holds_back_a_split_start_marker_and_reads_the_calls_at_the_end():
+    stream = ReplyStream(HERMES, {"get_weather"})
+    shown = [stream.feed(piece) for piece in ["Sure", ". <tool", "_ca", "ll>\n{\"name\": \"get_weather\", ",
+                                              "\"arguments\": {}}\n</tool_call>"]]
+    assert shown == ["Sure", ". ", "", "", ""]
+    assert stream.finish() == ("", [ToolCall("get_weather", "{}")])
+    plain = ReplyStream(HERMES, {"get_weather"})
+    assert plain.feed("a <to") == "a " and plain.feed("day") == "<today" and plain.finish() == ("", [])
+
+
+def test_the_format_follows_the_chat_template_and_templates_receive_tools():
+    assert format_of("{% if tools %}<tool_call>{% endif %}") is HERMES
+    assert format_of("[AVAILABLE_TOOLS][TOOL_CALLS]") is MISTRAL and format_of(None) is JSON
+    template = "{% for t in tools %}{{ t.function.name }};{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}"
+    assert render(template, ASK, tools=TOOLS) == "get_weather;list_models;" + ASK[0]["content"]

@@ -10,6 +10,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWi
 
 from . import context_policy
 from .chat_input import ChatInput
+from .chat_notice import ChatNotice
 from .chat_view import ChatView
 from .model_settings import ModelSettings
 from .prompt_progress import PromptProgress
@@ -25,6 +26,10 @@ SAVE_INTERVAL_S = 2.0
 INTERRUPTED = "interrupted"
 HINT_NO_MODEL = "Pick a model on the right, press Load, then type a message below."
 HINT_READY = "Type a message below: Enter sends it, Shift+Enter starts a new line."
+# The start of context_policy's refusal under "stop": the conversation, not the message alone, outgrew the context.
+CONVERSATION_FULL = "The conversation needs "
+NEW_CHAT = "New chat with this system prompt"
+DROP_OLDEST = "Drop the oldest turns and resend"
 
 
 class ChatPanel(QWidget):
@@ -74,6 +79,7 @@ class ChatPanel(QWidget):
         self.error.setStyleSheet("color: #b00020;")
         self.error.hide()
         self.prompt_progress = PromptProgress()
+        self.notice = ChatNotice()
         buttons = QHBoxLayout()
         buttons.addWidget(self.counter, 1)
         buttons.addWidget(self.regenerate_button)
@@ -85,6 +91,7 @@ class ChatPanel(QWidget):
         layout.addWidget(self.view, 1)
         layout.addWidget(self.prompt_progress)
         layout.addWidget(self.error)
+        layout.addWidget(self.notice)
         layout.addWidget(self.input)
         layout.addLayout(buttons)
 
@@ -94,6 +101,7 @@ class ChatPanel(QWidget):
         self.regenerate_button.clicked.connect(self.regenerate)
         self.view.edit_submitted.connect(self.edit_and_resend)
         self.view.alternative_chosen.connect(self.choose_alternative)
+        self.view.delete_requested.connect(self.delete_message)
         self.system_prompt.changed.connect(self._system_prompt_changed)
         worker = self.client.worker
         worker.reply_started.connect(self._reply_started)
@@ -108,6 +116,7 @@ class ChatPanel(QWidget):
     def show_conversation(self, conversation_id: int | None) -> None:
         self.conversation_id = conversation_id if conversation_id is not None and conversation_id >= 0 else None
         self.error.hide()
+        self.notice.clear()
         self.prompt_progress.hide()  # the streaming chat's shows again at its next chunk
         if self.conversation_id is None:
             self.view.set_messages([])
@@ -200,6 +209,53 @@ class ChatPanel(QWidget):
         self.show_conversation(self.conversation_id)
         self._start_reply(self.store.messages(self.conversation_id))
 
+    def delete_message(self, message_id: int) -> None:
+        """Delete one message from the chat and its file (the messages after it stay)."""
+        if self.conversation_id is None or self.client.is_generating:
+            return
+        self.store.delete_message(message_id)
+        self.show_conversation(self.conversation_id)
+
+    def new_chat_like_this(self) -> None:
+        """A new chat with this one's system prompt (and preset); the last message waits in the input box."""
+        if self.conversation_id is None or self.client.is_generating:
+            return
+        row = self.store.conversation(self.conversation_id)
+        last = next((m.content for m in reversed(self.store.messages(row.id)) if m.role == "user"), "")
+        new = self.store.create()
+        self.store.set_system_prompt(new, row.system_prompt)
+        self.store.set_preset(new, row.preset_id)
+        self.conversation_id = new
+        self.conversation_created.emit(new)
+        self.show_conversation(new)
+        if not self.input.toPlainText().strip():
+            self.input.setPlainText(last)
+        self.input.setFocus()
+
+    def drop_oldest_and_resend(self) -> None:
+        """From now on this chat forgets its oldest turns when full; its last message is answered again."""
+        if self.conversation_id is None or self.client.is_generating:
+            return
+        self.store.set_overflow_policy(self.conversation_id, context_policy.DROP_OLDEST)
+        messages = self.store.messages(self.conversation_id)
+        while messages and messages[-1].role != "user":
+            messages.pop()
+        if messages:
+            self.view.set_messages(messages, self.store.conversation(self.conversation_id).memory_start_id)
+            self._start_reply(messages)
+
+    def _offer_ways_on(self, kind: str) -> None:
+        """The chat is full: offer a new chat carrying its system prompt, or forgetting its oldest turns."""
+        actions = [(NEW_CHAT, self.new_chat_like_this)]
+        if self._policy() == context_policy.STOP:
+            actions.append((DROP_OLDEST, self.drop_oldest_and_resend))
+        self.notice.show_notice(kind, "This chat's context is full. To go on:", actions)
+
+    def _policy(self) -> str:
+        """What this chat does when its context is full: its own choice, else the settings'."""
+        row = self.store.conversation(self.conversation_id) if self.conversation_id is not None else None
+        return (row.overflow_policy if row is not None else None) or self.settings.overflow_policy
+
     def choose_alternative(self, message_id: int) -> None:
         """‹ ›: show another version of a message, with the branch below it as it was last shown."""
         if self.conversation_id is None or self.client.is_generating:
@@ -210,6 +266,7 @@ class ChatPanel(QWidget):
     def _start_reply(self, messages: list[Message]) -> None:
         """Ask for a reply to `messages` (the branch on screen, up to the message answered)."""
         self.error.hide()
+        self.notice.clear()
         self._message_ids = [m.id for m in messages]
         self._answered_id = messages[-1].id
         request = ChatRequest(
@@ -217,7 +274,7 @@ class ChatPanel(QWidget):
             system=replace(self.settings, system_prompt=self.system_prompt.prompt).system_messages(),
             messages=[{"role": m.role, "content": m.content} for m in messages],
             sampling=self.settings.sampling,
-            policy=self.settings.overflow_policy,
+            policy=self._policy(),
         )
         self._generating_for = self.conversation_id
         self._sampling = asdict(request.sampling)  # as sent: the panel may change while the reply runs
@@ -319,6 +376,7 @@ class ChatPanel(QWidget):
             self.counter.setText(speed + self._context_text(prompt_tokens + completion_tokens))
             if r.finish_reason == "context_full":
                 self.show_error(self._context_full_text())
+                self._offer_ways_on("overflow")
         self._update_buttons()
         self.reply_done.emit(reply)
 
@@ -334,12 +392,14 @@ class ChatPanel(QWidget):
             else:
                 self.view.end_reply(stored)
             self.show_error(message)
+            if message.startswith(CONVERSATION_FULL):
+                self._offer_ways_on("overflow")
         self._update_buttons()
 
     def _context_full_text(self) -> str:
         text = (f"The reply stopped at the end of the {self.context_tokens:,}-token context. Start a new conversation "
                 "or load the model with a larger context to go on")
-        if self.settings.overflow_policy == context_policy.STOP:
+        if self._policy() == context_policy.STOP:
             # The other policies already make room for the next message; naming them again would not help.
             return (text + f", or set 'When full' to '{context_policy.POLICIES[context_policy.DROP_OLDEST]}' "
                     "so the next message makes room by forgetting the oldest turns.")

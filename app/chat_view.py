@@ -17,6 +17,7 @@ class ChatView(QScrollArea):
 
     edit_submitted = Signal(int, str)
     alternative_chosen = Signal(int)  # a message id: show that version (and the branch below it)
+    delete_requested = Signal(int)  # a message id: delete that message
     reply_rendered = Signal(str)  # the reply's text so far, each time the view redraws it
 
     def __init__(self, parent=None):
@@ -85,6 +86,7 @@ class ChatView(QScrollArea):
         widget.edit_submitted.connect(self.edit_submitted)
         widget.edit_started.connect(lambda: self._warn_edit(widget))
         widget.alternative_chosen.connect(self.alternative_chosen)
+        widget.delete_requested.connect(self.delete_requested)
         widget.set_alternatives_enabled(self._alternatives_enabled)
         self._column.insertWidget(self._column.count() - 1, widget)
         self.widgets.append(widget)

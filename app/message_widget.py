@@ -8,6 +8,7 @@ from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
+    QMenu,
     QPlainTextEdit,
     QPushButton,
     QSizePolicy,
@@ -65,6 +66,7 @@ class MessageWidget(QFrame):
     edit_submitted = Signal(int, str)
     edit_started = Signal()  # the view answers with set_edit_note: what sending the edit would do
     alternative_chosen = Signal(int)  # the id of the version of this message to show instead ("‹ 1/2 ›")
+    delete_requested = Signal(int)  # this message's id: delete it (and only it) from the chat
 
     def __init__(self, message: Message, parent=None):
         super().__init__(parent)
@@ -77,6 +79,7 @@ class MessageWidget(QFrame):
         self.copy_button = _small_button("Copy", "Copy this message")
         self.edit_button = _small_button("Edit", "Edit this message and resend it")
         self.edit_button.setVisible(message.role == "user")
+        self.delete_button = _small_button("Delete", "Delete this message from the chat (the others stay)")
         self.previous_button = _small_button("‹", "The previous version of this message")
         self.next_button = _small_button("›", "The next version of this message")
         self.version = QLabel()
@@ -90,6 +93,7 @@ class MessageWidget(QFrame):
         header.addWidget(self.note, 1)
         header.addWidget(self.copy_button)
         header.addWidget(self.edit_button)
+        header.addWidget(self.delete_button)
         self.body = MarkdownView()
         self.editor = QPlainTextEdit()
         self.editor.hide()
@@ -114,6 +118,7 @@ class MessageWidget(QFrame):
         layout.addLayout(edit_row)
         self.copy_button.clicked.connect(self.copy)
         self.edit_button.clicked.connect(self.start_edit)
+        self.delete_button.clicked.connect(lambda: self.delete_requested.emit(self.message.id))
         self.cancel_button.clicked.connect(self.stop_edit)
         self.save_button.clicked.connect(self._submit_edit)
         self.previous_button.clicked.connect(lambda: self._step(-1))
@@ -132,13 +137,24 @@ class MessageWidget(QFrame):
             widget.setVisible(len(versions) > 1)
         self.previous_button.setEnabled(at > 0)
         self.next_button.setEnabled(at < len(versions) - 1)
+        self.delete_button.setVisible(message.id >= 0)  # a reply still streaming is not stored yet
 
     def set_alternatives_enabled(self, enabled: bool) -> None:
-        """Switching versions waits while a reply streams (it would land on the branch left)."""
+        """Switching versions and deleting wait while a reply streams (it would land on the branch left)."""
         versions = self.message.siblings
         at = versions.index(self.message.id) if self.message.id in versions else 0
         self.previous_button.setEnabled(enabled and at > 0)
         self.next_button.setEnabled(enabled and at < len(versions) - 1)
+        self.delete_button.setEnabled(enabled)
+
+    def contextMenuEvent(self, event) -> None:
+        menu = QMenu(self)
+        menu.addAction("Copy", self.copy)
+        if self.edit_button.isVisible():
+            menu.addAction("Edit and resend", self.start_edit)
+        if self.delete_button.isVisible():
+            menu.addAction("Delete", self.delete_button.click).setEnabled(self.delete_button.isEnabled())
+        menu.exec(event.globalPos())
 
     def _step(self, by: int) -> None:
         versions = self.message.siblings

@@ -28,3 +28,45 @@ def test_stop_keeps_the_tokens_in_context_on_the_counter(app_driver, tiny_model_
     window.conversations.new_conversation()
     window.conversations.select(cid)  # shown again: the same count, read from the stored reply
     assert _used_tokens(chat.counter.text()) == used
+
+
+MEDIUM = " ".join(f"memory{i} context{i} tokens{i}" for i in range(12))
+
+
+def test_a_full_chat_offers_to_drop_old_turns_or_start_anew_and_a_message_can_be_deleted(app_driver, tiny_model_dir,
+                                                                                         qtbot):
+    from stowage.app.chat_panel import DROP_OLDEST, NEW_CHAT
+
+    window = app_driver.open(tiny_model_dir)
+    app_driver.load(window, context_tokens=512)  # the settings' policy: stop and say so
+    window.settings_panel.max_tokens.setValue(4)
+    chat = window.chat
+    chat.system_prompt._finish("Answer in French.")  # this chat's own system prompt, as Edit then Save sets it
+    one = window.client.worker._count_tokens([{"role": "user", "content": MEDIUM}])
+    assert 2 * one + 60 < 512 - 4 < 3 * one  # two turns fit (4 tokens kept for the reply), three do not
+    for _ in range(2):
+        app_driver.reply(window, lambda: app_driver.send(window, MEDIUM))
+    cid = chat.conversation_id
+    app_driver.send(window, MEDIUM)  # the third does not fit
+    qtbot.waitUntil(lambda: chat.notice.isVisible(), timeout=app_driver.timeout_ms)
+    assert chat.error.isVisible() and "context" in chat.error.text()
+    reply = app_driver.reply(window, chat.notice.button(DROP_OLDEST).click)
+    assert reply.result.prompt_tokens <= 512 and window.store.conversation(cid).overflow_policy == "drop_oldest"
+    assert chat.view.memory_marker is not None and not chat.notice.isVisible()
+    app_driver.reply(window, lambda: app_driver.send(window, MEDIUM))  # and later messages go on, in this chat
+    assert window.store.messages(cid)[-1].role == "assistant" and not chat.error.isVisible()
+
+    # A message deleted from the chat is gone from the file; the ones after it stay.
+    before = window.store.messages(cid)
+    qtbot.mouseClick(chat.view.widgets[1].delete_button, Qt.MouseButton.LeftButton)
+    after = window.store.messages(cid)
+    assert [m.id for m in after] == [before[0].id] + [m.id for m in before[2:]]
+    assert [w.message.id for w in chat.view.widgets] == [m.id for m in after]
+
+    # A new chat carrying the system prompt, the message waiting in the input box.
+    chat._offer_ways_on("overflow")
+    chat.notice.button(NEW_CHAT).click()
+    new = chat.conversation_id
+    assert new != cid and window.store.conversation(new).system_prompt == "Answer in French."
+    assert window.conversations.current_id == new and chat.input.toPlainText() == MEDIUM
+    assert chat.system_prompt.prompt == "Answer in French."

@@ -1,4 +1,5 @@
-"""The engine's commands: `chat`, `generate`, `plan` and `serve` (stowage_entry.py sends `stowage` with no command to
+"""The engine's commands: `chat`, `generate`, `plan`, `serve`, `list`, and `search` / `pull` from the Hugging Face Hub
+(stowage_entry.py sends `stowage` with no command to
 the GUI).
 
 `chat` and `generate` run the engine as the app does, in a child process (`stowage serve`, engine/process/engine_process.py):
@@ -20,6 +21,7 @@ from stowage.kernels import cpu_decode
 from ..formats.discovery import add_list_parser
 from ..dtypes import COMPUTE, KV
 from ..errors import InsufficientMemoryError, InvalidArgumentError, StowageError
+from .hub import add_hub_parsers
 from .plan import add_plan_parser
 from ..protocol import API_KEY_ENV, write_progress
 from .serve import add_serve_parser
@@ -27,17 +29,26 @@ from ..runtime.sampler import SamplingParams
 
 
 def _add_sampling(p: argparse.ArgumentParser, temperature: float) -> None:
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=temperature, help="0 is greedy")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--max-tokens", metavar="N", type=int, default=256,
+                   help="the longest reply, in tokens (default 256)")
+    p.add_argument("--temperature", metavar="T", type=float, default=temperature,
+                   help=f"randomness of sampling; 0 is greedy, always the likeliest token (default {temperature})")
+    p.add_argument("--top-k", metavar="K", type=int, default=0,
+                   help="sample among the K likeliest tokens only (default 0: all)")
+    p.add_argument("--top-p", metavar="P", type=float, default=1.0,
+                   help="sample among the likeliest tokens whose probabilities add up to P (default 1.0: all)")
+    p.add_argument("--min-p", metavar="P", type=float, default=0.0,
+                   help="drop tokens less likely than P times the likeliest one (default 0.0: none)")
+    p.add_argument("--repetition-penalty", metavar="X", type=float, default=1.0,
+                   help="make tokens already in the text less likely; above 1 penalizes (default 1.0: off)")
+    p.add_argument("--seed", metavar="N", type=int, default=None,
+                   help="random seed, for replies that repeat (default: a new one each time)")
+    p.add_argument("--stop", metavar="TEXT", action="append", default=[],
+                   help="end the reply where TEXT appears (repeatable)")
     p.add_argument("--dtype", choices=sorted(COMPUTE), default=None,
                    help="weights dtype (default: as stored, used in place)")
-    p.add_argument("--kv-dtype", choices=sorted(KV), default=None)
+    p.add_argument("--kv-dtype", choices=sorted(KV), default=None,
+                   help="KV cache dtype (default: the compute dtype); fp8 stores one byte per value")
 
 
 def _sampling(args) -> SamplingParams:
@@ -92,7 +103,7 @@ def run_generate(args) -> int:
 def run_chat(args) -> int:
     sampling = _sampling(args)  # every argument is checked before anything is read or loaded
     if (args.model_dir is None) == (args.remote is None):
-        raise InvalidArgumentError("give a MODEL_DIR to chat with, or --remote URL of a server, not both")
+        raise InvalidArgumentError("give a MODEL to chat with, or --remote URL of a server, not both")
     if args.context_tokens is not None and args.context_tokens < 1:
         raise InvalidArgumentError(f"--context must be at least 1 token, got {args.context_tokens}")
     if args.system is not None:
@@ -107,13 +118,23 @@ def run_chat(args) -> int:
         args.context_tokens = default_context_tokens(args.model_dir)
     with _start(args, args.context_tokens) as engine:
         return _converse(lambda messages: engine.chat(messages, sampling), Path(args.model_dir).name,
-                         args.context_tokens, args.system)
+                         args.context_tokens, args.system, _prompt_counter(args.model_dir))
+
+
+def _prompt_counter(model_dir):
+    """Counts a conversation's prompt tokens as the engine does: a reply stopped with Ctrl-C never hears its count."""
+    from ..formats.source import open_source
+
+    source = open_source(model_dir)
+    tokenizer = source.tokenizer
+    tokenizer.use_builtin_template(source.config.model_type)  # as the engine does
+    return lambda messages: len(tokenizer.apply_chat_template(messages))
 
 
 def _chat_remote(args, sampling: SamplingParams) -> int:
     from ..process.client import RemoteServer
 
-    server = RemoteServer(args.remote, args.api_key or os.environ.get(API_KEY_ENV))
+    server = RemoteServer(_server_url(args.remote), args.api_key or os.environ.get(API_KEY_ENV))
     models = server.models()
     if not models:
         raise InvalidArgumentError(f"{server.base_url} serves no model (GET /v1/models is empty)")
@@ -129,7 +150,15 @@ def _chat_remote(args, sampling: SamplingParams) -> int:
         server.close()
 
 
-def _converse(reply, name: str, context_tokens: int | None, system_prompt: str | None) -> int:
+def _server_url(text: str) -> str:
+    """A server address as the app's server dialog takes it: http:// is added when no scheme is typed."""
+    from ..process.client import UNIX_SCHEME
+
+    text = text.strip()
+    return text if "://" in text or text.startswith(UNIX_SCHEME) else "http://" + text
+
+
+def _converse(reply, name: str, context_tokens: int | None, system_prompt: str | None, count=None) -> int:
     """The terminal conversation; reply(messages) is a stream of one reply (the server keeps what it cached)."""
     from ..text.tokenizer import check_text
 
@@ -155,7 +184,7 @@ def _converse(reply, name: str, context_tokens: int | None, system_prompt: str |
         messages.append({"role": "user", "content": line})
         try:
             try:
-                r = _reply(reply(messages))
+                r = _reply(reply(messages), count and (lambda: count(messages)))
             except InsufficientMemoryError as e:
                 if len(messages) == len(system) + 1:
                     raise
@@ -163,7 +192,7 @@ def _converse(reply, name: str, context_tokens: int | None, system_prompt: str |
                 sys.stderr.write(f"[the conversation is full ({e}); starting a new conversation with your "
                                  "last message]\n")
                 messages = [*system, messages[-1]]
-                r = _reply(reply(messages))
+                r = _reply(reply(messages), count and (lambda: count(messages)))
         except InsufficientMemoryError as e:
             messages.pop()
             sys.stderr.write(f"[that message alone does not fit ({e}); send a shorter one]\n")
@@ -173,39 +202,58 @@ def _converse(reply, name: str, context_tokens: int | None, system_prompt: str |
             sys.stderr.write(f"[{e}]\n")
             continue
         messages.append({"role": "assistant", "content": r.text})
-        used = r.prompt_tokens + r.completion_tokens
+        used = f"{r.prompt_tokens + r.completion_tokens:,}" if r.prompt_tokens else "?"  # a remote reply stopped
         sys.stderr.write(f"[{r.reused_tokens} tokens reused, {r.prefilled_tokens} prefilled, "
                          f"{r.decode_tokens_per_s:.1f} tok/s, "
-                         f"{used:,}/{f'{context_tokens:,}' if context_tokens else '?'} context]\n")
+                         f"{used}/{f'{context_tokens:,}' if context_tokens else '?'} context]\n")
 
 
-def _reply(stream):
-    """Stream one reply to stdout; Ctrl-C stops it (closing the stream cancels it on the server). Its result."""
+def _reply(stream, count_prompt=None):
+    """Stream one reply to stdout; Ctrl-C stops it (closing the stream cancels it on the server). Its result; a
+    stopped one has no usage from the server, so its tokens are counted here (the prompt with `count_prompt()`)."""
     texts = iter(stream)
+    pieces = 0
     try:
         for text in texts:
+            pieces += 1
             sys.stdout.write(text)
             sys.stdout.flush()
     except KeyboardInterrupt:
         texts.close()
-        stream.result.finish_reason = "cancelled"
+        r = stream.result
+        r.finish_reason = "cancelled"
+        if not r.prompt_tokens and count_prompt is not None:
+            r.prompt_tokens, r.completion_tokens = count_prompt(), r.completion_tokens or pieces
     sys.stdout.write("\n")
     return stream.result
+
+
+MODEL_HELP = "a model folder (config.json, *.safetensors) or a .gguf file"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("stowage")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stowage", description="Run language models locally. "
                                      "With no command, opens the desktop app.")
+    parser.add_argument("--version", action="version", version=f"stowage {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate a reply to one prompt")
-    gen.add_argument("model_dir")
-    gen.add_argument("--prompt", required=True)
+    gen.add_argument("model_dir", metavar="MODEL", help=MODEL_HELP)
+    gen.add_argument("--prompt", metavar="TEXT", required=True, help="the prompt")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     _add_sampling(gen, temperature=0.0)
     gen.set_defaults(func=run_generate)
     chat = sub.add_parser("chat", help="chat in the terminal, with a model or with a server (--remote)")
-    chat.add_argument("model_dir", nargs="?", default=None)
+    chat.add_argument("model_dir", metavar="MODEL", nargs="?", default=None, help=MODEL_HELP + " (or --remote)")
     chat.add_argument("--remote", metavar="URL", default=None,
                       help="chat with the OpenAI-compatible server at URL (another stowage serve, vLLM, llama.cpp's "
                            "server, Ollama) instead of a local model")
@@ -216,12 +264,13 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--context", dest="context_tokens", metavar="N", type=int, default=None,
                       help="context size in tokens (default: 4096 or the model's maximum if smaller; with --remote "
                            "the server's, where it says)")
-    chat.add_argument("--system", default=None, help="system prompt")
+    chat.add_argument("--system", metavar="TEXT", default=None, help="system prompt")
     _add_sampling(chat, temperature=0.7)
     chat.set_defaults(func=run_chat)
     add_plan_parser(sub)
     serve = add_serve_parser(sub)
     add_list_parser(sub)
+    add_hub_parsers(sub)
     for p in (gen, chat, serve):
         p.add_argument("--threads", metavar="N", type=int, default=None,
                        help="CPU threads (default: the cores this process may use; at most "

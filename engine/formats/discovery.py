@@ -15,7 +15,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -28,6 +28,7 @@ OLLAMA_REGISTRY = "registry.ollama.ai"
 MAX_FOLDER_DEPTH = 4  # LM Studio's publisher/repo/file.gguf, with room for one more level
 # Keys a listing reads from a GGUF file (the vocabulary after them is never read).
 _LISTED_KEYS = frozenset({"general.architecture", "general.file_type"})
+DEMO_MODEL = Path(__file__).resolve().parents[2] / "assets" / "demo-model"  # as app/paths.py demo_model_dir
 NOT_MODELS = frozenset({"clip"})  # general.architecture of vision projectors (mmproj-*.gguf) kept beside models
 # A quantization in a file name, as llama.cpp's quantizers and uploaders write it: "...-Q4_K_M.gguf".
 _QUANT_IN_NAME = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)+|BF16|F16|F32)(?![A-Za-z0-9])", re.IGNORECASE)
@@ -53,6 +54,8 @@ class Places:
     hf_cache: Path | None = None
     lmstudio: tuple[Path, ...] = ()
     ollama: Path | None = None
+    demo: Path | None = None  # the bundled demo model (`stowage list`; the app's picker adds it itself)
+    opened: tuple[Path, ...] = ()  # folders and .gguf files opened in the app (app_opened_models)
 
     @classmethod
     def default(cls, stowage_models: Path | None, *, home: Path | None = None,
@@ -78,10 +81,17 @@ def discover(places: Places) -> Discovery:
     """Every model in `places`: the Stowage folder, then the HF cache, LM Studio and Ollama; each listed once
     (two Ollama tags of one blob are two names)."""
     found, notes = [], []
+    if places.demo is not None and is_model_dir(places.demo):
+        found.append(_hf_entry(places.demo, "demo-model", "demo"))
+    for path in places.opened:
+        if path.is_dir() and is_model_dir(path):
+            found.append(_hf_entry(path, path.name, "app"))
+        else:
+            found += [_gguf_entry(p, _relative_name(p, p.parent), "app", notes) for p in _gguf_files(path)]
     if places.stowage_models is not None:
         found += _stowage_models(places.stowage_models, notes)
     if places.hf_cache is not None:
-        found += _hf_cache_models(places.hf_cache)
+        found += _hf_cache_models(places.hf_cache, notes)
     roots = {root.resolve(): root for root in reversed(places.lmstudio)}  # its two folders are often one (a link)
     for root in reversed(roots.values()):
         found += [_gguf_entry(p, _relative_name(p, root), "lmstudio", notes) for p in _gguf_files(root)]
@@ -140,20 +150,25 @@ def _stowage_models(folder: Path, notes: list[str]) -> list[FoundModel | None]:
     return out
 
 
-def _hf_cache_models(hub: Path) -> list[FoundModel]:
-    """Models in a huggingface_hub cache: hub/models--org--name/snapshots/<revision>/, read offline.
-
-    Reading the folder layout directly keeps huggingface_hub an optional package; the snapshot that
-    refs/main names wins, else the newest complete one."""
+def _hf_cache_models(hub: Path, notes: list[str]) -> list[FoundModel | None]:
+    """Models in a huggingface_hub cache: hub/models--org--name/snapshots/<revision>/, read offline: the safetensors
+    model, and each GGUF model (named org/name/FILE) of the snapshot that refs/main names, else the newest one that
+    holds any. A file is in a snapshot only once whole (downloads write blobs/*.incomplete, then link it)."""
     out = []
     for repo in sorted(hub.glob("models--*")) if hub.is_dir() else ():
+        name = repo.name.removeprefix("models--").replace("--", "/")
         snapshots, ref = repo / "snapshots", repo / "refs" / "main"
         candidates = [snapshots / ref.read_text().strip()] if ref.is_file() else []
         if snapshots.is_dir():
             candidates += sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
         for snapshot in candidates:
-            if snapshot.is_dir() and is_model_dir(snapshot):
-                out.append(_hf_entry(snapshot, repo.name.removeprefix("models--").replace("--", "/"), "huggingface"))
+            if not snapshot.is_dir():
+                continue
+            found = [_hf_entry(snapshot, name, "huggingface")] if is_model_dir(snapshot) else []
+            found += [_gguf_entry(p, f"{name}/{_relative_name(p, snapshot)}", "huggingface", notes)
+                      for p in _gguf_files(snapshot)]
+            if found:
+                out += found
                 break
     return out
 
@@ -293,7 +308,10 @@ def add_list_parser(subparsers) -> argparse.ArgumentParser:
 def run_list(args, *, places: Places | None = None, out=None) -> int:
     """`stowage list`: the table (or JSON) on stdout, notes on stderr."""
     out = out or sys.stdout
-    discovery = discover(places or Places.default(args.models_dir or default_models_dir()))
+    if places is None:
+        places = replace(Places.default(args.models_dir or default_models_dir()), demo=DEMO_MODEL,
+                         opened=app_opened_models())
+    discovery = discover(places)
     if args.json:
         out.write(json.dumps(to_dict(discovery), ensure_ascii=False) + "\n")
         return 0
@@ -310,3 +328,49 @@ def default_models_dir(env: Mapping[str, str] = os.environ) -> Path:
     import platformdirs
 
     return Path(platformdirs.user_data_dir("Stowage", appauthor=False)) / "models"
+
+
+def app_opened_models(env: Mapping[str, str] = os.environ, home: Path | None = None) -> tuple[Path, ...]:
+    """The folders and .gguf files opened in the desktop app (its settings' model_folders, app/main_window.py), read
+    without Qt: STOWAGE_DATA_DIR/settings.ini, else Qt's native file on Linux ($XDG_CONFIG_HOME/Stowage/Stowage.conf).
+    Elsewhere (a macOS plist, the Windows registry) and for a file that cannot be read: none."""
+    if env.get("STOWAGE_DATA_DIR"):
+        path = Path(env["STOWAGE_DATA_DIR"]) / "settings.ini"
+    elif sys.platform.startswith("linux"):
+        config = Path(env["XDG_CONFIG_HOME"]) if env.get("XDG_CONFIG_HOME") else (home or Path.home()) / ".config"
+        path = config / "Stowage" / "Stowage.conf"
+    else:
+        return ()
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ()
+    section = None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+        elif section == "General" and line.startswith("model_folders="):
+            return tuple(Path(p) for p in _qt_string_list(line.removeprefix("model_folders=")) if p)
+    return ()
+
+
+def _qt_string_list(value: str) -> list[str]:
+    """A QStringList as QSettings writes it in an INI file: items joined by ", ", an item quoted when it holds a
+    comma, backslash escapes inside."""
+    items, item, quoted, escaped, started = [], [], False, False, False
+    for ch in value:
+        if escaped:
+            item.append(ch)
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == '"':
+            quoted, started = not quoted, True
+        elif ch == "," and not quoted:
+            items.append("".join(item).strip() if not started else "".join(item))
+            item, started = [], False
+        elif not (ch == " " and not item and not quoted):
+            item.append(ch)
+    items.append("".join(item).strip() if not started else "".join(item))
+    return items

@@ -1,4 +1,5 @@
-"""`stowage plan MODEL_DIR --context N ...`: print the memory plan (or why it does not fit) before loading anything."""
+"""`stowage plan MODEL --context N ...`: print the memory plan (or why it does not fit) before loading anything; MODEL
+is a folder or a .gguf file, or a repository of the Hugging Face Hub (owner/name[:FILE]), planned from its headers."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from stowage.kernels import cpu_decode
 
 from ..defaults import BLOCK_SIZE, PREFILL_CHUNK
 from ..dtypes import COMPUTE, KV, KV_ALIASES
-from ..errors import StowageError
-from ..units import parse_size
+from ..errors import InvalidArgumentError, StowageError
+from ..units import format_bytes, parse_size
 from ..planning.budgets import Budgets, detect_disk, detect_gpus, detect_ram, gpu_budget, ram_budget
 from ..planning.inspect import inspect
 from ..planning.plan import PlanRequest, max_context, plan
 from ..planning.report import format_table, to_dict
+from .hub import is_remote
 
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_MODEL = 0, 1, 2
 
@@ -40,9 +42,13 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     """Register the `plan` subcommand; its `func` returns the exit status (0 fits, 1 does not, 2 bad model)."""
     p = subparsers.add_parser(
         "plan", help="show what a context size costs on each device, before loading",
-        description="Plan the memory of MODEL_DIR for a context of N tokens: KV cache first, then layers onto the "
-                    "GPUs while they fit, the rest on the CPU. Exit status 0 when it fits, 1 when it does not.")
-    p.add_argument("model_dir", metavar="MODEL_DIR", type=Path, help="folder with config.json and *.safetensors")
+        description="Plan the memory of MODEL for a context of N tokens: KV cache first, then layers onto the "
+                    "GPUs while they fit, the rest on the CPU. MODEL may also be a repository of the Hugging Face "
+                    "Hub, owner/name[:FILE], planned from the files' headers before anything is downloaded (a "
+                    "repository of several models: one verdict each). Exit status 0 when it fits, 1 when it does "
+                    "not, 2 for a model or an argument that is wrong.")
+    p.add_argument("model_dir", metavar="MODEL", type=Path,
+                   help="a model folder (config.json, *.safetensors) or a .gguf file; or owner/name[:FILE] on the Hub")
     p.add_argument("--context", dest="context_tokens", metavar="N", type=int,
                    help="context tokens (default: the largest that fits, up to the model's maximum)")
     p.add_argument("--kv-dtype", default="auto", choices=sorted(KV) + sorted(KV_ALIASES),
@@ -90,17 +96,27 @@ def run_plan(args: argparse.Namespace, out=None) -> int:
     """Print the plan (a table, or JSON with --json); return the exit status."""
     out = out or sys.stdout
     try:
+        _check_counts(args)
+        if is_remote(str(args.model_dir)):
+            return _run_remote_plan(args, out)
         info = inspect(args.model_dir)
-        request = PlanRequest(args.context_tokens or 1, kv_dtype=KV_ALIASES.get(args.kv_dtype, args.kv_dtype),
-                              dtype=args.dtype, gpu_layers=args.gpu_layers, block_size=args.block_size,
-                              prefill_chunk=args.prefill_chunk, num_seqs=args.parallel,
-                              kv_disk_budget=args.kv_disk_budget)
+        request = _request(args)
     except (StowageError, ValueError) as e:
         if args.json:
             print(json.dumps({"fits": False, "error": str(e)}), file=out)
         else:
             print(f"stowage plan: {e}", file=sys.stderr)
         return EXIT_BAD_MODEL
+    return _print_plan(args, out, info, request)
+
+
+def _request(args: argparse.Namespace) -> PlanRequest:
+    return PlanRequest(args.context_tokens or 1, kv_dtype=KV_ALIASES.get(args.kv_dtype, args.kv_dtype),
+                       dtype=args.dtype, gpu_layers=args.gpu_layers, block_size=args.block_size,
+                       prefill_chunk=args.prefill_chunk, num_seqs=args.parallel, kv_disk_budget=args.kv_disk_budget)
+
+
+def _print_plan(args: argparse.Namespace, out, info, request: PlanRequest) -> int:
     budgets = budgets_from_args(args)
     if args.context_tokens is None:
         request = request.with_context(max_context(info, request, budgets) or request.block_size)
@@ -111,3 +127,47 @@ def run_plan(args: argparse.Namespace, out=None) -> int:
         print(format_table(result), file=out)
         print(f"CPU decode step: {cpu_decode.active()}", file=out)
     return EXIT_FITS if result.fits else EXIT_DOES_NOT_FIT
+
+
+# Each count's option, for messages (PlanRequest names its fields, which the user never typed).
+_COUNTS = {"context_tokens": "--context", "block_size": "--block-size", "prefill_chunk": "--prefill-chunk",
+           "parallel": "--parallel"}
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    """--context 0 is refused as chat and serve refuse it (exit 2), not planned as one token."""
+    for name, option in _COUNTS.items():
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise InvalidArgumentError(f"{option} must be at least 1, got {value}")
+
+
+def _run_remote_plan(args: argparse.Namespace, out) -> int:
+    """A Hub model planned from its headers: one file's plan as for a local one; a repository's, a verdict each."""
+    from ..hub.client import Hub
+    from ..hub.header import HeaderReader
+    from ..hub.verdict import verdict
+    from .hub import _split
+
+    hub = Hub()
+    repo, file = _split(str(args.model_dir))
+    files = hub.files(repo)
+    if files.gated_note:
+        print(f"note: {files.gated_note}", file=sys.stderr)
+    reader, request = HeaderReader(hub), _request(args)
+    if file is not None or len(files.models) == 1:
+        return _print_plan(args, out, reader.model_info(files.find(file=file)), request)
+    if args.context_tokens is None:
+        raise InvalidArgumentError(f"{repo} holds {len(files.models)} models: give --context N to see which fit, "
+                                   f"or plan one as {repo}:FILE")
+    budgets = budgets_from_args(args)
+    verdicts = [verdict(reader, m, request, budgets) for m in files.models]
+    if args.json:
+        print(json.dumps({"repo": repo, "revision": files.revision, "models": [
+            {"file": v.model.name, "quant": v.model.quant, "size_bytes": v.model.size_bytes, "fits": v.fits,
+             "verdict": v.text, "plan": to_dict(v.plan) if v.plan else None} for v in verdicts]}, indent=2), file=out)
+    else:
+        width = max(len(v.model.name) for v in verdicts)
+        for v in verdicts:
+            print(f"{v.model.name.ljust(width)}  {format_bytes(v.model.size_bytes):>10}  {v.text}", file=out)
+    return EXIT_FITS if any(v.fits for v in verdicts) else EXIT_DOES_NOT_FIT

@@ -31,10 +31,11 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     """Register the `serve` subcommand; its `func` runs the server until Ctrl-C and returns the exit status."""
     p = subparsers.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API",
-        description="Serve MODEL_DIR at http://HOST:PORT/v1 (chat/completions, completions, models; /health). "
+        description="Serve MODEL at http://HOST:PORT/v1 (chat/completions, completions, models; /health). "
                     "The KV cache for --parallel sequences of --context tokens is planned before anything loads; "
                     "requests beyond --parallel wait in a queue of --max-queue, past it they get 503.")
-    p.add_argument("model_dir", metavar="MODEL_DIR", type=Path, help="folder with config.json and *.safetensors")
+    p.add_argument("model_dir", metavar="MODEL", type=Path,
+                   help="a model folder (config.json, *.safetensors) or a .gguf file")
     p.add_argument("--context", dest="context_tokens", metavar="N", type=int, default=None,
                    help=f"context tokens of each sequence (default {DEFAULT_CONTEXT:,} or the model's maximum)")
     p.add_argument("--parallel", metavar="N", type=int, default=None,

@@ -12,7 +12,7 @@ from . import context_policy
 from .chat_input import ChatInput
 from .chat_notice import ChatNotice
 from .chat_view import ChatView
-from .model_settings import ModelSettings
+from .model_settings import DEFAULT_SAMPLING, ModelSettings
 from .prompt_progress import PromptProgress
 from .store import ConversationStore, Message
 from .system_prompt_bar import SystemPromptBar
@@ -30,6 +30,9 @@ HINT_READY = "Type a message below: Enter sends it, Shift+Enter starts a new lin
 CONVERSATION_FULL = "The conversation needs "
 NEW_CHAT = "New chat with this system prompt"
 DROP_OLDEST = "Drop the oldest turns and resend"
+# A regenerated reply at temperature 0 is the same word for word; this one is Stowage's usual temperature.
+RETRY_TEMPERATURE = DEFAULT_SAMPLING.temperature
+RETRY = f"Regenerate at temperature {RETRY_TEMPERATURE}"
 
 
 class ChatPanel(QWidget):
@@ -59,6 +62,7 @@ class ChatPanel(QWidget):
         self._reply_id: int | None = None  # its row, from its first token on
         self._reply_saved_at = 0.0
         self._reply_orphaned = False  # its chat was deleted: nothing more is written for it
+        self._greedy_retry = False  # the streaming reply is a greedy one written again: the same text
 
         self.system_prompt = SystemPromptBar()
         self.view = ChatView()
@@ -98,7 +102,7 @@ class ChatPanel(QWidget):
         self.input.submitted.connect(self.send)
         self.send_button.clicked.connect(self.send)
         self.stop_button.clicked.connect(self.client.stop)
-        self.regenerate_button.clicked.connect(self.regenerate)
+        self.regenerate_button.clicked.connect(lambda: self.regenerate())
         self.view.edit_submitted.connect(self.edit_and_resend)
         self.view.alternative_chosen.connect(self.choose_alternative)
         self.view.delete_requested.connect(self.delete_message)
@@ -185,8 +189,9 @@ class ChatPanel(QWidget):
         self.view.add_message(Message(message_id, "user", text, parent_id=None, siblings=(message_id,)))
         self._start_reply(self.store.messages(self.conversation_id))
 
-    def regenerate(self) -> None:
-        """Write the last reply again, beside the old one (after a Stop, an error, or a reply you did not like)."""
+    def regenerate(self, temperature: float | None = None) -> None:
+        """Write the last reply again, beside the old one (after a Stop, an error, or a reply you did not like);
+        at `temperature` this once, when given."""
         if self.conversation_id is None or self.client.is_generating or not self.context_tokens:
             return
         messages = self.store.messages(self.conversation_id)
@@ -196,7 +201,11 @@ class ChatPanel(QWidget):
         kept = messages[: last_question + 1]
         self.error.hide()
         self.view.set_messages(kept, self.store.conversation(self.conversation_id).memory_start_id)
-        self._start_reply(kept)
+        sampling = self._chat_sampling()
+        if temperature is not None:  # a new seed too: a fixed one would repeat this reply as well
+            sampling = replace(sampling, temperature=temperature, seed=None)
+        self._start_reply(kept, sampling)
+        self._greedy_retry = sampling.temperature == 0
 
     def edit_and_resend(self, message_id: int, text: str) -> None:
         """Send an edited message as a new version of it; the old one stays with the branch below it."""
@@ -263,8 +272,13 @@ class ChatPanel(QWidget):
         self.store.choose(message_id)
         self.show_conversation(self.conversation_id)
 
-    def _start_reply(self, messages: list[Message]) -> None:
-        """Ask for a reply to `messages` (the branch on screen, up to the message answered)."""
+    def _chat_sampling(self):
+        """The sampling this chat's replies use."""
+        return self.settings.sampling
+
+    def _start_reply(self, messages: list[Message], sampling=None) -> None:
+        """Ask for a reply to `messages` (the branch on screen, up to the message answered), with `sampling` (None:
+        the chat's)."""
         self.error.hide()
         self.notice.clear()
         self._message_ids = [m.id for m in messages]
@@ -273,7 +287,7 @@ class ChatPanel(QWidget):
             conversation_id=self.conversation_id,
             system=replace(self.settings, system_prompt=self.system_prompt.prompt).system_messages(),
             messages=[{"role": m.role, "content": m.content} for m in messages],
-            sampling=self.settings.sampling,
+            sampling=sampling or self._chat_sampling(),
             policy=self._policy(),
         )
         self._generating_for = self.conversation_id
@@ -282,6 +296,7 @@ class ChatPanel(QWidget):
         self._reply_tokens = 0
         self._prompt_tokens = 0
         self._reply_text, self._reply_id, self._reply_orphaned = "", None, False
+        self._greedy_retry = False
         self.view.begin_reply()
         self.client.chat(request)
         self._update_buttons()
@@ -377,6 +392,10 @@ class ChatPanel(QWidget):
             if r.finish_reason == "context_full":
                 self.show_error(self._context_full_text())
                 self._offer_ways_on("overflow")
+            elif self._greedy_retry and message is not None:
+                self.notice.show_notice(
+                    "repeat", "At temperature 0 the model picks its likeliest word each time, so a regenerated reply "
+                    "is the same word for word.", [(RETRY, lambda: self.regenerate(RETRY_TEMPERATURE))])
         self._update_buttons()
         self.reply_done.emit(reply)
 

@@ -70,3 +70,22 @@ def test_a_full_chat_offers_to_drop_old_turns_or_start_anew_and_a_message_can_be
     assert new != cid and window.store.conversation(new).system_prompt == "Answer in French."
     assert window.conversations.current_id == new and chat.input.toPlainText() == MEDIUM
     assert chat.system_prompt.prompt == "Answer in French."
+
+
+def test_regenerating_at_temperature_0_says_it_repeats_and_offers_a_temperature(app_driver, tiny_model_dir, qtbot):
+    from stowage.app.chat_panel import RETRY, RETRY_TEMPERATURE
+
+    window = app_driver.open(tiny_model_dir)
+    app_driver.load(window)  # greedy sampling
+    window.settings_panel.max_tokens.setValue(8)
+    chat = window.chat
+    first = app_driver.reply(window, lambda: app_driver.send(window, "Say something"))
+    assert not chat.notice.isVisible()
+    again = app_driver.reply(window, lambda: qtbot.mouseClick(chat.regenerate_button, Qt.MouseButton.LeftButton))
+    assert again.result.text == first.result.text  # word for word
+    assert chat.notice.isVisible() and "same word for word" in chat.notice.label.text()
+    app_driver.reply(window, chat.notice.button(RETRY).click)
+    last = window.store.messages(chat.conversation_id)[-1]
+    assert last.meta["sampling"]["temperature"] == RETRY_TEMPERATURE and len(last.siblings) == 3
+    assert window.settings_panel.temperature.value() == 0.0  # the settings stay as they were
+    assert not chat.notice.isVisible()

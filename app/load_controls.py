@@ -97,6 +97,11 @@ class LoadControls(QWidget):
         self.unload_button.setEnabled(True)
         self.load_button.setEnabled(can_load)
 
+    def say(self, text: str, error: bool = False) -> None:
+        """A line on what is loaded (a server that stopped answering), leaving the buttons as they are."""
+        theme.tint(self.load_status, "error" if error else "ok")
+        self.load_status.setText(text)
+
     def show_unloaded(self, text: str, error: bool, can_load: bool) -> None:
         self.progress_widget.hide()
         self.template_label.hide()

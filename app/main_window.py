@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QEvent, Qt, QTimer
@@ -23,7 +24,8 @@ from .model_watch import ModelWatch
 from .model_settings import ModelSettings, load_model_settings, model_defaults, open_settings, save_model_settings
 from .remote_chooser import RemoteChooser
 from .remote_source import RemoteModel, ServerBook
-from .serve_settings import ServeSettings, load_serve_settings, restart_message, save_serve_settings
+from .serve_settings import (ServeSettings, load_serve_settings, port_taken, restart_message, save_serve_settings,
+                             taken_message)
 from .settings_panel import SettingsPanel
 from .store import ConversationStore
 from .worker import EngineClient
@@ -141,6 +143,8 @@ class MainWindow(QMainWindow):
         worker.load_started.connect(self._load_started)
         worker.engine_crashed.connect(self._engine_crashed)
         worker.remote_loaded.connect(self._remote_loaded)
+        worker.remote_health.connect(self._remote_health)
+        worker.serve_refused.connect(lambda message: panel.serve.set_endpoint(None, message))
 
         build_menus(self)
         self.setAcceptDrops(True)  # a model folder or .gguf file dropped anywhere on the window opens it
@@ -311,6 +315,8 @@ class MainWindow(QMainWindow):
     def _loaded(self, model_dir: str, seconds: float) -> None:
         self.loaded_dir, self.loaded_plan = model_dir, self._loading_plan
         self.loaded_serve, self.loaded_forecast = self._loading_serve, self._loading_forecast
+        if self.client.worker.serving is None and self.loaded_serve.on:  # its port was taken: started privately
+            self.loaded_serve = replace(self.loaded_serve, on=False)
         name = Path(model_dir).name
         self.setWindowTitle(f"{TITLE} — {name}")
         self.model_label.setText(f"{name} loaded")
@@ -318,7 +324,8 @@ class MainWindow(QMainWindow):
         # The worker's tokenizer formats the chats (in either engine mode); it is set before `loaded` is sent.
         template = getattr(self.client.worker.tokenizer, "template_source", "")
         self.settings_panel.show_loaded(f"{name} loaded in {took}", template)
-        self.settings_panel.show_pending("")
+        # after a Serve restart the panel may still show settings that are not loaded: said until the next Load
+        self._show_pending(self.settings_panel.plan)
         self.plan_label.setText(summary(self.loaded_plan))
         self.plan_label.setToolTip(self.plan_label.text())
         self.chat.set_model_loaded(self.loaded_plan.context_tokens, name)
@@ -340,6 +347,19 @@ class MainWindow(QMainWindow):
         self.chat.input.setFocus()
         self.settings_panel.serve.set_endpoint(None, f"{model.model_id} is served by {model.host} already.")
 
+    def _remote_health(self, answering: bool, why: str) -> None:
+        """The connected server stopped answering (or answers again): no "Connected" in green while it is gone."""
+        model = self.loaded_remote
+        if model is None:
+            return
+        if answering:
+            self.settings_panel.loading.say(f"Connected to {model.model_id} on {model.base_url}: it answers again.")
+            self.model_label.setText(f"{model.model_id} on {model.host}")
+        else:
+            self.settings_panel.loading.say(f"{model.host} does not answer: {why}. Messages fail until it is back "
+                                            "(checked every few seconds).", error=True)
+            self.model_label.setText(f"{model.model_id} on {model.host}: not answering")
+
     # -- Serve -----------------------------------------------------------------------------------
     def _serve_changed(self, settings: ServeSettings) -> None:
         """Serve on or off, its port, address, sequences or key changed: kept, forecast, and the loaded engine
@@ -351,6 +371,9 @@ class MainWindow(QMainWindow):
         if self._serve_restart_needed():
             self.settings_panel.serve.set_endpoint(None, RESTARTING)
             self._serve_timer.start()
+        elif self.loaded_dir is not None and self.client.worker.use_process:
+            self._serve_timer.stop()  # a restart asked a moment ago is not needed any more (Serve ticked and unticked)
+            self.settings_panel.serve.set_endpoint(self.client.worker.endpoint)
 
     def _serve_restart_needed(self) -> bool:
         return (self.loaded_dir is not None and self.client.worker.use_process
@@ -361,6 +384,10 @@ class MainWindow(QMainWindow):
         if not self._serve_restart_needed():
             return
         serve, plan = self.serve_settings, self.loaded_plan
+        ours = self.loaded_serve.on and self.loaded_serve.port == serve.port  # the engine's own port: freed first
+        if not ours and port_taken(serve):  # the engine serves on as it was: a restart would lose the model
+            self.settings_panel.serve.set_endpoint(None, taken_message(serve))
+            return
         if plan.num_seqs != serve.plan_seqs:
             forecast, settings = self.loaded_forecast
             plan = forecast.plan(settings, num_seqs=serve.plan_seqs)

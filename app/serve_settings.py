@@ -63,6 +63,24 @@ class ServeSettings:
         return {"unix": CAN_UNIX}
 
 
+def port_taken(settings: ServeSettings) -> bool:
+    """Whether another program listens on the port `settings` ask for (any free port, or Serve off: never)."""
+    if not settings.on or settings.port == 0:
+        return False
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is not "taken"
+        try:
+            probe.bind((settings.host, settings.port))
+        except OSError:
+            return True
+    return False
+
+
+def taken_message(settings: ServeSettings) -> str:
+    return (f"Port {settings.port} is taken by another program: the model stays loaded for this app alone. Choose "
+            "another port (or Any free port), or untick Serve.")
+
+
 def restart_message(before: ServeSettings, after: ServeSettings) -> str:
     """What the load line says while the engine restarts to listen as `after` says."""
     if not after.on:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import psutil
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
 # Imported here, on the GUI thread before the window shows, not lazily in the engine thread: an import
 # holds the GIL and the import lock for hundreds of milliseconds (tokenizers, jinja2, kernels), and
@@ -36,9 +36,11 @@ from . import context_policy, remote_source
 from .remote_source import RemoteModel
 from .memory_stats import release_freed_memory
 from .replies import ChatRequest, Reply, ReplyStarted, describe_error, log_unexpected
-from .serve_settings import ServeSettings
+from .serve_settings import ServeSettings, port_taken, taken_message
 
 ENGINE_NICE = int(os.environ.get("STOWAGE_ENGINE_NICE", 10))  # how much lower than the GUI (0..19)
+HEALTH_MS = 2000  # how often an idle engine child or a connected server is checked
+HEALTH_SECONDS = 2.0  # how long a server may take to list its models before it counts as not answering
 ENGINE_PROCESS = os.environ.get("STOWAGE_ENGINE_PROCESS", "1") != "0"  # the engine in a child process
 
 
@@ -63,6 +65,8 @@ class EngineWorker(QObject):
     # the model, which the graphs' predicted RAM adds the plan to.
     load_started = Signal(int, object)  # object: a byte count passes 2**31
     engine_crashed = Signal(str)  # how it died; `unloaded` follows
+    remote_health = Signal(bool, str)  # the connected server answers again (True), or stopped answering, and why
+    serve_refused = Signal(str)  # Serve's port is taken: the engine was started for the app alone instead
     # a remote server's model instead of a local one:
     remote_loaded = Signal(object, float)  # RemoteModel (with the context its server says now), seconds
 
@@ -80,6 +84,7 @@ class EngineWorker(QObject):
         self.threads = 0  # set_threads
         self.serve = ServeSettings()  # set_serve: where the next child listens
         self.serving: ServeSettings | None = None  # what the running child serves others (None: nothing)
+        self.remote_answering = True  # what the health check said last of the connected server
 
     @Slot()
     def lower_priority(self) -> None:
@@ -100,6 +105,42 @@ class EngineWorker(QObject):
         # The native kernels load here, before any plan is made: the GUI thread's forecasts then find them
         # loaded (never built on the GUI thread), and their pool's threads inherit this thread's priority.
         cpu_decode.current()
+        # Made here so that it lives in this thread: it fires only while no load or reply keeps the thread busy.
+        self.health_timer = QTimer(self)
+        self.health_timer.setInterval(HEALTH_MS)
+        self.health_timer.timeout.connect(self.check_health)
+        self.health_timer.start()
+
+    @Slot()
+    def stop_health(self) -> None:
+        """In this thread, before it ends: a timer is stopped only by its own thread."""
+        timer = getattr(self, "health_timer", None)
+        if timer is not None:
+            timer.stop()
+
+    @Slot()
+    def check_health(self) -> None:
+        """Every few seconds while idle: an engine child that died is said at once, not at the next message; a
+        connected server that stops answering (or answers again) is said too."""
+        if self.process is not None and not self.process.is_alive:
+            self._crashed(EngineCrashedError(self.process.death()))
+        elif self.remote is not None:
+            try:
+                self.remote.models(timeout=HEALTH_SECONDS)
+                answering, why = True, ""
+            except Exception as e:  # unreachable, a refused key, an answer of another shape: all "not answering"
+                answering, why = False, describe_error(e)
+            if answering != self.remote_answering:
+                self.remote_answering = answering
+                self.remote_health.emit(answering, why)
+
+    def _crashed(self, error: EngineCrashedError) -> str:
+        """The child is gone: say how, and unload (the window, the chats and any partial reply stay)."""
+        death = describe_error(error)
+        message = f"{death[:1].upper()}{death[1:]}. Press Load to start the engine again."
+        self.engine_crashed.emit(message)
+        self._unload()
+        return message
 
     @Slot(int)
     def set_threads(self, threads: int) -> None:
@@ -161,6 +202,10 @@ class EngineWorker(QObject):
         self.loaded.emit(model_dir, time.perf_counter() - start)
 
     def _start_process(self, model_dir: Path, plan, progress, cancel: threading.Event) -> None:
+        serve = self.serve
+        if port_taken(serve):  # the model is loaded all the same, for this app alone
+            self.serve_refused.emit(taken_message(serve))
+            serve = ServeSettings()
         source = open_source(model_dir)
         tokenizer = source.tokenizer
         tokenizer.use_builtin_template(source.config.model_type)  # as Engine does, so counts agree
@@ -182,8 +227,8 @@ class EngineWorker(QObject):
         self.process = EngineProcess.start(
             model_dir, plan.request, progress=first_progress, cancel=cancel,
             env={"OMP_NUM_THREADS": str(threads), cpu_decode.THREADS_ENV: str(threads)}, nice=ENGINE_NICE,
-            **self.serve.listen())
-        self.serving = self.serve.listening()
+            **serve.listen())
+        self.serving = serve.listening()
         self.tokenizer = tokenizer
         try:  # the name other programs ask for (Serve): the engine's own, as its server says it
             self.served_model = self.process.server.models()[0]["id"]
@@ -209,6 +254,7 @@ class EngineWorker(QObject):
             self.load_cancelled.emit()
             return
         self.remote, self.remote_model, self.context_tokens = server, confirmed, confirmed.context_tokens
+        self.remote_answering = True
         self.estimate = remote_source.TokenEstimate()  # another model's tokenizer: learnt again
         self.remote_loaded.emit(confirmed, time.perf_counter() - start)
 
@@ -272,10 +318,8 @@ class EngineWorker(QObject):
             return
         except EngineCrashedError as e:  # the child is gone; the window, the chat and the partial reply stay
             death = describe_error(e)
-            message = f"{death[:1].upper()}{death[1:]}. Press Load to start the engine again."
-            self.reply_failed.emit(cid, message)
-            self.engine_crashed.emit(message)
-            self._unload()
+            self.reply_failed.emit(cid, f"{death[:1].upper()}{death[1:]}. Press Load to start the engine again.")
+            self._crashed(e)
             return
         except Exception as e:
             log_unexpected(e)
@@ -334,6 +378,7 @@ class EngineClient(QObject):
     _unload = Signal()
     _chat = Signal(object)
     _connect_remote = Signal(object, object, object)
+    _stop_health = Signal()
 
     def __init__(self, parent=None, *, use_process: bool | None = None):
         super().__init__(parent)
@@ -349,6 +394,7 @@ class EngineClient(QObject):
         self._unload.connect(self.worker.unload)
         self._chat.connect(self.worker.chat)
         self._connect_remote.connect(self.worker.connect_remote)
+        self._stop_health.connect(self.worker.stop_health)
         self.thread.start()
         self._load_cancel: threading.Event | None = None
         self._chat_request: ChatRequest | None = None
@@ -399,5 +445,6 @@ class EngineClient(QObject):
         self.cancel_load()
         self.stop()
         self._unload.emit()
+        self._stop_health.emit()
         self.thread.quit()
         self.thread.wait()

@@ -155,6 +155,25 @@ def test_a_server_gone_mid_session_is_an_error_in_the_chat(app_driver, qtbot, ti
     assert window.store.messages(window.chat.conversation_id)[0].content == "Anyone there?"  # kept
 
 
+def test_a_server_that_goes_away_while_idle_no_longer_shows_connected(app_driver, qtbot, tiny_model_dir):
+    proc, url = start_server(tiny_model_dir)
+    try:
+        window = app_driver.open(tiny_model_dir)
+        app_driver.wait_planned(window)
+        panel = window.settings_panel
+        add_server(window, qtbot, url)
+        qtbot.waitUntil(lambda: panel.remote is not None, timeout=TIMEOUT_S * 1000)
+        qtbot.mouseClick(panel.load_button, Qt.MouseButton.LeftButton)
+        qtbot.waitUntil(lambda: window.loaded_remote is not None, timeout=TIMEOUT_S * 1000)
+        status = panel.loading.load_status
+        assert status.text().startswith("Connected") and status.property("theme_role") == "ok"
+    finally:
+        stop(proc)
+    # nothing is sent: the health check finds it gone
+    qtbot.waitUntil(lambda: "does not answer" in status.text(), timeout=TIMEOUT_S * 1000)
+    assert status.property("theme_role") == "error" and "not answering" in window.model_label.text()
+
+
 def test_the_estimate_learns_the_servers_count():
     estimate = TokenEstimate()
     messages = [{"role": "user", "content": "x" * 400}]

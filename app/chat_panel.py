@@ -8,10 +8,11 @@ from dataclasses import asdict, replace
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from . import context_policy
+from . import context_policy, theme
 from .chat_input import ChatInput
 from .chat_notice import ChatNotice
 from .chat_view import ChatView
+from .markdown_view import plain_text
 from .model_settings import DEFAULT_SAMPLING, ModelSettings
 from .prompt_progress import PromptProgress
 from .store import ConversationStore, Message
@@ -75,12 +76,12 @@ class ChatPanel(QWidget):
         self.regenerate_button = QPushButton("Regenerate")
         self.regenerate_button.setToolTip("Write the last reply again (the old one stays: ‹ › on the reply switches)")
         self.counter = QLabel()
-        self.counter.setStyleSheet("color: #555;")
+        theme.tint(self.counter, "muted")
         self.counter.setAccessibleName("Speed and context used")
         self.counter.setWordWrap(True)  # it grows with the numbers: in a narrow chat it wraps, never widens the window
         self.error = QLabel()
         self.error.setWordWrap(True)
-        self.error.setStyleSheet("color: #b00020;")
+        theme.tint(self.error, "error")
         self.error.hide()
         self.prompt_progress = PromptProgress()
         self.notice = ChatNotice()
@@ -180,7 +181,7 @@ class ChatPanel(QWidget):
             self.conversation_created.emit(self.conversation_id)
         row = self.store.conversation(self.conversation_id)
         if row.title == "New chat":
-            title = " ".join(text.split())
+            title = plain_text(text) or " ".join(text.split())  # the words, not the Markdown's marks
             self.store.rename(self.conversation_id, title[:TITLE_CHARS] + ("…" if len(title) > TITLE_CHARS else ""))
             self.conversation_renamed.emit(self.conversation_id)
         message_id = self.store.add_message(self.conversation_id, "user", text)

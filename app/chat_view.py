@@ -5,6 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QVBoxLayout, QWidget
 
+from . import theme
 from .message_widget import MessageWidget
 from .store import Message
 
@@ -27,7 +28,6 @@ class ChatView(QScrollArea):
         self.setFrameShape(QFrame.Shape.NoFrame)
         self._inner = QWidget()
         self._inner.setObjectName("chatInner")
-        self._inner.setStyleSheet("#chatInner { background: #f7f7f7; }")
         self._column = QVBoxLayout(self._inner)
         self._column.setContentsMargins(10, 10, 10, 10)
         self._column.setSpacing(8)
@@ -38,7 +38,6 @@ class ChatView(QScrollArea):
         self.placeholder = QLabel()
         self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.placeholder.setWordWrap(True)
-        self.placeholder.setStyleSheet("color: #888; font-size: 14px; padding: 40px;")
         self._column.insertWidget(0, self.placeholder)
         self.reply: MessageWidget | None = None
         self._reply_text = ""
@@ -50,6 +49,14 @@ class ChatView(QScrollArea):
         self._at_bottom = True
         self.verticalScrollBar().valueChanged.connect(self._track_bottom)
         self._alternatives_enabled = True
+        theme.watch(self, self._restyle)
+
+    def _restyle(self) -> None:
+        c = theme.colors()
+        self._inner.setStyleSheet(f"#chatInner {{ background: {c.chat_background}; }}")
+        self.placeholder.setStyleSheet(f"color: {c.muted}; font-size: 14px; padding: 40px;")
+        if self.memory_marker is not None:
+            self.memory_marker.setStyleSheet(f"color: {c.marker}; font-style: italic;")
 
     def set_placeholder(self, text: str) -> None:
         self.placeholder.setText(text)
@@ -120,7 +127,7 @@ class ChatView(QScrollArea):
         self.memory_marker = QLabel(text)
         self.memory_marker.setWordWrap(True)
         self.memory_marker.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.memory_marker.setStyleSheet("color: #a0522d; font-style: italic;")
+        self.memory_marker.setStyleSheet(f"color: {theme.colors().marker}; font-style: italic;")
         self._column.insertWidget(self._column.count() - 1, self.memory_marker)
 
     def mark_memory_start(self, message_id: int | None, kept_head: int = 0) -> None:

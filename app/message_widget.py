@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtGui import QGuiApplication, QTextOption
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -11,53 +11,14 @@ from PySide6.QtWidgets import (
     QMenu,
     QPlainTextEdit,
     QPushButton,
-    QSizePolicy,
-    QTextBrowser,
     QVBoxLayout,
 )
 
+from . import theme
+from .markdown_view import MarkdownView
 from .store import Message
 
-STYLES = {
-    "user": "MessageWidget { background: #eef3fb; border: 1px solid #d5e0f0; border-radius: 6px; }",
-    "assistant": "MessageWidget { background: #ffffff; border: 1px solid #e2e2e2; border-radius: 6px; }",
-}
 TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
-
-
-class MarkdownView(QTextBrowser):
-    """A read-only Markdown view as tall as its text, so the chat scrolls as one column."""
-
-    def __init__(self, parent=None):
-        super().__init__(parent)
-        self.setOpenExternalLinks(True)
-        self.setFrameShape(QFrame.Shape.NoFrame)
-        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
-        self.setStyleSheet("background: transparent;")
-        self.document().setDocumentMargin(2)
-        self.setWordWrapMode(QTextOption.WrapMode.WrapAtWordBoundaryOrAnywhere)
-        self.markdown = ""
-
-    def set_markdown(self, text: str) -> None:
-        self.markdown = text
-        # Models emit control bytes at times; Qt renders them as boxes, so they are dropped.
-        self.document().setMarkdown(hard_breaks(_printable(text)))
-        self._fit_height()
-
-    def resizeEvent(self, event) -> None:
-        super().resizeEvent(event)
-        self._fit_height()
-
-    def _fit_height(self) -> None:
-        self.document().setTextWidth(self.viewport().width())
-        height = int(self.document().size().height()) + 4
-        if height != self.height():
-            self.setFixedHeight(height)
-
-    def sizeHint(self) -> QSize:
-        return QSize(200, int(self.document().size().height()) + 4)
 
 
 class MessageWidget(QFrame):
@@ -71,10 +32,9 @@ class MessageWidget(QFrame):
     def __init__(self, message: Message, parent=None):
         super().__init__(parent)
         self.message = message
-        self.setStyleSheet(STYLES.get(message.role, STYLES["assistant"]))
         self.title = QLabel(f"<b>{TITLES.get(message.role, message.role)}</b>")
         self.note = QLabel()
-        self.note.setStyleSheet("color: #777; border: none;")
+        self.note.setObjectName("note")
         self.note.setWordWrap(True)  # the figures must not widen a narrow chat
         self.copy_button = _small_button("Copy", "Copy this message")
         self.edit_button = _small_button("Edit", "Edit this message and resend it")
@@ -83,7 +43,7 @@ class MessageWidget(QFrame):
         self.previous_button = _small_button("‹", "The previous version of this message")
         self.next_button = _small_button("›", "The next version of this message")
         self.version = QLabel()
-        self.version.setStyleSheet("color: #555; border: none;")
+        self.version.setObjectName("version")
         self.version.setAccessibleName("Version of this message")
         header = QHBoxLayout()
         header.addWidget(self.title)
@@ -100,8 +60,8 @@ class MessageWidget(QFrame):
         self.save_button = QPushButton("Send")
         self.cancel_button = QPushButton("Cancel")
         self.edit_note = QLabel()
+        self.edit_note.setObjectName("editNote")
         self.edit_note.setWordWrap(True)
-        self.edit_note.setStyleSheet("color: #8a5a00; border: none;")
         edit_row = QHBoxLayout()
         edit_row.addWidget(self.edit_note, 1)
         edit_row.addWidget(self.cancel_button)
@@ -124,6 +84,19 @@ class MessageWidget(QFrame):
         self.previous_button.clicked.connect(lambda: self._step(-1))
         self.next_button.clicked.connect(lambda: self._step(1))
         self.show_message(message)
+        theme.watch(self, self._restyle)
+
+    def _restyle(self) -> None:
+        """Background, border and text in the palette's colours: readable in light and dark."""
+        c = theme.colors()
+        background, border = ((c.user_background, c.user_border) if self.message.role == "user"
+                              else (c.assistant_background, c.assistant_border))
+        self.setStyleSheet(
+            f"MessageWidget {{ background: {background}; border: 1px solid {border}; border-radius: 6px; }}"
+            f"QLabel, QTextBrowser {{ color: {c.text}; }}"
+            f"QLabel#note, QLabel#version {{ color: {c.muted}; }} QLabel#editNote {{ color: {c.warning}; }}"
+            f"QPushButton#small {{ color: {c.link}; border: none; padding: 0 4px; background: transparent; }}"
+            f"QPushButton#small:disabled {{ color: {c.muted}; }}")
 
     def show_message(self, message: Message) -> None:
         """Show `message` (a reply once stored, with its final text, figures and versions)."""
@@ -218,31 +191,6 @@ def _small_button(text: str, tip: str) -> QPushButton:
     button = QPushButton(text)
     button.setToolTip(tip)
     button.setFlat(True)
-    button.setStyleSheet("QPushButton { color: #3465a4; border: none; padding: 0 4px; }")
+    button.setObjectName("small")  # styled by the message (MessageWidget._restyle)
     button.setCursor(Qt.CursorShape.PointingHandCursor)
     return button
-
-
-def hard_breaks(text: str) -> str:
-    """Keep every single line break (Markdown joins them into one line): two trailing spaces each, outside code fences.
-
-    People and models both mean a new line when they write one (a poem, an address, a Shift+Enter message).
-    """
-    lines = text.split("\n")
-    fence = ""  # the opening ``` or ~~~ while inside a fenced block
-    for i, line in enumerate(lines[:-1]):
-        stripped = line.lstrip()
-        if fence:
-            if stripped.startswith(fence):
-                fence = ""
-            continue
-        if stripped.startswith(("```", "~~~")):
-            fence = stripped[:3]
-            continue
-        if stripped and lines[i + 1].strip():
-            lines[i] = line + "  "
-    return "\n".join(lines)
-
-
-def _printable(text: str) -> str:
-    return "".join(ch for ch in text if ch in "\n\t" or ch.isprintable())

@@ -5,6 +5,8 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
+from . import theme
+
 
 class SystemPromptBar(QWidget):
     """One line saying what the model is told first in this chat; Edit opens it. `changed(text or None)`."""
@@ -17,7 +19,7 @@ class SystemPromptBar(QWidget):
         self.default = ""
         self._line = ""  # the summary before eliding
         self.summary = QLabel()
-        self.summary.setStyleSheet("color: #555;")
+        theme.tint(self.summary, "muted")
         self.summary.setTextFormat(Qt.TextFormat.PlainText)
         self.summary.setMinimumWidth(50)  # elided to the chat's width, never widening it
         self.edit_button = QPushButton("Edit")

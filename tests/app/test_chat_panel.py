@@ -173,3 +173,8 @@ def test_a_prompt_read_in_one_chunk_shows_no_bar(panel):
     cid = ask(panel)
     panel.client.worker.prefill_progress.emit(cid, 40, 40)
     assert panel.prompt_progress.isHidden()
+
+
+def test_a_chat_is_titled_with_the_words_of_its_first_message_not_its_markdown(panel):
+    cid = ask(panel, "## **Bold** plan with `code` and [a link](https://example.com)")
+    assert panel.store.conversation(cid).title == "Bold plan with code and a link"

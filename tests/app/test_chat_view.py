@@ -115,3 +115,70 @@ def test_editing_an_earlier_message_brings_its_editor_into_view(qtbot):
     qtbot.waitUntil(editor_in_view, timeout=2000)
     qtbot.wait(100)  # and it stays there: the view no longer follows the bottom
     assert editor_in_view()
+
+
+CODE = "Here:\n\n```python\ndef area(r):\n    return 3.14 * r * r\n```\n\n| Name | Size |\n|:-----|-----:|\n| a | 1 |\n"
+
+
+def test_code_is_highlighted_with_a_copy_button_and_table_headers_align_with_their_columns(qtbot):
+    from PySide6.QtCore import Qt
+    from PySide6.QtGui import QGuiApplication, QTextCursor, QTextTable
+
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(600, 500)
+    view.show()
+    body = view.add_message(Message(1, "assistant", CODE)).body
+    document = body.document()
+    start = document.find("def area").position() - len("def area")
+    cursor = QTextCursor(document)
+    cursor.setPosition(start + 1)  # inside "def"
+    keyword = cursor.charFormat().foreground().color()
+    cursor.setPosition(start + 5)  # inside "area"
+    name = cursor.charFormat().foreground().color()
+    assert keyword.name() != name.name()  # a keyword and a name in different colours
+    assert [b.language for b in body.code_blocks] == ["python"]
+    button = body.copy_buttons[0]
+    qtbot.waitUntil(button.isVisible, timeout=2000)  # the new message is shown at the next turn of the event loop
+    qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
+    assert QGuiApplication.clipboard().text() == "def area(r):\n    return 3.14 * r * r"
+
+    (table,) = [f for f in document.rootFrame().childFrames() if isinstance(f, QTextTable)]
+    align = lambda row, col: table.cellAt(row, col).firstCursorPosition().blockFormat().alignment()  # noqa: E731
+    assert align(0, 1) == align(1, 1) and align(1, 1) & Qt.AlignmentFlag.AlignRight
+    assert align(0, 0) == align(1, 0)
+
+
+def test_messages_take_the_palettes_colours_in_dark_and_light(qtbot):
+    from PySide6.QtGui import QColor
+
+    from stowage.app import theme
+
+    def looks(widget):
+        image = widget.grab().toImage()
+        counts = {}
+        for y in range(4, image.height() - 4, 2):
+            for x in range(4, image.width() - 4, 2):
+                rgb = image.pixel(x, y)
+                counts[rgb] = counts.get(rgb, 0) + 1
+        background = QColor(max(counts, key=counts.get)).name()
+        text = widget.body.palette().color(widget.body.foregroundRole()).name()
+        return background, text
+
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(500, 300)
+    view.show()
+    widget = view.add_message(Message(1, "assistant", "Some words to read, in a long enough line."))
+    try:
+        theme.apply("dark")
+        qtbot.wait(20)
+        background, text = looks(widget)
+        assert theme.is_dark() and QColor(background).lightnessF() < 0.3
+        assert theme.contrast(text, background) >= 4.5
+        theme.apply("light")
+        qtbot.wait(20)
+        background, text = looks(widget)
+        assert QColor(background).lightnessF() > 0.8 and theme.contrast(text, background) >= 4.5
+    finally:
+        theme.apply("system")

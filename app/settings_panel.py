@@ -253,6 +253,7 @@ class SettingsPanel(QWidget):
         self.forecast = None
         self.plan = None
         self.remote = None
+        self._show_memory_rows(True)  # no server's model is chosen any more: the local rows, disabled until one is
         self.picker.say(message, error=error)
         self.plan_bar.set_bars([])
         self.plan_message.clear()

@@ -174,6 +174,24 @@ def test_a_server_that_goes_away_while_idle_no_longer_shows_connected(app_driver
     assert status.property("theme_role") == "error" and "not answering" in window.model_label.text()
 
 
+def test_a_refused_folder_while_connected_leaves_no_half_server_panel(app_driver, qtbot, tiny_model_dir, server,
+                                                                      broken_model_dir):
+    _, url = server
+    window = app_driver.open(tiny_model_dir)
+    app_driver.wait_planned(window)
+    panel = window.settings_panel
+    add_server(window, qtbot, url)
+    qtbot.waitUntil(lambda: panel.remote is not None, timeout=TIMEOUT_S * 1000)
+    qtbot.mouseClick(panel.load_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: window.loaded_remote is not None, timeout=TIMEOUT_S * 1000)
+    assert panel.load_button.text() == "Connect" and not panel.context.isVisible()
+    panel.picker.open_path(str(broken_model_dir))  # Open… on a folder that cannot be used
+    qtbot.waitUntil(lambda: window.error_box is not None, timeout=TIMEOUT_S * 1000)
+    assert panel.remote is None and panel.load_button.text() == "Load" and panel.memory_box.title() == "Memory"
+    assert panel.context.isVisible() and not panel.context.isEnabled() and not panel.load_button.isEnabled()
+    assert window.graph.isVisible() and not panel.picker.forget_button.isVisible()
+
+
 def test_the_estimate_learns_the_servers_count():
     estimate = TokenEstimate()
     messages = [{"role": "user", "content": "x" * 400}]

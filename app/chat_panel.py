@@ -13,7 +13,9 @@ from .chat_input import ChatInput
 from .chat_notice import ChatNotice
 from .chat_view import ChatView
 from .markdown_view import plain_text
-from .model_settings import DEFAULT_SAMPLING, ModelSettings
+from stowage.engine.errors import InvalidArgumentError
+
+from .model_settings import DEFAULT_SAMPLING, SAMPLING_FIELDS, ModelSettings
 from .prompt_progress import PromptProgress
 from .store import ConversationStore, Message
 from .system_prompt_bar import SystemPromptBar
@@ -108,6 +110,9 @@ class ChatPanel(QWidget):
         self.view.alternative_chosen.connect(self.choose_alternative)
         self.view.delete_requested.connect(self.delete_message)
         self.system_prompt.changed.connect(self._system_prompt_changed)
+        self.system_prompt.preset_chosen.connect(self.choose_preset)
+        self.system_prompt.preset_saved.connect(self.save_preset)
+        self.system_prompt.preset_deleted.connect(self.delete_preset)
         worker = self.client.worker
         worker.reply_started.connect(self._reply_started)
         worker.token.connect(self._token)
@@ -125,10 +130,10 @@ class ChatPanel(QWidget):
         self.prompt_progress.hide()  # the streaming chat's shows again at its next chunk
         if self.conversation_id is None:
             self.view.set_messages([])
-            self.system_prompt.show_prompt(None, self.settings.system_prompt)
+            self._show_prompt(None)
         else:
             row = self.store.conversation(self.conversation_id)
-            self.system_prompt.show_prompt(row.system_prompt, self.settings.system_prompt)
+            self._show_prompt(row.system_prompt)
             streaming = self.client.is_generating and self._generating_for == self.conversation_id
             messages = [m for m in self.store.messages(self.conversation_id) if not (streaming and m.id == self._reply_id)]
             self.view.set_messages(messages, row.memory_start_id)
@@ -150,14 +155,51 @@ class ChatPanel(QWidget):
     def set_settings(self, settings: ModelSettings) -> None:
         """The settings panel's choices: sampling, and the default system prompt for chats without their own."""
         self.settings = settings
-        self.system_prompt.show_prompt(self.system_prompt.own, settings.system_prompt)
+        self._show_prompt(self.system_prompt.own)
 
     def _system_prompt_changed(self, own: str | None) -> None:
         if self.conversation_id is None:
             self.conversation_id = self.store.create()
             self.conversation_created.emit(self.conversation_id)
         self.store.set_system_prompt(self.conversation_id, own)
-        self.system_prompt.show_prompt(own, self.settings.system_prompt)
+        self._show_prompt(own)
+
+    # -- presets: a system prompt with sampling, by name, chosen per chat ------------------------
+    def _preset(self):
+        """This chat's preset (store.Preset), or None."""
+        if self.conversation_id is None:
+            return None
+        preset_id = self.store.conversation(self.conversation_id).preset_id
+        return self.store.preset(preset_id) if preset_id is not None else None
+
+    def _show_prompt(self, own: str | None) -> None:
+        """The bar: this chat's own prompt, else its preset's, else the settings' default; and its preset."""
+        preset = self._preset()
+        if preset is None:
+            self.system_prompt.show_prompt(own, self.settings.system_prompt)
+        else:
+            self.system_prompt.show_prompt(own, preset.system_prompt, f"preset “{preset.name}”")
+        self.system_prompt.set_presets(self.store.presets(), preset.id if preset else None)
+
+    def choose_preset(self, preset_id: int | None) -> None:
+        """This chat follows the preset: its system prompt (unless the chat has its own) and its sampling."""
+        if self.conversation_id is None:
+            self.conversation_id = self.store.create()
+            self.conversation_created.emit(self.conversation_id)
+        self.store.set_preset(self.conversation_id, preset_id)
+        self._show_prompt(self.store.conversation(self.conversation_id).system_prompt)
+
+    def save_preset(self, name: str) -> int:
+        """Save this chat's system prompt and sampling under `name`, chosen for this chat from now on."""
+        sampling = self._chat_sampling()
+        preset_id = self.store.save_preset(name, self.system_prompt.prompt,
+                                           {f: getattr(sampling, f) for f in SAMPLING_FIELDS if f != "seed"})
+        self.choose_preset(preset_id)
+        return preset_id
+
+    def delete_preset(self, preset_id: int) -> None:
+        self.store.delete_preset(preset_id)
+        self._show_prompt(self.system_prompt.own)
 
     def set_model_loaded(self, context_tokens: int, model_name: str = "") -> None:
         self.context_tokens = context_tokens
@@ -274,8 +316,14 @@ class ChatPanel(QWidget):
         self.show_conversation(self.conversation_id)
 
     def _chat_sampling(self):
-        """The sampling this chat's replies use."""
-        return self.settings.sampling
+        """The sampling this chat's replies use: the settings', with its preset's values over them."""
+        preset = self._preset()
+        if preset is None:
+            return self.settings.sampling
+        try:
+            return replace(self.settings.sampling, **{k: v for k, v in preset.sampling.items() if k in SAMPLING_FIELDS})
+        except (InvalidArgumentError, TypeError):  # a value the engine refuses (an edited file): the settings'
+            return self.settings.sampling
 
     def _start_reply(self, messages: list[Message], sampling=None) -> None:
         """Ask for a reply to `messages` (the branch on screen, up to the message answered), with `sampling` (None:

@@ -178,3 +178,34 @@ def test_a_prompt_read_in_one_chunk_shows_no_bar(panel):
 def test_a_chat_is_titled_with_the_words_of_its_first_message_not_its_markdown(panel):
     cid = ask(panel, "## **Bold** plan with `code` and [a link](https://example.com)")
     assert panel.store.conversation(cid).title == "Bold plan with code and a link"
+
+
+def test_a_preset_sets_a_chats_system_prompt_and_sampling_and_is_kept(panel, tmp_path):
+    from dataclasses import replace
+
+    from stowage.app.store import ConversationStore
+
+    panel.set_settings(replace(panel.settings, system_prompt="Be kind."))
+    panel.system_prompt._finish("You write Python.")  # this chat's own prompt, as Edit then Save sets it
+    cid = panel.conversation_id
+    panel.set_settings(replace(panel.settings, sampling=replace(panel.settings.sampling, temperature=0.2, top_k=7)))
+    coder = panel.save_preset("Coder")
+    assert panel.system_prompt.preset.currentText() == "Coder"
+    panel.set_settings(replace(panel.settings, sampling=replace(panel.settings.sampling, temperature=1.5, top_k=99)))
+
+    panel.show_conversation(None)  # a new chat: no preset, the default prompt
+    assert panel.system_prompt.preset.currentText() == "No preset" and panel.system_prompt.prompt == "Be kind."
+    panel.system_prompt.preset.setCurrentIndex(panel.system_prompt.preset.findText("Coder"))
+    panel.system_prompt.preset.activated.emit(panel.system_prompt.preset.currentIndex())  # as a pick does
+    new = panel.conversation_id
+    assert new != cid and panel.store.conversation(new).preset_id == coder
+    assert panel.system_prompt.prompt == "You write Python." and "Coder" in panel.system_prompt.summary.toolTip() + \
+        panel.system_prompt._line
+    ask(panel, "Write a loop")
+    request = panel.client.requests[-1]
+    assert request.system == [{"role": "system", "content": "You write Python."}]
+    assert (request.sampling.temperature, request.sampling.top_k) == (0.2, 7)  # the preset's, not the settings'
+
+    reopened = ConversationStore(panel.store.path)  # kept in the file
+    assert reopened.conversation(new).preset_id == coder and reopened.preset(coder).sampling["top_k"] == 7
+    reopened.close()

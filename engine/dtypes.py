@@ -23,8 +23,9 @@ SAFETENSORS: dict[str, tuple[int, np.dtype, torch.dtype]] = {
 
 # What the model may compute in (and what `dtype=` may convert floating weights to).
 COMPUTE: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# What the KV cache may store; fp8 keeps value / scale (docs/kernels.md).
-KV: dict[str, torch.dtype] = {**COMPUTE, "fp8": torch.float8_e4m3fn}
+# What the KV cache may store; fp8 keeps value / scale; q8_0 and q4_0 are ggml's blocks of 32, the storage dtype
+# naming the format (kernels/kv_quant.py; docs/kernels.md). K and V may differ: "K/V", e.g. "q8_0/q4_0".
+KV: dict[str, torch.dtype] = {**COMPUTE, "fp8": torch.float8_e4m3fn, "q8_0": torch.int8, "q4_0": torch.uint8}
 # Spellings users type for a KV dtype ("auto": the compute dtype).
 KV_ALIASES: dict[str, str | None] = {"auto": None, "fp32": "float32", "fp16": "float16", "bf16": "bfloat16",
                                      "fp8_e4m3": "fp8"}
@@ -43,5 +44,19 @@ def compute_dtype(name: str) -> torch.dtype:
 
 def kv_dtype(name: str) -> torch.dtype:
     if name not in KV:
-        raise ValueError(f"KV dtype {name!r} is not one of {', '.join(KV)}")
+        raise ValueError(f"KV dtype {name!r} is not one of {', '.join(KV)}, nor two of them as K/V (q8_0/q4_0)")
     return KV[name]
+
+
+def kv_dtypes(name: str) -> tuple[torch.dtype, torch.dtype]:
+    """K's and V's cache dtypes of a KV dtype name: one name for both, or "K/V"."""
+    k, _, v = name.partition("/")
+    return kv_dtype(k), kv_dtype(v or k)
+
+
+def kv_name(name: str) -> str:
+    """A KV dtype as the user typed it ("bf16", "q8_0/q8_0", "auto/q4_0" is not one) in its one spelling."""
+    k, _, v = name.partition("/")
+    k, v = KV_ALIASES.get(k, k), KV_ALIASES.get(v or k, v or k)
+    kv_dtypes(f"{k}/{v}")  # raises ValueError naming the choices
+    return k if k == v else f"{k}/{v}"

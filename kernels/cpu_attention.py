@@ -14,8 +14,10 @@ from . import cpu_decode, reference
 
 NAME = "cpu-native"
 write_kv = reference.write_kv  # one row per token: nothing to gain in C
+# tensor dtype -> the C type code; int8 / uint8 caches are q8_0 / q4_0 blocks (kernels/kv_quant.py), read in place
 _TYPES = {torch.float32: cpu_decode.W_F32, torch.float16: cpu_decode.W_F16, torch.bfloat16: cpu_decode.W_BF16,
-          torch.float8_e4m3fn: cpu_decode.CACHE_FP8}
+          torch.float8_e4m3fn: cpu_decode.CACHE_FP8, torch.int8: cpu_decode.CACHE_Q8_0,
+          torch.uint8: cpu_decode.CACHE_Q4_0}
 # prefill_attention.h's PF_STATES (query heads per KV head at most), decode_types.h's MAX_HEAD_DIM
 STATES, MAX_HEAD_DIM = 64, 512
 
@@ -31,7 +33,8 @@ def prefill_attention(query, k_cache, v_cache, block_table, start_pos: int, scal
     table = block_table.to(torch.int32).contiguous()
     out = torch.empty_like(query)
     status = cpu_decode.current().attention_prefill(query.data_ptr(), _TYPES[query.dtype], n, start_pos, k_cache.data_ptr(),
-                                   v_cache.data_ptr(), _TYPES[k_cache.dtype], k_scale, v_scale, table.data_ptr(),
+                                   v_cache.data_ptr(), _TYPES[k_cache.dtype], _TYPES[v_cache.dtype], k_scale, v_scale,
+                                   table.data_ptr(),
                                    num_heads, k_cache.shape[2], head_dim, k_cache.shape[1], scale, softcap or 0.0,
                                    window or 0, out.data_ptr(), _TYPES[out.dtype])
     if status != 0:

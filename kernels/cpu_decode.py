@@ -18,8 +18,9 @@ from functools import cache
 from .cbuild import cpu_flags, load_library
 from .native_libs import ISAS, choose, decode_layer, supported
 
-# Weight and cache type codes of the C side: floats; ggml block types are their quant_type_id.
+# Weight and cache type codes of the C side: floats; ggml block types are their quant_type_id (q8_0 / q4_0 caches too).
 W_F32, W_F16, W_BF16, CACHE_FP8 = 100, 101, 102, 3
+CACHE_Q4_0, CACHE_Q8_0 = 2, 8
 ACT_SILU, ACT_GELU_TANH = 0, 1
 
 
@@ -46,7 +47,7 @@ class Layer(ctypes.Structure):
 class Model(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int32) for name in
                 ("hidden", "num_heads", "num_kv_heads", "head_dim", "intermediate", "block_size", "cache_type",
-                 "norm_plus_one", "sandwich", "qk_norm", "act", "num_layers")] + \
+                 "v_cache_type", "norm_plus_one", "sandwich", "qk_norm", "act", "num_layers")] + \
                [("eps", ctypes.c_float), ("attn_scale", ctypes.c_float), ("attn_softcap", ctypes.c_float),
                 ("inv_freq", ctypes.c_void_p), ("inv_freq_local", ctypes.c_void_p), ("qk_order", ctypes.c_void_p),
                 ("layers", ctypes.POINTER(Layer))]
@@ -112,7 +113,7 @@ def library(isa: str) -> ctypes.CDLL | None:
     lib.decode_isa.restype = ctypes.c_char_p
     lib.decode_set_spin.argtypes = [ctypes.c_int64]
     lib.attention_prefill.argtypes = [ptr, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ptr, ptr, ctypes.c_int32,
-                                      ctypes.c_float, ctypes.c_float, ptr, ctypes.c_int32, ctypes.c_int32,
+                                      ctypes.c_int32, ctypes.c_float, ctypes.c_float, ptr, ctypes.c_int32, ctypes.c_int32,
                                       ctypes.c_int32, ctypes.c_int32, ctypes.c_float, ctypes.c_float, ctypes.c_int32,
                                       ptr, ctypes.c_int32]
     lib.attention_prefill.restype = ctypes.c_int

@@ -86,5 +86,5 @@ def dequantize(blocks: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> 
         q = b[:, 2:].view(torch.int8).float()
     else:
         qs = b[:, 2:]
-        q = torch.cat([qs & 15, qs >> 4], dim=1).float() - 8
-    return (q * d).to(out_dtype).reshape(*lead, nbytes // fmt.block_bytes * QK)
+        q = torch.cat([qs & 15, qs >> 4], dim=1).float().sub_(8)
+    return q.mul_(d).to(out_dtype).reshape(*lead, nbytes // fmt.block_bytes * QK)

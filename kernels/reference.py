@@ -7,7 +7,8 @@ fp32 matrix products and a softmax over query tiles, so the scores never exceed 
 compute dtype: a bf16 bmm on the CPU goes through oneDNN, which keeps a primitive (and a copy of K) per shape
 it has seen, and the shape changes with every token (what it retained: docs/kernels.md, "prefill_attention").
 Cache layout per layer: k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim].
-A slot is block_id * block_size + offset. fp8 caches store value / scale; reads multiply back.
+A slot is block_id * block_size + offset. fp8 caches store value / scale; reads multiply back. q8_0 / q4_0 caches
+(int8 / uint8, kernels/kv_quant.py) hold ggml blocks of 32 along head_dim: written quantized, widened per block.
 `window` (sliding-window layers): a query at position p sees keys p - window + 1 .. p, and only the blocks
 that range reaches are gathered, so older blocks are never read (a cache may have recycled them).
 `softcap` (Gemma 2): scores become softcap * tanh(scores / softcap) before the mask and the softmax.
@@ -16,6 +17,8 @@ that range reaches are gathered, so older blocks are never read (a cache may hav
 from __future__ import annotations
 
 import torch
+
+from . import kv_quant
 
 NAME = "reference"
 ACC_DTYPE = torch.float32  # what attention is computed in, whatever the cache and model dtypes
@@ -59,11 +62,14 @@ def gather_kv(
     block_size, num_kv_heads, head_dim = cache.shape[1:]
     num_blocks = -(-num_tokens // block_size)
     blocks = cache.index_select(0, block_table[:num_blocks].long())  # [num_blocks, block_size, KVH, D]
+    if kv_quant.block_format(cache.dtype) is not None:  # q8_0 / q4_0: the gathered blocks widened, a cache block at a time
+        blocks = kv_quant.dequantize(blocks, dtype)
+        head_dim = blocks.shape[-1]
     # one copy does the transpose and the conversion: no intermediate of either layout
     heads = torch.empty(num_kv_heads, num_blocks, block_size, head_dim, dtype=dtype, device=cache.device)
     heads.copy_(blocks.permute(2, 0, 1, 3))
     del blocks
-    if cache.dtype.itemsize == 1:
+    if cache.dtype == torch.float8_e4m3fn:
         heads.mul_(scale)
     return heads.view(num_kv_heads, num_blocks * block_size, head_dim)
 
@@ -217,8 +223,9 @@ def workspace_bytes(*, num_tokens: int, context_tokens: int, num_heads: int, num
     ctx = window_span(n, context_tokens, window, block_size)
     rows = -(-ctx // block_size) * block_size * num_kv_heads * head_dim  # one gathered K (or V), whole blocks
     out = num_seqs * n * num_heads * head_dim * dtype.itemsize
-    # gather_kv: the gathered blocks and their head-major fp32 copy
-    gather_peak = rows * (c + f)
+    # gather_kv: the gathered blocks and their head-major fp32 copy; q8_0 / q4_0: the blocks widened (kv_quant.dequantize:
+    # under 1.07 + 1 + 4 bytes a value while the blocks live) and their head-major copy
+    gather_peak = rows * (2 * f if kv_quant.block_format(cache_dtype) else c + f)
     kv = 2 * rows * f  # K and V, gathered, in fp32
     t = query_tile(n, ctx, num_heads)
     # the scores buffer, the tile's queries and output, the row maxima and sums, the causal mask
@@ -229,6 +236,8 @@ def workspace_bytes(*, num_tokens: int, context_tokens: int, num_heads: int, num
 
 
 def _to_cache(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    if kv_quant.block_format(dtype) is not None:
+        return kv_quant.quantize(x, dtype)
     if dtype.itemsize == 1:
         return (x.float() / scale).to(dtype)
     return x.to(dtype)

@@ -13,7 +13,7 @@ from pathlib import Path
 from stowage.kernels.quants import FORMATS
 
 from ..defaults import BLOCK_SIZE
-from ..dtypes import COMPUTE, kv_dtype
+from ..dtypes import COMPUTE, kv_dtypes
 from ..formats.config import ModelConfig
 from ..formats.gguf import GGUFTensor
 from ..formats.gguf_model import Matrices
@@ -136,12 +136,12 @@ class ModelInfo:
                 + self.norm.nbytes(dtype) + head)
 
     def kv_spec(self, kv_dtype_name: str | None = None, block_size: int = BLOCK_SIZE) -> CacheSpec:
-        """One layer's cache shape; kv_dtype None means the compute dtype."""
-        return CacheSpec(self.config.num_kv_heads, self.config.head_dim,
-                         kv_dtype(kv_dtype_name or self.compute_dtype), block_size)
+        """One layer's cache shape; kv_dtype None means the compute dtype ("K/V": K's and V's apart)."""
+        k, v = kv_dtypes(kv_dtype_name or self.compute_dtype)
+        return CacheSpec(self.config.num_kv_heads, self.config.head_dim, k, block_size, v)
 
     def kv_bytes_per_token(self, kv_dtype_name: str | None = None) -> int:
-        """K and V of one token in one layer: 2 * kv_heads * head_dim * bytes."""
+        """K and V of one token in one layer (CacheSpec.bytes_per_token: blocks and their scales for q8_0 / q4_0)."""
         return self.kv_spec(kv_dtype_name).bytes_per_token
 
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from stowage.kernels import attention_ops
 
 from ..defaults import BLOCK_SIZE, PREFILL_CHUNK
-from ..dtypes import COMPUTE, KV, compute_dtype, kv_dtype
+from ..dtypes import COMPUTE, KV, compute_dtype, kv_dtypes
 from ..errors import InsufficientMemoryError, InvalidArgumentError
 from ..units import format_bytes
 from .budgets import Budgets, DeviceBudget, DiskBudget, default_kv_disk_budget
@@ -44,7 +44,7 @@ class PlanRequest:
         if self.gpu_layers is not None and self.gpu_layers < 0:
             raise ValueError(f"PlanRequest.gpu_layers must be None (auto) or at least 0, got {self.gpu_layers}")
         if self.kv_dtype is not None:
-            kv_dtype(self.kv_dtype)  # raises ValueError naming the choices
+            kv_dtypes(self.kv_dtype)  # raises ValueError naming the choices
         if self.dtype is not None:
             compute_dtype(self.dtype)
 
@@ -361,8 +361,8 @@ def error_text(plan: Plan, budgets: Budgets, reference: tuple, max_gpu_layers: i
                                f"weights, {format_bytes(d.kv_bytes)} KV cache, {format_bytes(d.workspace_bytes)} "
                                f"workspace) but has {by_device[d.device].describe()}")
         advice.append("a shorter context")
-        if plan.kv_dtype != "fp8":
-            advice.append("a smaller KV dtype (fp8 takes 1 byte per value)")
+        if plan.kv_dtype != "q4_0":
+            advice.append("a smaller KV dtype (fp8 takes 1 byte per value, q8_0 1.06, q4_0 0.56)")
         if request.gpu_layers and any(not d.fits for d in plan.devices if d.device != "cpu"):
             advice.append(f"fewer GPU layers (at most {max_gpu_layers} fit with this context)")
         if not plan.device("cpu").fits:

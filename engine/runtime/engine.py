@@ -14,7 +14,7 @@ import torch
 from stowage.kernels import attention_ops
 
 from ..formats.checkpoint import Checkpoint
-from ..dtypes import COMPUTE, KV
+from ..dtypes import COMPUTE, kv_dtypes
 from ..errors import InsufficientMemoryError, InvalidArgumentError, ModelFormatError
 from ..formats.source import open_source
 from .generation import Generation, PrefillProgress
@@ -94,7 +94,8 @@ class Engine:
             cls._check_kernel(plan, name, devices[name], simulated=name in (simulate or {}))
         dtype = COMPUTE[plan.dtype]
         converted = converted_names(layout, specs, plan.dtype, forced=plan.forced_dtype is not None)
-        spec = CacheSpec(config.num_kv_heads, config.head_dim, KV[plan.kv_dtype], plan.block_size)
+        k_dtype, v_dtype = kv_dtypes(plan.kv_dtype)
+        spec = CacheSpec(config.num_kv_heads, config.head_dim, k_dtype, plan.block_size, v_dtype)
         # The KV cache first: it is what the user asked for, and a shortage should show before weights move.
         report(0.0, f"allocating KV cache for {plan.context_tokens:,} tokens")
         try:

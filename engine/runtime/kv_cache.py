@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from stowage.kernels.kv_quant import check_head_dim, row_bytes, row_elems
+
 from ..defaults import BLOCK_SIZE, PREFILL_CHUNK
-from ..errors import OutOfBlocksError
+from ..errors import InvalidArgumentError, OutOfBlocksError
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -31,13 +33,30 @@ class CacheSpec:
 
     num_kv_heads: int
     head_dim: int
-    dtype: torch.dtype
+    dtype: torch.dtype  # K's (and V's unless v_dtype): a float, fp8, or q8_0 / q4_0 blocks (kernels/kv_quant.py)
     block_size: int = BLOCK_SIZE
+    v_dtype: torch.dtype | None = None  # None: the same as K's
+
+    def __post_init__(self):
+        for dtype in (self.dtype, self.value_dtype):
+            try:
+                check_head_dim(dtype, self.head_dim)
+            except ValueError as e:
+                raise InvalidArgumentError(str(e)) from None
+
+    @property
+    def value_dtype(self) -> torch.dtype:
+        return self.v_dtype or self.dtype
+
+    def row_shape(self, dtype: torch.dtype) -> tuple[int, int]:
+        """The last two dimensions of a cache of this dtype: [num_kv_heads, head_dim or its blocks' bytes]."""
+        return self.num_kv_heads, row_elems(dtype, self.head_dim)
 
     @property
     def bytes_per_token(self) -> int:
-        """K and V of one token in one layer."""
-        return 2 * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        """K and V of one token in one layer: num_kv_heads * (row_bytes(K) + row_bytes(V)); a float row is
+        head_dim * itemsize, a q8_0 row head_dim / 32 * 34 bytes, a q4_0 row head_dim / 32 * 18."""
+        return self.num_kv_heads * (row_bytes(self.dtype, self.head_dim) + row_bytes(self.value_dtype, self.head_dim))
 
     @property
     def block_bytes(self) -> int:
@@ -163,11 +182,13 @@ class KVCache:
         keys = sorted(set(windows), key=lambda w: -1 if w is None else w)  # the full group first
         self.groups = [CacheGroup(w, kept[w], BlockAllocator(num_seqs * kept[w])) for w in keys]
         self.layer_group = [keys.index(w) for w in windows]  # layer -> index into groups
-        # k_cache[l], v_cache[l]: [num_blocks of the layer's group, block_size, num_kv_heads, head_dim]
-        shapes = [(self.groups[g].allocator.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
-                  for g in self.layer_group]
-        self.k_cache = [torch.zeros(s, dtype=spec.dtype, device=d) for s, d in zip(shapes, layer_devices)]
-        self.v_cache = [torch.zeros(s, dtype=spec.dtype, device=d) for s, d in zip(shapes, layer_devices)]
+        # k_cache[l], v_cache[l]: [num_blocks of the layer's group, block_size, num_kv_heads, head_dim] (q8_0 / q4_0:
+        # the last dimension is the bytes of head_dim / 32 blocks)
+        blocks = [(self.groups[g].allocator.num_blocks, spec.block_size) for g in self.layer_group]
+        self.k_cache = [torch.zeros(*b, *spec.row_shape(spec.dtype), dtype=spec.dtype, device=d)
+                        for b, d in zip(blocks, layer_devices)]
+        self.v_cache = [torch.zeros(*b, *spec.row_shape(spec.value_dtype), dtype=spec.value_dtype, device=d)
+                        for b, d in zip(blocks, layer_devices)]
         # fp8 stores value / scale; 1.0 keeps the fp8 range for typical K/V magnitudes (see docs/kernels.md)
         self.k_scale = [1.0] * len(layer_devices)
         self.v_scale = [1.0] * len(layer_devices)
@@ -301,7 +322,7 @@ class KVCache:
         return min(first_held(table), end), end
 
     def export_layer(self, seq: Sequence, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of the blocks a layer holds of seq's tokens (held_range), on the CPU: [n, block_size, heads, dim]."""
+        """K and V of the blocks a layer holds of seq's tokens (held_range), on the CPU: [n, block_size, heads, row]."""
         first, end = self.held_range(seq, self.layer_group[layer])
         ids = torch.tensor(self.groups[self.layer_group[layer]].table(seq)[first:end], dtype=torch.int64)
         ids = ids.to(self.k_cache[layer].device)
@@ -321,7 +342,7 @@ class KVCache:
         seq.token_ids[:] = token_ids
 
     def import_layer(self, seq: Sequence, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write K and V ([n, block_size, heads, dim], any device) into the blocks a layer holds of seq (adopt)."""
+        """Write K and V ([n, block_size, heads, row], any device) into the blocks a layer holds of seq (adopt)."""
         first, end = self.held_range(seq, self.layer_group[layer])
         ids = torch.tensor(self.groups[self.layer_group[layer]].table(seq)[first:end], dtype=torch.int64)
         device = self.k_cache[layer].device

@@ -19,6 +19,9 @@ from stowage.kernels.cpu_decode import Layer, Matrix, Model, Vector
 from stowage.kernels.quant_linear import QuantizedWeight
 
 FLOAT_CODES = {torch.float32: cpu_decode.W_F32, torch.float16: cpu_decode.W_F16, torch.bfloat16: cpu_decode.W_BF16}
+# the cache's: floats, fp8, and q8_0 / q4_0 blocks (int8 / uint8 storage, kernels/kv_quant.py), K's and V's apart
+CACHE_CODES = {**FLOAT_CODES, torch.float8_e4m3fn: cpu_decode.CACHE_FP8, torch.int8: cpu_decode.CACHE_Q8_0,
+               torch.uint8: cpu_decode.CACHE_Q4_0}
 PLAIN_GGML = {"f32": cpu_decode.W_F32, "f16": cpu_decode.W_F16, "bf16": cpu_decode.W_BF16}
 ACTS = {"silu": cpu_decode.ACT_SILU, "gelu_pytorch_tanh": cpu_decode.ACT_GELU_TANH}
 MAX_HEAD_DIM, MAX_GROUP = 512, 64  # decode_layer.c's
@@ -87,7 +90,8 @@ class NativeDecode:
             raise Unsupported("experts")
         if cfg.hidden_act not in ACTS or cfg.head_dim > MAX_HEAD_DIM or cfg.head_dim % 2 \
                 or cfg.num_heads // cfg.num_kv_heads > MAX_GROUP \
-                or transformer.dtype not in FLOAT_CODES or cache.spec.dtype not in (*FLOAT_CODES, torch.float8_e4m3fn):
+                or transformer.dtype not in FLOAT_CODES or cache.spec.dtype not in CACHE_CODES \
+                or cache.spec.value_dtype not in CACHE_CODES:
             raise Unsupported("configuration")
         first = len(layers)
         while first > 0 and layers[first - 1].device.type == "cpu":
@@ -112,9 +116,9 @@ class NativeDecode:
         if transformer.qk_order is not None:
             order = next(iter(transformer.qk_order.values())).to("cpu", torch.int64).contiguous()
         keep += [inv_freq, local, order, structs]
-        cache_code = cpu_decode.CACHE_FP8 if cache.spec.dtype == torch.float8_e4m3fn else FLOAT_CODES[cache.spec.dtype]
         model = Model(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
-                      cache.spec.block_size, cache_code, int(cfg.norm_plus_one), int(cfg.sandwich_norm),
+                      cache.spec.block_size, CACHE_CODES[cache.spec.dtype], CACHE_CODES[cache.spec.value_dtype],
+                      int(cfg.norm_plus_one), int(cfg.sandwich_norm),
                       int(cfg.qk_norm), ACTS[cfg.hidden_act], len(layers), cfg.rms_norm_eps, cfg.attention_scale,
                       cfg.attn_softcap or 0.0, inv_freq.data_ptr(),
                       local.data_ptr() if local is not None else None,

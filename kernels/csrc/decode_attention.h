@@ -38,16 +38,91 @@ typedef struct {
     scratch *s;  // the lane's: its queries, partial sums and output
 } attn_task;
 
-// q . key row, through a converted row (fp8 caches, rows of no whole vectors; block_scores has the vector path)
+#ifdef VEC_LANES
+// VEC_LANES of a q8_0 / q4_0 block's values from the i-th (i a multiple of VEC_LANES), unscaled: q, or q4_0's q - 8
+static inline vf block_vec(const uint8_t *b, int32_t type, int i) {
+#if VEC_LANES == 16
+    if (type == CACHE_Q8_0)
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + i))));
+    __m128i x = _mm_loadu_si128((const __m128i *)(b + 2));  // values 0-15 in the low nibbles, 16-31 in the high
+    if (i) x = _mm_srli_epi16(x, 4);
+    x = _mm_and_si128(x, _mm_set1_epi8(15));
+    return _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(x)), _mm512_set1_ps(8.0f));
+#else
+    if (type == CACHE_Q8_0)
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + i))));
+    __m128i x = _mm_loadl_epi64((const __m128i *)(b + 2 + (i & 15)));
+    if (i >= 16) x = _mm_srli_epi16(x, 4);
+    x = _mm_and_si128(x, _mm_set1_epi8(15));
+    return _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(x)), _mm256_set1_ps(8.0f));
+#endif
+}
+#endif
+
+// q . key row of a q8_0 / q4_0 cache, in place: each block's 32 products with its quants, times its scale once
+static inline float block_key_dot(const float *q, const void *cache, int32_t type, int64_t offset, int n) {
+    const uint8_t *b = (const uint8_t *)cache + cache_bytes(type, offset);
+    const int64_t bb = cache_bytes(type, 32);
+#ifdef VEC_LANES
+    vf total = vzero();
+    for (int k = 0; k < n; k += 32, b += bb) {
+        vf acc = vzero();
+        for (int i = 0; i < 32; i += VEC_LANES) acc = vfma(vload(q + k + i), block_vec(b, type, i), acc);
+        total = vfma(vset(block_scale(b)), acc, total);
+    }
+    return vsum(total);
+#else
+    float s = 0.0f;
+    for (int k = 0; k < n; k += 32, b += bb) {
+        float a = 0.0f;
+        for (int i = 0; i < 32; i++) a += q[k + i] * (float)block_quant(b, type, i);
+        s += a * block_scale(b);
+    }
+    return s;
+#endif
+}
+
+// acc[g] += p[g] v for the `group` heads from a q8_0 / q4_0 value row in place: p[g] * d times each block's quants
+static inline void block_value_axpy(float *acc, int64_t acc_stride, const float *p, int64_t p_stride, int group,
+                                    const void *cache, int32_t type, int64_t offset, int n) {
+    const uint8_t *b = (const uint8_t *)cache + cache_bytes(type, offset);
+    const int64_t bb = cache_bytes(type, 32);
+    for (int k = 0; k < n; k += 32, b += bb) {
+        const float d = block_scale(b);
+#ifdef VEC_LANES
+        for (int i = 0; i < 32; i += VEC_LANES) {
+            const vf v = block_vec(b, type, i);
+            for (int g = 0; g < group; g++) {
+                float *a = acc + g * acc_stride + k + i;
+                vstore(a, vfma(vset(p[g * p_stride] * d), v, vload(a)));
+            }
+        }
+#else
+        for (int g = 0; g < group; g++) {
+            const float c = p[g * p_stride] * d;
+            for (int i = 0; i < 32; i++) acc[g * acc_stride + k + i] += c * (float)block_quant(b, type, i);
+        }
+#endif
+    }
+}
+
+// q . key row, through a converted row (fp8 caches, rows of no whole vectors; block_scores has the vector path);
+// q8_0 / q4_0 rows in place
 static inline float key_dot(const float *q, const void *cache, int32_t type, int64_t offset, int n, float scale) {
+    if (cache_is_blocks(type)) return block_key_dot(q, cache, type, offset, n);
     float row[MAX_HEAD_DIM];
     load_row(cache, type, offset, n, scale, row);
     return dot(q, row, n);
 }
 
-// acc[g] += p[g] v for the `group` heads, v widened from its cache row (caches of no whole vectors, fp8)
+// acc[g] += p[g] v for the `group` heads, v widened from its cache row (caches of no whole vectors, fp8); q8_0 /
+// q4_0 rows in place
 static inline void value_axpy(float *acc, int64_t acc_stride, const float *p, int64_t p_stride, int group,
                               const void *cache, int32_t type, int64_t offset, int n, float scale) {
+    if (cache_is_blocks(type)) {
+        block_value_axpy(acc, acc_stride, p, p_stride, group, cache, type, offset, n);
+        return;
+    }
     float row[MAX_HEAD_DIM];
     load_row(cache, type, offset, n, scale, row);
     for (int g = 0; g < group; g++) axpy(acc + g * acc_stride, p[g * p_stride], row, n);
@@ -267,16 +342,18 @@ static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
     attn_task *t = ctx;
     const model *m = t->m;
     const int hd = m->head_dim, kvh = m->num_kv_heads, group = m->num_heads / kvh, bs = m->block_size;
-    const int32_t type = m->cache_type;
-    const int64_t elem = type == W_F32 ? 4 : type == CACHE_FP8 ? 1 : 2;
+    const int32_t type = m->cache_type, vtype = m->v_cache_type;  // K's and V's
 #ifdef VEC_LANES
-    const int vec = hd % VEC_LANES == 0 && type != CACHE_FP8;
+    // the float caches' vector paths (q8_0 / q4_0 rows go through key_dot / value_axpy, in place)
+    const int vec = hd % VEC_LANES == 0 && type != CACHE_FP8 && !cache_is_blocks(type),
+              vec_v = hd % VEC_LANES == 0 && vtype != CACHE_FP8 && !cache_is_blocks(vtype);
 #else
-    const int vec = 0;
+    const int vec = 0, vec_v = 0;
 #endif
     // blocks prefetched ahead: two while their keys and values take a small part of L2 (more were no faster), else
     // one (large blocks, such as the 1.7b shape's of 32 KV heads: 128 KiB with the values); docs/kernels.md
-    const int64_t block_bytes = (int64_t)bs * kvh * hd * elem;
+    const int64_t row_k = cache_bytes(type, hd), row_v = cache_bytes(vtype, hd);  // one token's row of one KV head
+    const int64_t block_bytes = (int64_t)bs * kvh * (row_k > row_v ? row_k : row_v);
     int64_t ahead = PREFETCH_BYTES / (2 * block_bytes);
     if (ahead > 2) ahead = 2;
     if (ahead < 1) ahead = 1;
@@ -297,24 +374,27 @@ static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
             // `ahead` blocks on: at a split's start all of them at once, after that the one `ahead` blocks on, a KV
             // head's share at each head (all at once stalled on the core's outstanding misses)
             const char *pk = NULL, *pv = NULL;
-            int64_t share = 0;
+            int64_t share = 0, share_v = 0;
             for (int64_t b = pos / bs + 1; b <= pos / bs + ahead && b * bs < t1; b++) {
                 if (pos != t0 && b < pos / bs + ahead) continue;
-                const int64_t at = (int64_t)t->block_table[b] * block_bytes,
-                              bytes = (b * bs + bs < t1 ? bs : t1 - b * bs) * kvh * hd * elem;
-                pk = (const char *)t->l->k_cache + at, pv = (const char *)t->l->v_cache + at;
-                share = pos == t0 ? 0 : (bytes / kvh + 63) & ~(int64_t)63;
+                const int64_t at = (int64_t)t->block_table[b] * bs * kvh,  // in rows
+                              rows = (b * bs + bs < t1 ? bs : t1 - b * bs) * kvh;
+                pk = (const char *)t->l->k_cache + at * row_k, pv = (const char *)t->l->v_cache + at * row_v;
+                share = pos == t0 ? 0 : (rows * row_k / kvh + 63) & ~(int64_t)63;
+                share_v = pos == t0 ? 0 : (rows * row_v / kvh + 63) & ~(int64_t)63;
                 if (!share) {
-                    prefetch_range(pk, bytes);
-                    prefetch_range(pv, bytes);
+                    prefetch_range(pk, rows * row_k);
+                    prefetch_range(pv, rows * row_v);
                 }
             }
-            load_in_order((const char *)t->l->k_cache + slot * kvh * hd * elem,
-                          (const char *)t->l->v_cache + slot * kvh * hd * elem, (int64_t)cnt * kvh * hd * elem);
+            const int64_t rows = (int64_t)cnt * kvh;
+            if (row_k == row_v)
+                load_in_order((const char *)t->l->k_cache + slot * kvh * row_k,
+                              (const char *)t->l->v_cache + slot * kvh * row_v, rows * row_k);
             for (int kh = 0; kh < kvh; kh++) {
                 if (share) {
                     prefetch_range(pk + kh * share, share);
-                    prefetch_range(pv + kh * share, share);
+                    prefetch_range(pv + kh * share_v, share_v);
                 }
                 const int64_t first = slot * kvh + kh;  // in rows of head_dim; the next token's is kvh rows on
                 float *part = parts + (int64_t)kh * group * (hd + 2);
@@ -327,7 +407,7 @@ static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
                             scores[g * 64 + j] = key_dot(qh + (int64_t)g * hd, t->l->k_cache, type,
                                                          (first + (int64_t)j * kvh) * hd, hd, t->l->k_scale);
                 for (int g = 0; g < group; g++) block_softmax(scores + g * 64, cnt, m, part + g * (hd + 2), hd);
-                block_values(part + 2, hd + 2, scores, group, t->l->v_cache, type, vec, first * hd,
+                block_values(part + 2, hd + 2, scores, group, t->l->v_cache, vtype, vec_v, first * hd,
                              (int64_t)kvh * hd, cnt, hd, t->l->v_scale);
             }
             pos += cnt;

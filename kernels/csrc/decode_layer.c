@@ -130,7 +130,7 @@ static void layer_step(const model *m, const layer *l, int lanes, const int32_t 
         const int32_t *table = block_tables[b];
         int64_t slot = (int64_t)table[positions[b] / m->block_size] * m->block_size + positions[b] % m->block_size;
         store_row(l->k_cache, m->cache_type, slot * kvd, (int)kvd, l->k_scale, k);
-        store_row(l->v_cache, m->cache_type, slot * kvd, (int)kvd, l->v_scale, v);
+        store_row(l->v_cache, m->v_cache_type, slot * kvd, (int)kvd, l->v_scale, v);
     }
     attention(m, l, lanes, block_tables, positions);
     for (int b = 0; b < lanes; b++) prepare(&ain[b], qd);

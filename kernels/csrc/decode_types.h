@@ -42,7 +42,8 @@ typedef struct {
 
 typedef struct {
     int32_t hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size;
-    int32_t cache_type;  // W_F32 / W_F16 / W_BF16, or 3: fp8 e4m3fn
+    int32_t cache_type;    // K's: W_F32 / W_F16 / W_BF16, 3: fp8 e4m3fn, CACHE_Q8_0 / CACHE_Q4_0: ggml blocks
+    int32_t v_cache_type;  // V's, the same codes
     int32_t norm_plus_one, sandwich, qk_norm, act, num_layers;
     float eps, attn_scale, attn_softcap;  // softcap 0: none
     const float *inv_freq, *inv_freq_local;  // [head_dim / 2]
@@ -51,6 +52,25 @@ typedef struct {
 } model;
 
 #define CACHE_FP8 3
+// ggml's block types as KV caches (kernels/kv_quant.py), their ggml ids: a row of head_dim values is head_dim / 32
+// blocks of an fp16 scale d and 32 quants, q8_0 int8 (value q * d), q4_0 nibbles (values 0-15 low, 16-31 high;
+// value (q - 8) * d). Offsets into such a cache still count elements (values): always a multiple of 32.
+#define CACHE_Q4_0 2
+#define CACHE_Q8_0 8
+
+static inline int cache_is_blocks(int32_t type) { return type == CACHE_Q8_0 || type == CACHE_Q4_0; }
+
+// bytes of n cache elements (values; whole blocks for q8_0 / q4_0)
+static inline int64_t cache_bytes(int32_t type, int64_t n) {
+    switch (type) {
+    case W_F32: return n * 4;
+    case W_F16:
+    case W_BF16: return n * 2;
+    case CACHE_Q8_0: return n / 32 * 34;
+    case CACHE_Q4_0: return n / 32 * 18;
+    default: return n;
+    }
+}
 
 // ---- scalar conversions -----------------------------------------------------------------------------------
 
@@ -112,8 +132,50 @@ static inline float load_scalar(const void *p, int32_t type, int64_t i) {
     }
 }
 
+static inline float block_scale(const uint8_t *b) {
+    uint16_t h;
+    memcpy(&h, b, 2);
+    return f16_f32(h);
+}
+
+// The i-th of a q8_0 / q4_0 block's 32 quants as an integer value (q4_0's minus its 8)
+static inline int block_quant(const uint8_t *b, int32_t type, int i) {
+    if (type == CACHE_Q8_0) return ((const int8_t *)b)[2 + i];
+    return (i < 16 ? b[2 + i] & 15 : b[2 + i - 16] >> 4) - 8;
+}
+
+// 32 values into one block, as ggml's quantize_row_q8_0_ref / quantize_row_q4_0_ref (bit for bit: float32, roundf;
+// q4_0's products kept apart from the + 8.5 (volatile), which a fused multiply-add would round differently)
+static void quantize_block(int32_t type, const float *x, uint8_t *b) {
+    float amax = 0.0f, top = 0.0f;
+    for (int i = 0; i < 32; i++)
+        if (amax < fabsf(x[i])) amax = fabsf(x[i]), top = x[i];
+    const float d = type == CACHE_Q8_0 ? amax / 127.0f : top / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t h = f32_f16(d);
+    memcpy(b, &h, 2);
+    if (type == CACHE_Q8_0) {
+        for (int i = 0; i < 32; i++) ((int8_t *)b)[2 + i] = (int8_t)roundf(x[i] * id);
+        return;
+    }
+    for (int j = 0; j < 16; j++) {
+        volatile float x0 = x[j] * id, x1 = x[16 + j] * id;
+        int q0 = (int8_t)(x0 + 8.5f), q1 = (int8_t)(x1 + 8.5f);
+        q0 = q0 < 15 ? q0 : 15, q1 = q1 < 15 ? q1 : 15;
+        b[2 + j] = (uint8_t)(q0 | q1 << 4);
+    }
+}
+
 // a row of n cache elements from `offset` as float32, and back (fp8 caches hold value / scale)
 static void load_row(const void *cache, int32_t type, int64_t offset, int n, float scale, float *out) {
+    if (cache_is_blocks(type)) {  // widened a block at a time: q * d
+        const uint8_t *b = (const uint8_t *)cache + cache_bytes(type, offset);
+        const int64_t bb = cache_bytes(type, 32);
+        for (int k = 0; k < n; k += 32, b += bb) {
+            const float d = block_scale(b);
+            for (int i = 0; i < 32; i++) out[k + i] = (float)block_quant(b, type, i) * d;
+        }
+        return;
+    }
     switch (type) {
     case W_F32: memcpy(out, (const float *)cache + offset, (size_t)n * 4); break;
     case W_F16:
@@ -128,6 +190,11 @@ static void load_row(const void *cache, int32_t type, int64_t offset, int n, flo
 }
 
 static void store_row(void *cache, int32_t type, int64_t offset, int n, float scale, const float *in) {
+    if (cache_is_blocks(type)) {
+        uint8_t *b = (uint8_t *)cache + cache_bytes(type, offset);
+        for (int k = 0; k < n; k += 32, b += cache_bytes(type, 32)) quantize_block(type, in + k, b);
+        return;
+    }
     switch (type) {
     case W_F32: memcpy((float *)cache + offset, in, (size_t)n * 4); break;
     case W_F16:

@@ -18,7 +18,7 @@
 
 typedef struct {
     const void *query;
-    int32_t q_type, cache_type, out_type;
+    int32_t q_type, cache_type, out_type, v_type;  // cache_type: K's
     int64_t n, start;
     const void *k_cache, *v_cache;
     float k_scale, v_scale, scale, softcap;
@@ -95,7 +95,7 @@ static void prefill_chunk(void *ctx, int64_t begin, int64_t end) {
                 if (j < cnt) {
                     float krow[MAX_HEAD_DIM];
                     load_row(t->k_cache, t->cache_type, (first + (int64_t)j * kvh) * hd, hd, t->k_scale, krow);
-                    load_row(t->v_cache, t->cache_type, (first + (int64_t)j * kvh) * hd, hd, t->v_scale, vrows[j]);
+                    load_row(t->v_cache, t->v_type, (first + (int64_t)j * kvh) * hd, hd, t->v_scale, vrows[j]);
                     for (int d = 0; d < hd; d++) kt[d * PF_KEYS + j] = krow[d];
                 } else {
                     for (int d = 0; d < hd; d++) kt[d * PF_KEYS + j] = 0.0f;
@@ -155,12 +155,15 @@ static void prefill_chunk(void *ctx, int64_t begin, int64_t end) {
 #include "prefill_bf16.h"
 
 // out [n, num_heads, head_dim] (out_type) for queries [n, num_heads, head_dim] (q_type) at positions start.. of
-// one sequence, against its cache through block_table (softcap 0: none; window 0: the whole context).
+// one sequence, against its cache through block_table (softcap 0: none; window 0: the whole context). cache_type
+// is K's, v_type V's; q8_0 / q4_0 rows are widened a step's keys at a time (load_row), never the whole cache.
 int attention_prefill(const void *query, int32_t q_type, int64_t n, int64_t start, const void *k_cache,
-                      const void *v_cache, int32_t cache_type, float k_scale, float v_scale, const int32_t *block_table,
+                      const void *v_cache, int32_t cache_type, int32_t v_type, float k_scale, float v_scale,
+                      const int32_t *block_table,
                       int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size, float scale,
                       float softcap, int32_t window, void *out, int32_t out_type) {
     if (head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads) return -1;
+    if ((cache_is_blocks(cache_type) || cache_is_blocks(v_type)) && head_dim % 32) return -1;
     const int group = num_heads / num_kv_heads;
     if (group > PF_STATES) return -1;
     task_fn chunk = prefill_chunk;
@@ -169,11 +172,12 @@ int attention_prefill(const void *query, int32_t q_type, int64_t n, int64_t star
     if (start + n < (1 << 24)) chunk = prefill_chunk_lanes;  // positions exact as float32 lanes
 #endif
 #if defined(__AVX512BF16__)
-    if (q_type == W_BF16 && (cache_type == W_BF16 || cache_type == CACHE_FP8) && softcap == 0.0f &&
+    if (q_type == W_BF16 && (cache_type == W_BF16 || cache_type == CACHE_FP8) && v_type == cache_type &&
+        softcap == 0.0f &&
         head_dim % 16 == 0 && group <= PB_STATES)
         chunk = prefill_chunk_bf16, states = PB_STATES;
 #endif
-    prefill_task t = {query, q_type, cache_type, out_type, n, start, k_cache, v_cache, k_scale, v_scale, scale,
+    prefill_task t = {query, q_type, cache_type, out_type, v_type, n, start, k_cache, v_cache, k_scale, v_scale, scale,
                       softcap, block_table, num_heads, num_kv_heads, head_dim, block_size, window, states / group, 0,
                       out};
     // smaller tiles when there are too few units for the threads

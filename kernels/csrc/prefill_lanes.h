@@ -81,7 +81,7 @@ static void prefill_chunk_lanes(void *ctx, int64_t begin, int64_t end) {
                 krow[j] = rows[j];
                 if (j < cnt) {
                     load_row(t->k_cache, t->cache_type, (first + (int64_t)j * kvh) * hd, hd, t->k_scale, rows[j]);
-                    load_row(t->v_cache, t->cache_type, (first + (int64_t)j * kvh) * hd, hd, t->v_scale,
+                    load_row(t->v_cache, t->v_type, (first + (int64_t)j * kvh) * hd, hd, t->v_scale,
                              rows[PF_KEYS + j]);
                 } else if (j < ((cnt + 3) & ~3)) {
                     memset(rows[j], 0, (size_t)hd * 4);

@@ -243,8 +243,8 @@ class Transformer:
 
         Softmax over every expert in fp32, then top-k, renormalized when norm_topk_prob (Qwen3-MoE's choice; Mixtral
         always, which equals a softmax over the top-k logits). Experts run in ascending order, each one product
-        over the tokens routed to it, so only the chosen experts' rows are read; the output is on the experts'
-        device (the attention's may be another)."""
+        over the tokens routed to it, added into the output as transformers does, so only the chosen experts' rows
+        are read; the output is on the experts' device (the attention's may be another)."""
         cfg = self.config
         probs = torch.softmax(linear(x, router).float(), dim=-1)  # [n, num_experts]
         weights, chosen = torch.topk(probs, cfg.num_experts_per_tok, dim=-1)  # [n, k]
@@ -258,5 +258,6 @@ class Transformer:
             xe = x[tokens]
             y = linear(self.act(linear(xe, experts[f"gate.{e}"])) * linear(xe, experts[f"up.{e}"]),
                        experts[f"down.{e}"])
-            out.index_add_(0, tokens, y * weights[tokens, slot, None])
+            # a token meets an expert once: a gather and add (index_add_ takes ms per call on bf16 CPU tensors)
+            out[tokens] += y * weights[tokens, slot, None]
         return out

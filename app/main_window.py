@@ -39,6 +39,7 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.setWindowTitle(TITLE)
         self.qsettings = open_settings()
+        theme.apply(theme.stored(self.qsettings))  # before the widgets: they take their colours from it
         self.store = store or ConversationStore()
         self.stats = stats or MemoryStats()
         self.client = EngineClient(self)

@@ -8,10 +8,10 @@ from importlib import metadata
 
 import PySide6
 from PySide6.QtCore import Qt, qVersion
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QMessageBox
 
-from . import paths
+from . import paths, theme
 from .hub_dialog import open_hub_dialog
 
 
@@ -42,7 +42,9 @@ def build_menus(window) -> None:
     file = bar.addMenu("&File")
     window.new_chat_action = _action(window, file, "&New chat", chats.new_conversation, QKeySequence.StandardKey.New)
     _action(window, file, "&Open model folder…", window.settings_panel.picker.browse, "Ctrl+O",
-            "A folder with config.json and *.safetensors")
+            "A folder with config.json and *.safetensors, or with .gguf files")
+    _action(window, file, "Open GG&UF file…", window.settings_panel.picker.browse_file, "Ctrl+Shift+G",
+            "A .gguf model file")
     window.get_models_action = _action(window, file, "&Get models…", lambda: open_hub_dialog(window), "Ctrl+Shift+O",
                                        "Search the Hugging Face Hub; see what fits before downloading")
     _action(window, file, "Add remote &server…", window.add_server_dialog, tip="An OpenAI-compatible server whose "
@@ -67,9 +69,26 @@ def build_menus(window) -> None:
     window.show_list_action = _toggle(window, view, "&Conversations", chats)
     window.show_settings_action = _toggle(window, view, "&Settings", window.settings_panel)
     window.show_graphs_action = _toggle(window, view, "Memory &graphs", window.graph)
+    view.addSeparator()
+    window.theme_actions = _theme_menu(window, view.addMenu("&Theme"))
 
     help_menu = bar.addMenu("&Help")
     window.about_action = _action(window, help_menu, "&About Stowage", lambda: show_about(window))
+
+
+def _theme_menu(window, menu) -> dict[str, QAction]:
+    """System (follow the desktop's palette), Light or Dark: applied at once and kept for the next start."""
+    group = QActionGroup(window)
+    actions = {}
+    chosen = theme.stored(window.qsettings)
+    for name, label in (("system", "&System"), ("light", "&Light"), ("dark", "&Dark")):
+        action = QAction(label, window, checkable=True)
+        action.setChecked(name == chosen)
+        action.triggered.connect(lambda _=False, name=name: theme.choose(window.qsettings, name))
+        group.addAction(action)
+        menu.addAction(action)
+        actions[name] = action
+    return actions
 
 
 def app_version() -> str:

@@ -160,6 +160,21 @@ def watch(widget, restyle) -> None:
     changed.connect(follow)
 
 
+SETTINGS_KEY = "theme"
+
+
+def stored(qsettings) -> str:
+    """The theme kept in the settings ("system" when none, or an edited file's unknown one)."""
+    value = qsettings.value(SETTINGS_KEY, "system")
+    return value if value in THEMES else "system"
+
+
+def choose(qsettings, theme: str) -> None:
+    """The user chose `theme` (View ▸ Theme): applied now, kept for the next start."""
+    apply(theme)
+    qsettings.setValue(SETTINGS_KEY, theme)
+
+
 def apply(theme: str) -> None:
     """Use `theme` ("system", "light" or "dark") for the whole application from now on."""
     if theme not in THEMES:

@@ -74,6 +74,7 @@ def run_generate(args) -> int:
 
     sampling = _sampling(args)  # every argument is checked before anything is read or loaded
     check_text(args.prompt, "--prompt")
+    response_format = _json_schema(args.json_schema) if args.json_schema else None
     # the config is the first thing to be wrong with a model; the tokenizer is tokenizer.json or GGUF metadata
     tokenizer = open_source(args.model_dir).tokenizer
     messages = [{"role": "user", "content": args.prompt}]
@@ -81,7 +82,7 @@ def run_generate(args) -> int:
     if not ids:
         raise InvalidArgumentError("the prompt is empty (and the model adds no start token); give some text")
     with _start(args, len(ids) + args.max_tokens) as engine:
-        stream = engine.complete(ids, sampling)  # the token ids, exactly as counted here
+        stream = engine.complete(ids, sampling, response_format=response_format)  # the ids exactly as counted here
         for text in stream:
             if not args.json:
                 sys.stdout.write(text)
@@ -92,12 +93,27 @@ def run_generate(args) -> int:
             "text": r.text, "token_ids": r.token_ids, "prompt_tokens": r.prompt_tokens,
             "finish_reason": r.finish_reason, "prefill_tokens_per_s": round(r.prefill_tokens_per_s, 2),
             "decode_tokens_per_s": round(r.decode_tokens_per_s, 2),
+            # the reply parsed, under --json-schema once it is complete (null when max_tokens cut it short)
+            "value": json.loads(r.text) if response_format and r.finish_reason == "stop" else None,
         }, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
     sys.stderr.write(f"{r.prompt_tokens} prompt tokens, {r.prefill_tokens_per_s:.1f} tok/s prefill; "
                      f"{r.completion_tokens} generated, {r.decode_tokens_per_s:.1f} tok/s decode ({r.finish_reason})\n")
     return 0
+
+
+def _json_schema(path: str) -> dict:
+    """--json-schema FILE as the request's response_format; InvalidArgumentError for a file or schema that will not
+    do, before the model is loaded."""
+    from ..text.grammar import json_schema_grammar
+
+    try:
+        schema = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise InvalidArgumentError(f"--json-schema {path}: not a JSON file ({e})") from None
+    json_schema_grammar(schema, f"--json-schema {path}")  # refused here, as the server would
+    return {"type": "json_schema", "json_schema": {"name": "schema", "schema": schema}}
 
 
 def run_chat(args) -> int:
@@ -250,6 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", metavar="TEXT", required=True, help="the prompt")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.add_argument("--json-schema", metavar="FILE", default=None,
+                     help="the reply is JSON valid under the JSON Schema in FILE (constrained decoding)")
     _add_sampling(gen, temperature=0.0)
     gen.set_defaults(func=run_generate)
     chat = sub.add_parser("chat", help="chat in the terminal, with a model or with a server (--remote)")

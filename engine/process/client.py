@@ -166,9 +166,12 @@ class RemoteServer:
         return RemoteStream(self, "/v1/chat/completions", body, model, cancel, progress)
 
     def complete(self, prompt: str | list[int], sampling: SamplingParams, *, model: str | None = None,
-                 cancel: threading.Event | None = None, progress: Progress | None = None) -> "RemoteStream":
-        """A streaming completion of a text or of token ids (the prompt exactly as tokenized here)."""
-        body = {"prompt": prompt, **sampling_fields(sampling)}
+                 cancel: threading.Event | None = None, progress: Progress | None = None,
+                 response_format: dict | None = None) -> "RemoteStream":
+        """A streaming completion of a text or of token ids (the prompt exactly as tokenized here); response_format
+        as OpenAI's API takes it (a JSON schema the reply must match)."""
+        body = {"prompt": prompt, **sampling_fields(sampling),
+                **({"response_format": response_format} if response_format is not None else {})}
         return RemoteStream(self, "/v1/completions", body, model, cancel, progress)
 
     # -- the parts -----------------------------------------------------------------------------

@@ -4,6 +4,8 @@ compile is a 400 and the server goes on; and in one batched step a constrained a
 get alone."""
 
 import json
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -154,3 +156,23 @@ def test_a_batched_step_mixes_constrained_and_free_requests_each_as_alone(engine
     for name in ("json", "free"):
         assert together[name].token_ids == alone[name].token_ids
         assert together[name].finish_reason == alone[name].finish_reason
+
+
+def test_stowage_generate_json_schema_prints_the_parsed_value(tmp_path):
+    schema = SCHEMAS["enums and ranges"]
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    command = [sys.executable, "-P", "-m", "stowage.engine.cli", "generate", str(DEMO), "--prompt", "Describe a model",
+               "--chat", "--threads", "1"]
+    done = subprocess.run([*command, "--json-schema", str(tmp_path / "schema.json"), "--json"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["finish_reason"] == "stop" and out["value"] == json.loads(out["text"])
+    jsonschema.validate(out["value"], schema)
+    (tmp_path / "bad.json").write_text('{"type": "integer", "minimum": 5, "maximum": 1}')
+    refused = subprocess.run([*command, "--json-schema", str(tmp_path / "bad.json")], capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.strip().splitlines() == [
+        f"stowage: --json-schema {tmp_path / 'bad.json'} is not supported: Unsatisfiable schema: minimum (5) is "
+        "greater than maximum (1)"]

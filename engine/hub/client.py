@@ -78,18 +78,17 @@ class Hub:
 
     @contextmanager
     def read(self, repo: str, revision: str, filename: str, start: int, end: int) -> Iterator[Iterator[bytes]]:
-        """The bytes [start, end) of a file, as a stream of chunks (a server that ignores Range sends the file from
-        its start: the caller reads only what it asked for)."""
+        """The bytes from `start` of a file (up to `end`, if the server honours Range), as a stream of chunks: the
+        caller stops reading at `end`. A server that ignores Range sends the file from its start; what lies before
+        `start` is skipped."""
         url = hf_hub_url(repo, filename, revision=revision, endpoint=self.endpoint)
         headers = self.headers() | {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
         with self.errors(repo, filename):
             with get_session().stream("GET", url, headers=headers, follow_redirects=True,
                                       timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
                 hf_raise_for_status(response)
-                if start and response.status_code != 206:
-                    raise HubError(f"{self.endpoint} sent the whole of {repo}/{filename} when asked for bytes "
-                                   f"{start:,}-{end - 1:,}; it does not serve ranges")
-                yield response.iter_bytes()
+                skip = start if response.status_code != 206 else 0
+                yield _skipped(response.iter_bytes(), skip)
 
     def headers(self) -> dict[str, str]:
         """What every request carries: huggingface_hub's user agent, and the token where there is one."""
@@ -115,8 +114,8 @@ class Hub:
         except GatedRepoError as e:
             raise HubAccessError(self.gated_note(repo or "this repository")) from e
         except RemoteEntryNotFoundError as e:
-            raise HubError(f"{repo} has no file {filename!r}" + (" at that revision" if filename else "")
-                           + "; list its files with `stowage pull " + f"{repo}`") from e
+            raise HubError(f"{repo} has no file {filename!r}; `stowage plan {repo} --context N` lists the models "
+                           "it has") from e
         except RevisionNotFoundError as e:
             raise HubError(f"{repo} has no such revision (branch, tag or commit)") from e
         except DisabledRepoError as e:
@@ -127,6 +126,9 @@ class Hub:
                            "(owner/name, as on its page)") from e
         except HfHubHTTPError as e:
             status = e.response.status_code if e.response is not None else None
+            if status == 404:
+                raise HubError(f"{where} was not found on {self.endpoint} (HTTP 404); check the repository and file "
+                               "names") from e
             if status in (401, 403):
                 raise HubAccessError(f"{self.endpoint} refused access to {where} (HTTP {status}): log in with "
                                      "`hf auth login` or set HF_TOKEN") from e
@@ -137,6 +139,15 @@ class Hub:
         except TransportError as e:
             raise HubError(f"cannot reach {self.endpoint} ({type(e).__name__}: {e}); check the connection, or "
                            "HF_ENDPOINT") from e
+
+
+def _skipped(chunks: Iterator[bytes], num_bytes: int) -> Iterator[bytes]:
+    for chunk in chunks:
+        if num_bytes >= len(chunk):
+            num_bytes -= len(chunk)
+            continue
+        yield chunk[num_bytes:]
+        num_bytes = 0
 
 
 def _hit(info) -> RepoHit | None:

@@ -51,10 +51,10 @@ def hub_cache_dir() -> Path:
     return Places.default(None).hf_cache
 
 
-def model_path(model: RemoteModel, cache_dir: Path | None = None) -> Path:
+def model_path(model: RemoteModel, cache_dir: Path | None = None, commit: str | None = None) -> Path:
     """Where the model opens once downloaded: its GGUF file (the first part), or the snapshot folder."""
     snapshot = (cache_dir or hub_cache_dir()) / repo_folder_name(repo_id=model.repo, repo_type="model") / \
-        "snapshots" / model.revision
+        "snapshots" / (commit or model.revision)
     return snapshot / model.name if model.format == "gguf" else snapshot
 
 
@@ -70,15 +70,16 @@ def pull(hub: Hub, model: RemoteModel, *, cache_dir: Path | None = None,
     if model.format == "safetensors":
         order.sort(key=lambda f: f.path == "config.json")
     todo = [f for f in order if not (snapshot / f.path).is_file()]
-    meter = _Meter(model, sum(f.size for f in order) , sum(f.size for f in order if f not in todo), progress, cancel)
+    meter = _Meter(model, sum(f.size for f in order), sum(f.size for f in order if f not in todo), progress, cancel)
     _check_disk(storage, todo, cache_dir)
-    for f in todo:
-        _fetch(hub, model, f, storage, snapshot, meter)
+    commit = model.revision
+    for f in todo:  # the commit each file's HEAD names (the listing's, unless a branch moved since)
+        commit = _fetch(hub, model, f, storage, meter)
     ref = storage / "refs" / "main"
     ref.parent.mkdir(parents=True, exist_ok=True)
-    ref.write_text(model.revision)
+    ref.write_text(commit)
     meter.report(force=True)
-    return model_path(model, cache_dir)
+    return model_path(model, cache_dir, commit)
 
 
 def partial_path(storage: Path, etag: str) -> Path:
@@ -98,7 +99,8 @@ def _check_disk(storage: Path, todo: list[RemoteFile], cache_dir: Path) -> None:
                        "free some space or set HF_HUB_CACHE to a larger disk")
 
 
-def _fetch(hub: Hub, model: RemoteModel, f: RemoteFile, storage: Path, snapshot: Path, meter: "_Meter") -> None:
+def _fetch(hub: Hub, model: RemoteModel, f: RemoteFile, storage: Path, meter: "_Meter") -> str:
+    """Fetch one file into the cache; the commit its snapshot is filed under."""
     url = hf_hub_url(model.repo, f.path, revision=model.revision, endpoint=hub.endpoint)
     headers = hub.headers()
     with hub.errors(model.repo, f.path):
@@ -124,7 +126,8 @@ def _fetch(hub: Hub, model: RemoteModel, f: RemoteFile, storage: Path, snapshot:
         _verify(partial, f, model.repo)
         os.chmod(partial, 0o644)
         os.replace(partial, blob)
-    _link(blob, snapshot / f.path)
+    _link(blob, storage / "snapshots" / meta.commit_hash / f.path)
+    return meta.commit_hash
 
 
 def _verify(path: Path, f: RemoteFile, repo: str) -> None:

@@ -85,8 +85,9 @@ def group_files(repo: str, info, gated_note: str | None = None) -> RepoFiles:
     files = {s.rfilename: RemoteFile(s.rfilename, s.size or (s.lfs.size if s.lfs else 0),
                                      s.lfs.sha256 if s.lfs else None, s.blob_id)
              for s in info.siblings or ()}
-    models = _gguf_models(repo, info.sha, files) + _safetensors_models(repo, info, files)
-    return RepoFiles(repo, info.sha, tuple(models), gated_note)
+    revision = info.sha or "main"  # a server that does not say the commit: its files as they are now
+    models = _gguf_models(repo, revision, files) + _safetensors_models(repo, revision, info, files)
+    return RepoFiles(repo, revision, tuple(models), gated_note)
 
 
 def _gguf_models(repo: str, revision: str, files: dict[str, RemoteFile]) -> list[RemoteModel]:
@@ -108,11 +109,11 @@ def _gguf_models(repo: str, revision: str, files: dict[str, RemoteFile]) -> list
     return sorted(models, key=lambda m: (m.size_bytes, m.name))
 
 
-def _safetensors_models(repo: str, info, files: dict[str, RemoteFile]) -> list[RemoteModel]:
+def _safetensors_models(repo: str, revision: str, info, files: dict[str, RemoteFile]) -> list[RemoteModel]:
     weights = tuple(f for p, f in sorted(files.items()) if "/" not in p and p.endswith(".safetensors"))
     if not weights or "config.json" not in files:
         return []
     dtypes = sorted((info.safetensors.parameters or {}).items(), key=lambda kv: -kv[1]) if info.safetensors else []
     quant = dtypes[0][0].upper() if dtypes else None
     extras = tuple(files[name] for name in SAFETENSORS_EXTRAS if name in files)
-    return [RemoteModel(repo, info.sha, "safetensors", "safetensors", quant, weights, extras)]
+    return [RemoteModel(repo, revision, "safetensors", "safetensors", quant, weights, extras)]

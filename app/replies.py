@@ -21,6 +21,7 @@ class ChatRequest:
     messages: list[dict]  # the conversation, oldest first
     sampling: SamplingParams
     policy: str = context_policy.STOP
+    completion: bool = False  # continue the messages' text as written, without the chat template (a base model)
     cancel: threading.Event = field(default_factory=threading.Event)
 
 

@@ -27,7 +27,7 @@ from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 from stowage.engine.planning.budgets import detect_budgets
 from stowage.engine.runtime.engine import Engine
 from stowage.engine.process.engine_process import EngineProcess
-from stowage.engine.errors import EngineCrashedError, GenerationCancelled
+from stowage.engine.errors import EngineCrashedError, GenerationCancelled, InvalidArgumentError
 from stowage.engine.formats.source import open_source
 from stowage.engine.planning.inspect import inspect
 from stowage.kernels import cpu_decode
@@ -298,21 +298,11 @@ class EngineWorker(QObject):
             self.reply_failed.emit(cid, "No model is loaded. Pick a model and press Load.")
             return
         try:
-            sampling = request.sampling
-            # Leave room for a reply: the whole max_tokens when the context allows, else a quarter of it.
-            reserve = min(sampling.max_tokens, self.context_tokens // 4)
-            count = self.estimate.count if self.remote is not None else self._count_tokens
-            fitted = context_policy.fit(
-                request.system, request.messages, count, self.context_tokens - reserve, request.policy
-            )
-            self.reply_started.emit(ReplyStarted(cid, fitted.prompt_tokens, fitted.first_kept, fitted.kept_head))
-            if self.remote is not None:
-                r = self._reply_from_remote(cid, fitted.messages, sampling, request.cancel)
-                self.estimate.learn(fitted.messages, r.prompt_tokens)
-            elif self.process is not None:
-                r = self._reply_from_process(cid, fitted.messages, sampling, request.cancel)
+            if request.completion:  # completion mode (a base model): the chat's text continued as written
+                r = self._reply_completion(cid, "".join(m["content"] for m in request.messages), request.sampling,
+                                           request.cancel)
             else:
-                r = self._reply_in_process(cid, fitted.messages, sampling, request.cancel)
+                r = self._reply_to_chat(cid, request)
         except context_policy.ContextFullError as e:
             self.reply_failed.emit(cid, str(e))
             return
@@ -326,6 +316,41 @@ class EngineWorker(QObject):
             self.reply_failed.emit(cid, describe_error(e))
             return
         self.reply_finished.emit(Reply(cid, r))
+
+    def _reply_to_chat(self, cid: int, request: ChatRequest):
+        sampling = request.sampling
+        # Leave room for a reply: the whole max_tokens when the context allows, else a quarter of it.
+        reserve = min(sampling.max_tokens, self.context_tokens // 4)
+        count = self.estimate.count if self.remote is not None else self._count_tokens
+        fitted = context_policy.fit(
+            request.system, request.messages, count, self.context_tokens - reserve, request.policy
+        )
+        self.reply_started.emit(ReplyStarted(cid, fitted.prompt_tokens, fitted.first_kept, fitted.kept_head))
+        if self.remote is not None:
+            r = self._reply_from_remote(cid, fitted.messages, sampling, request.cancel)
+            self.estimate.learn(fitted.messages, r.prompt_tokens)
+            return r
+        if self.process is not None:
+            return self._reply_from_process(cid, fitted.messages, sampling, request.cancel)
+        return self._reply_in_process(cid, fitted.messages, sampling, request.cancel)
+
+    def _reply_completion(self, cid: int, text: str, sampling, cancel: threading.Event):
+        """The text continued as written: no chat template (a base model was never taught one)."""
+        if self.remote is not None:
+            raise InvalidArgumentError("completion mode is for models loaded here; the server formats its chats")
+        ids = self.tokenizer.encode(text)
+        self.reply_started.emit(ReplyStarted(cid, len(ids), 0))
+        progress = lambda done, total: self.prefill_progress.emit(cid, done, total)  # noqa: E731
+        if self.process is not None:
+            stream = self.process.complete(ids, sampling, cancel=cancel, progress=progress)
+            for piece in stream:
+                self.token.emit(cid, piece)
+            return stream.result
+        gen = self.engine.generate(ids, sampling, cancel=cancel, progress=progress)
+        for event in gen:
+            if event.text:
+                self.token.emit(cid, event.text)
+        return gen.result
 
     def _reply_in_process(self, cid: int, messages: list[dict], sampling, cancel: threading.Event):
         # switching back to a chat reuses what the engine still caches of its history (found by its tokens)

@@ -36,6 +36,8 @@ DROP_OLDEST = "Drop the oldest turns and resend"
 # A regenerated reply at temperature 0 is the same word for word; this one is Stowage's usual temperature.
 RETRY_TEMPERATURE = DEFAULT_SAMPLING.temperature
 RETRY = f"Regenerate at temperature {RETRY_TEMPERATURE}"
+USE_COMPLETION = "Use completion mode"
+HINT_COMPLETION = "Completion mode: type the start of a text, and the model continues it as written."
 
 
 class ChatPanel(QWidget):
@@ -77,6 +79,11 @@ class ChatPanel(QWidget):
         self.stop_button.setShortcut("Esc")
         self.regenerate_button = QPushButton("Regenerate")
         self.regenerate_button.setToolTip("Write the last reply again (the old one stays: ‹ › on the reply switches)")
+        self.completion_button = QPushButton("Completion mode")
+        self.completion_button.setCheckable(True)
+        self.completion_button.setToolTip("The model continues your text as written, without a chat template: what a "
+                                          "base model was trained to do")
+        self.completion_button.hide()  # for a base model only
         self.counter = QLabel()
         theme.tint(self.counter, "muted")
         self.counter.setAccessibleName("Speed and context used")
@@ -89,6 +96,7 @@ class ChatPanel(QWidget):
         self.notice = ChatNotice()
         buttons = QHBoxLayout()
         buttons.addWidget(self.counter, 1)
+        buttons.addWidget(self.completion_button)
         buttons.addWidget(self.regenerate_button)
         buttons.addWidget(self.stop_button)
         buttons.addWidget(self.send_button)
@@ -106,6 +114,7 @@ class ChatPanel(QWidget):
         self.send_button.clicked.connect(self.send)
         self.stop_button.clicked.connect(self.client.stop)
         self.regenerate_button.clicked.connect(lambda: self.regenerate())
+        self.completion_button.toggled.connect(self._completion_toggled)
         self.view.edit_submitted.connect(self.edit_and_resend)
         self.view.alternative_chosen.connect(self.choose_alternative)
         self.view.delete_requested.connect(self.delete_message)
@@ -206,9 +215,28 @@ class ChatPanel(QWidget):
         self.model_name = model_name
         if context_tokens:
             self.error.hide()  # what it said was about the model before (or none): it no longer holds
+        # A model loaded here without a chat template of its own (or a built-in one) is a base model.
+        tokenizer = getattr(self.client.worker, "tokenizer", None) if context_tokens else None
+        is_base = tokenizer is not None and getattr(tokenizer, "chat_template", "") is None
+        self.completion_button.setChecked(False)
+        self.completion_button.setVisible(is_base)
+        if is_base:
+            self.notice.show_notice(
+                "base", f"{model_name or 'This model'} is a base model: it has no chat template and was not trained to "
+                "answer chat messages, so chat replies are formatted as plain 'User: … Assistant: …' text and may "
+                "ramble. Completion mode continues your text as written instead.",
+                [(USE_COMPLETION, lambda: self.completion_button.setChecked(True))])
+        elif self.notice.kind == "base":
+            self.notice.clear()
         self.view.set_placeholder(HINT_READY if context_tokens else HINT_NO_MODEL)
         self.counter.setText(self._context_text(None))
         self._update_buttons()
+
+    def _completion_toggled(self, on: bool) -> None:
+        if on and self.notice.kind == "base":
+            self.notice.clear()
+        if self.context_tokens:
+            self.view.set_placeholder(HINT_COMPLETION if on else HINT_READY)
 
     # -- sending --------------------------------------------------------------------------------
     def send(self) -> None:
@@ -338,6 +366,7 @@ class ChatPanel(QWidget):
             messages=[{"role": m.role, "content": m.content} for m in messages],
             sampling=sampling or self._chat_sampling(),
             policy=self._policy(),
+            completion=self.completion_button.isChecked(),
         )
         self._generating_for = self.conversation_id
         self._sampling = asdict(request.sampling)  # as sent: the panel may change while the reply runs

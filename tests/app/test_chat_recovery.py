@@ -89,3 +89,37 @@ def test_regenerating_at_temperature_0_says_it_repeats_and_offers_a_temperature(
     assert last.meta["sampling"]["temperature"] == RETRY_TEMPERATURE and len(last.siblings) == 3
     assert window.settings_panel.temperature.value() == 0.0  # the settings stay as they were
     assert not chat.notice.isVisible()
+
+
+def test_a_base_model_is_named_so_and_completion_mode_continues_the_text(app_driver, tiny_model_dir, tmp_path):
+    import json
+    import shutil
+
+    from stowage.app.chat_panel import USE_COMPLETION
+
+    base = tmp_path / "base-model"
+    shutil.copytree(tiny_model_dir, base)
+    config = json.loads((base / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (base / "tokenizer_config.json").write_text(json.dumps(config))
+    for template in base.glob("chat_template.*"):
+        template.unlink()
+    window = app_driver.open(base)
+    app_driver.load(window)
+    window.settings_panel.max_tokens.setValue(6)
+    chat = window.chat
+    assert chat.notice.isVisible() and "base model" in chat.notice.label.text()
+    assert chat.completion_button.isVisible() and not chat.completion_button.isChecked()
+    chat.notice.button(USE_COMPLETION).click()
+    assert chat.completion_button.isChecked() and "continues" in chat.view.placeholder.text()
+    text = "Once upon a time"
+    reply = app_driver.reply(window, lambda: app_driver.send(window, text))
+    # The text alone, as the tokenizer encodes it: no template's roles around it.
+    assert reply.result.prompt_tokens == len(window.client.worker.tokenizer.encode(text))
+    assert window.store.messages(chat.conversation_id)[-1].content == reply.result.text
+
+
+def test_a_chat_model_gets_no_base_model_notice(app_driver, tiny_model_dir):
+    window = app_driver.open(tiny_model_dir)
+    app_driver.load(window)
+    assert not window.chat.notice.isVisible() and not window.chat.completion_button.isVisible()

@@ -47,6 +47,7 @@ def build_menus(window) -> None:
             "A .gguf model file")
     window.get_models_action = _action(window, file, "&Get models…", lambda: open_hub_dialog(window), "Ctrl+Shift+O",
                                        "Search the Hugging Face Hub; see what fits before downloading")
+    window.settings_panel.picker.hub_action.triggered.connect(window.get_models_action.trigger)  # Open… ▸ its twin
     _action(window, file, "Add remote &server…", window.add_server_dialog, tip="An OpenAI-compatible server whose "
             "models join the model list")
     file.addSeparator()

@@ -69,8 +69,10 @@ class ModelPicker(QGroupBox):
         menu = QMenu(self.browse_button)
         self.folder_action = QAction("Model &folder…", self)
         self.file_action = QAction("&GGUF file…", self)
+        self.hub_action = QAction("From the &Hugging Face Hub…", self)  # app/menu_bar.py opens app/hub_dialog.py
         menu.addAction(self.folder_action)
         menu.addAction(self.file_action)
+        menu.addAction(self.hub_action)
         self.browse_button.setMenu(menu)
         self.server_button = QPushButton("Server…")
         self.server_button.setToolTip("Add an OpenAI-compatible server (vLLM, Ray Serve, llama.cpp, Ollama, "

@@ -78,7 +78,7 @@ def test_a_download_can_be_cancelled(qtbot, server):
 
 def test_the_downloaded_model_is_chosen_in_the_picker(qtbot, app_driver, tiny_model_dir, server, tiny_gguf):
     window = app_driver.open(tiny_model_dir)
-    window.get_models_action.trigger()
+    window.settings_panel.picker.hub_action.trigger()  # Open… ▸ From the Hugging Face Hub… (File ▸ Get models…)
     dialog = window.hub_dialog
     open_repo(qtbot, dialog)
     with qtbot.waitSignal(dialog.downloaded, timeout=TIMEOUT_MS) as finished:
@@ -86,4 +86,8 @@ def test_the_downloaded_model_is_chosen_in_the_picker(qtbot, app_driver, tiny_mo
     picker = window.settings_panel.picker
     assert picker.combo.currentData() == finished.args[0]
     assert window.model_dir == finished.args[0]
+    # the window reads it as any model: its forecast is the downloaded file's
+    qtbot.waitUntil(lambda: window.forecast is not None and str(window.forecast.info.model_dir) == finished.args[0],
+                    timeout=TIMEOUT_MS)
+    assert window.forecast.info.num_layers == 2
     dialog.close()

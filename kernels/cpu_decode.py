@@ -25,6 +25,7 @@ ACT_SILU, ACT_GELU_TANH = 0, 1
 
 
 MAX_LANES = 64  # decode_types.h's: the most sequences one batched step takes
+MAX_TOPK = 64  # decode_types.h's: the most experts one token chooses
 
 
 class Matrix(ctypes.Structure):
@@ -41,7 +42,8 @@ class Layer(ctypes.Structure):
                [(name, Vector) for name in ("input_norm", "post_norm", "pre_ff_norm", "post_ff_norm", "q_norm",
                                             "k_norm")] + \
                [("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p), ("k_scale", ctypes.c_float),
-                ("v_scale", ctypes.c_float), ("window", ctypes.c_int32), ("local_rope", ctypes.c_int32)]
+                ("v_scale", ctypes.c_float), ("window", ctypes.c_int32), ("local_rope", ctypes.c_int32),
+                ("router", Matrix), ("experts", ctypes.POINTER(Matrix))]  # experts: [num_experts * 3] or NULL
 
 
 class Model(ctypes.Structure):
@@ -50,7 +52,8 @@ class Model(ctypes.Structure):
                  "v_cache_type", "norm_plus_one", "sandwich", "qk_norm", "act", "num_layers")] + \
                [("eps", ctypes.c_float), ("attn_scale", ctypes.c_float), ("attn_softcap", ctypes.c_float),
                 ("inv_freq", ctypes.c_void_p), ("inv_freq_local", ctypes.c_void_p), ("qk_order", ctypes.c_void_p),
-                ("layers", ctypes.POINTER(Layer))]
+                ("layers", ctypes.POINTER(Layer)), ("num_experts", ctypes.c_int32), ("top_k", ctypes.c_int32),
+                ("norm_topk", ctypes.c_int32)]
 
 
 def enabled() -> bool:
@@ -76,13 +79,15 @@ MAX_SPLITS = 64  # decode_types.h's: key ranges one attention call splits a cont
 
 
 def scratch_bytes(*, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, intermediate: int,
-                  lanes: int = 1) -> int:
+                  lanes: int = 1, num_experts: int = 0) -> int:
     """What the native step keeps allocated once it has run (decode_scratch.h ensure_lane, per lane: a sequence of
-    a batched step): the layer's vectors, x in its bf16 and integer forms, and attention's per-split sums."""
+    a batched step): the layer's vectors, x in its bf16 and integer forms, and attention's per-split sums; with
+    experts, the router's logits and the weighted sum. `intermediate`: the widest MLP (an expert's or a dense one)."""
     q, kv = num_heads * head_dim, num_kv_heads * head_dim
     wide = max(hidden, q)
+    experts = num_experts + hidden if num_experts else 0
     floats = (hidden + wide + (q + 2 * kv) + q + hidden + 3 * intermediate + head_dim
-              + num_heads * MAX_SPLITS * (head_dim + 2) + 2 * (wide // 32) + 2 * (intermediate // 32))
+              + num_heads * MAX_SPLITS * (head_dim + 2) + experts + 2 * (wide // 32) + 2 * (intermediate // 32))
     halves = wide + intermediate
     per_lane = 4 * floats + 2 * (halves + 1) + 4 * (wide // 16 + intermediate // 16) + 2 * (wide + intermediate)
     return min(max(lanes, 1), MAX_LANES) * per_lane

@@ -1,5 +1,8 @@
 """The memory plan: the KV cache for the chosen context first, then layers onto the GPUs while they fit, the rest on the CPU.
 
+A model of experts is placed finer (docs/moe.md): every layer's attention, KV cache, router and dense parts first,
+then the experts of as many whole layers as fit, each with its own layer, the rest on the CPU.
+
 `plan()` is a pure function of a ModelInfo, a PlanRequest and Budgets: it allocates nothing, so the
 GUI calls it on every slider move. A plan that does not fit is still returned (`fits=False`, with
 the error text) so the GUI can draw it; `Plan.require_fit()` (or `check()`) raises instead.
@@ -29,6 +32,7 @@ class PlanRequest:
     kv_dtype: str | None = None  # None: the compute dtype
     dtype: str | None = None  # convert floating weights to this dtype (a copy, counted); None keeps them as stored
     gpu_layers: int | None = None  # None: as many as fit; 0: CPU only; more than the model has: all of them
+    cpu_expert_layers: int | None = None  # None: as many layers' experts on the GPU as fit; N: the last N on the CPU
     block_size: int = BLOCK_SIZE
     prefill_chunk: int = PREFILL_CHUNK
     num_seqs: int = 1  # sequences whose KV cache is held at once (each of context_tokens)
@@ -41,8 +45,9 @@ class PlanRequest:
         if self.kv_disk_budget is not None and self.kv_disk_budget < 0:
             raise ValueError(f"PlanRequest.kv_disk_budget must be None (default) or at least 0, "
                              f"got {self.kv_disk_budget}")
-        if self.gpu_layers is not None and self.gpu_layers < 0:
-            raise ValueError(f"PlanRequest.gpu_layers must be None (auto) or at least 0, got {self.gpu_layers}")
+        for name in ("gpu_layers", "cpu_expert_layers"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise ValueError(f"PlanRequest.{name} must be None (auto) or at least 0, got {getattr(self, name)}")
         if self.kv_dtype is not None:
             kv_dtypes(self.kv_dtype)  # raises ValueError naming the choices
         if self.dtype is not None:
@@ -88,6 +93,14 @@ class DevicePlan:
     reserve_bytes: int
     holds: tuple[str, ...] = ()  # non-layer tensors placed here: "embed", "norm", "lm_head"
     attention: str = ""  # the attention implementation its layers run (kernels.attention_ops(device).NAME)
+    experts: tuple[int, ...] = ()  # the layers whose experts are here (a model of experts)
+    expert_bytes: int = 0  # of weights_bytes, those experts'
+    read_bytes_per_token: int = 0  # weight bytes one decode token reads here: its chosen experts only, docs/moe.md
+
+    @property
+    def other_weights_bytes(self) -> int:
+        """Weights that are not experts: attention, norms, routers, dense MLPs, embeddings, head."""
+        return self.weights_bytes - self.expert_bytes
 
     @property
     def workspace_bytes(self) -> int:
@@ -148,6 +161,11 @@ class Plan:
     def num_gpu_layers(self) -> int:
         return sum(1 for d in self.layer_devices if d != "cpu")
 
+    @property
+    def num_expert_layers(self) -> int:
+        """Layers that route through experts (0: a dense model)."""
+        return sum(1 for d in self.devices for _ in d.experts)
+
     def require_fit(self) -> "Plan":
         """This plan if it fits; otherwise raise InsufficientMemoryError with the plan's error text."""
         if not self.fits:
@@ -174,10 +192,15 @@ class _Costs:
         self.kv_dtype = request.kv_dtype or self.dtype_name
         self.kv_spec = info.kv_spec(self.kv_dtype, request.block_size)
         self.chunk = request.prefill_chunk
-        self.layer_bytes = tuple(a + e for a, e in zip(info.layer_bytes(request.dtype), info.expert_bytes(request.dtype)))
+        self.layer_bytes = info.layer_bytes(request.dtype)  # a layer without its experts
+        self.expert_bytes = info.expert_bytes(request.dtype)
+        config = info.config
+        # what a decode token reads of a layer's experts: its num_experts_per_tok of num_experts
+        self.active = (config.num_experts_per_tok, config.num_experts) if config.is_moe else (1, 1)
         self.embed_bytes = info.embed.nbytes(request.dtype)
         self.norm_bytes = info.norm.nbytes(request.dtype)
         self.lm_head_bytes = info.lm_head.nbytes(request.dtype)
+        self.embed_row_bytes = self.embed_bytes // info.layout.num_embeddings  # what a token's lookup reads
         self.windows = info.config.layer_windows or (None,) * info.num_layers
 
     def kv_bytes(self, context_tokens: int) -> tuple[int, ...]:
@@ -192,11 +215,12 @@ class _Costs:
         return self.norm_bytes + (0 if shared else self.lm_head_bytes)
 
     def workspace(self, device: str, context_tokens: int, *, runs_layers: bool, holds_head: bool,
-                  holds_embed: bool) -> Workspace:
+                  holds_embed: bool, runs_experts: bool = False) -> Workspace:
         return device_workspace(
             self.info.config, attention_ops(device), device_type="cuda" if device.startswith("cuda") else "cpu",
-            runs_layers=runs_layers, holds_head=holds_head, holds_embed=holds_embed, context_tokens=context_tokens,
-            chunk=self.chunk, dtype=self.dtype, cache_dtype=KV[self.kv_dtype], block_size=self.request.block_size,
+            runs_layers=runs_layers, holds_head=holds_head, holds_embed=holds_embed, runs_experts=runs_experts,
+            context_tokens=context_tokens,
+            chunk=self.chunk, dtype=self.dtype, cache_dtype=kv_dtypes(self.kv_dtype)[0], block_size=self.request.block_size,
             num_seqs=self.request.num_seqs, matrices=self.info.matrices, converts=self.request.dtype is not None)
 
 
@@ -205,7 +229,9 @@ EMBED_DEVICE = "cpu"  # an embedding lookup reads one row per token: it costs no
 
 def _place(costs: _Costs, budgets: Budgets, context_tokens: int, gpu_layers: int | None) -> tuple[DevicePlan, ...]:
     """Layers onto the GPUs from the first while each fits with its KV; the rest, the embedding, and a last
-    layer that would not fit with the head onto the CPU. `gpu_layers` fixes the count (overflowing the last GPU)."""
+    layer that would not fit with the head onto the CPU. `gpu_layers` fixes the count (overflowing the last GPU).
+
+    A layer here is everything of it but its experts; those follow, a whole layer's at a time (_place_experts)."""
     num_layers = len(costs.layer_bytes)
     kv = costs.kv_bytes(context_tokens)
     gpus = budgets.gpus if gpu_layers != 0 else ()
@@ -214,6 +240,7 @@ def _place(costs: _Costs, budgets: Budgets, context_tokens: int, gpu_layers: int
     ws_body, ws_last = (costs.workspace(gpus[0].device if gpus else "cuda:0", context_tokens, runs_layers=True, holds_head=h, holds_embed=False)
                         .total_bytes for h in (False, True))
     assigned: list[list[int]] = []
+    used_by: list[int] = []
     layer = 0
     for g, gpu in enumerate(gpus):
         mine: list[int] = []
@@ -230,27 +257,61 @@ def _place(costs: _Costs, budgets: Budgets, context_tokens: int, gpu_layers: int
             used += need
             layer += 1
         assigned.append(mine)
+        used_by.append(used + (ws_last if mine and mine[-1] == num_layers - 1 else ws_body))
     cpu_layers = list(range(layer, num_layers))
-    plans = [_device_plan(costs, gpu, tuple(mine), kv, context_tokens, num_layers)
-             for gpu, mine in zip(gpus, assigned)]
+    gpu_experts = _place_experts(costs, [g.budget_bytes for g in gpus], assigned, used_by)
+    cpu_experts = [i for i in range(num_layers) if costs.expert_bytes[i] and not any(i in e for e in gpu_experts)]
+    plans = [_device_plan(costs, gpu, tuple(mine), kv, context_tokens, num_layers, tuple(experts))
+             for gpu, mine, experts in zip(gpus, assigned, gpu_experts)]
     plans += [_device_plan(costs, gpu, (), kv, context_tokens, num_layers) for gpu in budgets.gpus[len(gpus):]]
-    plans.append(_device_plan(costs, budgets.ram, tuple(cpu_layers), kv, context_tokens, num_layers))
+    plans.append(_device_plan(costs, budgets.ram, tuple(cpu_layers), kv, context_tokens, num_layers,
+                              tuple(cpu_experts)))
     return tuple(plans)
 
 
+def _place_experts(costs: _Costs, budgets: list[int], assigned: list[list[int]], used_by: list[int]) -> list[list[int]]:
+    """The layers whose experts go on each GPU, beside their own layer (never where the layer is not).
+
+    Auto: in layer order, each GPU takes its layers' experts while they fit in what the layers left (the workspace
+    included), stopping at the first that does not. `cpu_expert_layers` N instead keeps the last N layers' experts
+    on the CPU and puts every other GPU layer's with it, fitting or not (the plan then says it does not fit)."""
+    forced = costs.request.cpu_expert_layers
+    routed = [i for i in range(len(costs.expert_bytes)) if costs.expert_bytes[i]]
+    kept = set(routed[len(routed) - forced:]) if forced else set()
+    out = []
+    for budget, mine, used in zip(budgets, assigned, used_by):
+        experts = []
+        for layer in (i for i in mine if costs.expert_bytes[i]):
+            if forced is not None:
+                if layer not in kept:
+                    experts.append(layer)
+                continue
+            if used + costs.expert_bytes[layer] > budget:
+                break
+            experts.append(layer)
+            used += costs.expert_bytes[layer]
+        out.append(experts)
+    return out
+
+
 def _device_plan(costs: _Costs, budget: DeviceBudget, layers: tuple[int, ...], kv: tuple[int, ...],
-                 context_tokens: int, num_layers: int) -> DevicePlan:
+                 context_tokens: int, num_layers: int, experts: tuple[int, ...] = ()) -> DevicePlan:
     holds_head = bool(layers) and layers[-1] == num_layers - 1
     holds_embed = budget.device == EMBED_DEVICE
     holds = (("embed",) if holds_embed else ()) + (("norm", "lm_head") if holds_head else ())
-    weights = sum(costs.layer_bytes[i] for i in layers)
-    weights += costs.embed_bytes if holds_embed else 0
-    weights += costs.head_bytes(budget.device, EMBED_DEVICE) if holds_head else 0
+    head = costs.head_bytes(budget.device, EMBED_DEVICE) if holds_head else 0
+    layer_weights = sum(costs.layer_bytes[i] for i in layers)
+    expert_bytes = sum(costs.expert_bytes[i] for i in experts)
+    weights = layer_weights + expert_bytes + head + (costs.embed_bytes if holds_embed else 0)
+    k, num_experts = costs.active
+    # a decode token reads every weight of its layers, its k experts of each layer's, the whole head, one embedding row
+    read = layer_weights + expert_bytes * k // num_experts + head + (costs.embed_row_bytes if holds_embed else 0)
     ws = costs.workspace(budget.device, context_tokens, runs_layers=bool(layers), holds_head=holds_head,
-                         holds_embed=holds_embed)
+                         holds_embed=holds_embed, runs_experts=bool(experts))
     kv_bytes = sum(kv[i] for i in layers)
     return DevicePlan(budget.device, budget.name, layers, weights, kv_bytes, ws, budget.budget_bytes,
-                      budget.reserve_bytes, holds, attention_ops(budget.device).NAME if layers else "")
+                      budget.reserve_bytes, holds, attention_ops(budget.device).NAME if layers else "",
+                      experts, expert_bytes, read)
 
 
 def _fits(devices: tuple[DevicePlan, ...]) -> bool:
@@ -294,6 +355,10 @@ def plan(info: ModelInfo, request: PlanRequest, budgets: Budgets) -> Plan:
     for d in devices:
         for i in d.layers:
             layer_devices[i] = d.device
+    expert_devices = list(layer_devices)  # a dense layer's: its own
+    for d in devices:
+        for i in d.experts:
+            expert_devices[i] = d.device
     fits = _fits(devices) and context_tokens <= info.max_position_embeddings
     if request.gpu_layers and not budgets.gpus:
         fits = False
@@ -304,7 +369,7 @@ def plan(info: ModelInfo, request: PlanRequest, budgets: Budgets) -> Plan:
         prefill_chunk=min(request.prefill_chunk, context_tokens),
         devices=devices, layer_devices=tuple(layer_devices), embed_device=EMBED_DEVICE,
         head_device=layer_devices[-1], note=budgets.note, model_name=info.model_dir.name,
-        **_kv_disk(request, budgets.disk),
+        expert_devices=tuple(expert_devices), **_kv_disk(request, budgets.disk),
     )
     if fits:
         return result

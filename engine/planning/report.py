@@ -15,6 +15,9 @@ def summary(plan: Plan) -> str:
         if d.layers:
             where = "CPU" if d.device == "cpu" else d.label
             parts.append(f"{len(d.layers)}/{plan.num_layers} " + ("layers " if not parts else "") + f"on {where}")
+    if plan.num_expert_layers:
+        on_gpu = sum(1 for d in plan.expert_devices if d != "cpu")
+        parts.append(f"experts of {on_gpu}/{plan.num_expert_layers} layers on GPU")
     parts.append(f"{plan.context_tokens:,}-token KV cache ({format_bytes(plan.kv_bytes)} {plan.kv_dtype})")
     return ("" if plan.fits else "does not fit: ") + ", ".join(parts)
 
@@ -44,6 +47,14 @@ def format_table(plan: Plan) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
     lines = [head] + ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
                       for r in rows]
+    for d in plan.devices:
+        if d.experts:
+            lines.append(f"{d.device}: experts of layers {layer_ranges(d.experts)} ({format_bytes(d.expert_bytes)} of "
+                         f"its {format_bytes(d.weights_bytes)} weights)")
+    if plan.num_expert_layers:
+        read = ", ".join(f"{d.label} {format_bytes(d.read_bytes_per_token)}" for d in plan.devices
+                         if d.read_bytes_per_token)
+        lines.append(f"weights read per decode token (the chosen experts only): {read}")
     if plan.note:
         lines.append(plan.note)
     if plan.kv_dir:
@@ -71,6 +82,7 @@ def to_dict(plan: Plan) -> dict:
         "summary": summary(plan),
         "note": plan.note,
         "layer_devices": list(plan.layer_devices),
+        "expert_devices": list(plan.expert_devices),
         "embed_device": plan.embed_device,
         "head_device": plan.head_device,
         "kv_disk_bytes": plan.kv_disk_bytes,
@@ -83,6 +95,10 @@ def to_dict(plan: Plan) -> dict:
                 "layers": list(d.layers),
                 "holds": list(d.holds),
                 "weights_bytes": d.weights_bytes,
+                "expert_bytes": d.expert_bytes,
+                "other_weights_bytes": d.other_weights_bytes,
+                "read_bytes_per_token": d.read_bytes_per_token,
+                "experts": list(d.experts),
                 "kv_bytes": d.kv_bytes,
                 "workspace_bytes": d.workspace_bytes,
                 "total_bytes": d.total_bytes,

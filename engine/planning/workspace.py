@@ -18,6 +18,7 @@ from stowage.kernels import cpu_attention, cpu_decode, cpu_matmul
 
 from ..formats.config import ModelConfig
 from ..formats.gguf_model import Matrices
+from ..runtime.native_decode import native_intermediate
 from ..units import MiB
 
 # The CUDA context and kernel images (outside torch's allocator, seen by NVML) plus cuBLAS workspaces.
@@ -73,7 +74,19 @@ def layer_activation_bytes(config: ModelConfig, attention: ModuleType, *, contex
     attention_scratch = attention_bytes(config, attention, context_tokens=context_tokens, chunk=c, dtype=dtype,
                                         cache_dtype=cache_dtype, block_size=block_size, num_seqs=num_seqs)
     mlp = 3 * c * inter * a  # silu(gate), up, and their product
+    if config.is_moe:  # the routed layers' MLP phase, its experts here or not (dense layers keep theirs)
+        mlp = max(mlp if config.dense_layers else 0, expert_activation_bytes(config, chunk=c, dtype=dtype))
     return residual + max(projections + attention_scratch, mlp) + rope_table_bytes(config, context_tokens, dtype)
+
+
+def expert_activation_bytes(config: ModelConfig, *, chunk: int, dtype: torch.dtype) -> int:
+    """Peak live bytes of one routed MLP over `chunk` tokens (engine/runtime/model.py Transformer.moe): the router's
+    logits and fp32 probabilities, the top-k weights and indices, the summed output, and one expert's product over
+    at most every token of the chunk (its input rows, silu(gate), up, their product, the weighted output)."""
+    c, a, h = chunk, dtype.itemsize, config.hidden_size
+    router = c * config.num_experts * (a + 4) + c * config.num_experts_per_tok * (4 + 8 + a)
+    expert = 2 * c * h * a + 3 * c * config.expert_intermediate_size * a + c * h * a
+    return router + c * h * a + expert
 
 
 def rope_rows(context_tokens: int) -> int:
@@ -97,14 +110,17 @@ def rope_build_bytes(config: ModelConfig, context_tokens: int) -> int:
 def device_workspace(config: ModelConfig, attention: ModuleType, *, device_type: str, runs_layers: bool,
                      holds_head: bool, holds_embed: bool, context_tokens: int, chunk: int, dtype: torch.dtype,
                      cache_dtype: torch.dtype, block_size: int, num_seqs: int = 1, matrices: Matrices | None = None,
-                     converts: bool = False) -> Workspace:
+                     converts: bool = False, runs_experts: bool = False) -> Workspace:
     """The workspace one device needs, given what the plan puts there and the attention ops that run there.
 
-    `matrices`: a GGUF model's (ModelInfo.matrices); `converts`: the load converts plain weights (a forced dtype)."""
-    if not (runs_layers or holds_head or holds_embed):
+    `matrices`: a GGUF model's (ModelInfo.matrices); `converts`: the load converts plain weights (a forced dtype);
+    `runs_experts`: experts of some layer are here (a device may hold experts of layers that run elsewhere)."""
+    if not (runs_layers or holds_head or holds_embed or runs_experts):
         return Workspace()
     # the embedded chunk before it moves to the first layer's device
     activations = min(chunk, context_tokens) * config.hidden_size * dtype.itemsize if holds_embed else 0
+    if runs_experts and not runs_layers:
+        activations += expert_activation_bytes(config, chunk=min(chunk, context_tokens), dtype=dtype)
     if runs_layers:
         activations += layer_activation_bytes(config, attention, context_tokens=context_tokens, chunk=chunk,
                                               dtype=dtype, cache_dtype=cache_dtype, block_size=block_size,
@@ -119,12 +135,13 @@ def device_workspace(config: ModelConfig, attention: ModuleType, *, device_type:
         # the native decode step runs here (the same library as this attention): its scratch, a lane per sequence
         overhead += cpu_decode.scratch_bytes(hidden=config.hidden_size, num_heads=config.num_heads,
                                              num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
-                                             intermediate=config.intermediate_size, lanes=num_seqs)
+                                             intermediate=native_intermediate(config), lanes=num_seqs,
+                                             num_experts=config.num_experts)
     dequant = 0 if matrices is None else matrices.workspace_bytes(
-        dtype, converts, runs_layers=runs_layers, holds_head=holds_head, holds_embed=holds_embed,
+        dtype, converts, runs_layers=runs_layers or runs_experts, holds_head=holds_head, holds_embed=holds_embed,
         num_tokens=min(chunk, context_tokens), num_seqs=num_seqs)
     widened = widened_bytes(config, chunk=min(chunk, context_tokens), dtype=dtype) \
-        if device_type == "cpu" and runs_layers and matrices is None else 0
+        if device_type == "cpu" and (runs_layers or runs_experts) and matrices is None else 0
     return Workspace(activations, logits, overhead, dequant, widened)
 
 
@@ -135,4 +152,8 @@ def widened_bytes(config: ModelConfig, *, chunk: int, dtype: torch.dtype) -> int
         return 0
     h, q, kv, inter = (config.hidden_size, config.num_heads * config.head_dim,
                        config.num_kv_heads * config.head_dim, config.intermediate_size)
-    return cpu_matmul.workspace_bytes(chunk, [(h, q), (h, kv), (q, h), (h, inter), (inter, h)])
+    shapes = [(h, q), (h, kv), (q, h), (h, inter), (inter, h)]
+    if config.is_moe:  # the router, and an expert's products (over at most the chunk's tokens)
+        e = config.expert_intermediate_size
+        shapes += [(h, config.num_experts), (h, e), (e, h)]
+    return cpu_matmul.workspace_bytes(chunk, shapes)

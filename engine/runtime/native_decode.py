@@ -29,6 +29,11 @@ LAYER_MATRICES = {"q": "q", "k": "k", "v": "v", "o": "o", "gate": "gate", "up": 
 LAYER_NORMS = ("input_norm", "post_norm", "pre_ff_norm", "post_ff_norm", "q_norm", "k_norm")
 
 
+def native_intermediate(cfg) -> int:
+    """The widest MLP the native step's scratch holds: the dense one, or an expert's (decode_types.h model)."""
+    return max(cfg.intermediate_size, cfg.expert_intermediate_size)
+
+
 class Unsupported(Exception):
     """A tensor or setting the native step does not take; the model stays on the torch path."""
 
@@ -86,7 +91,7 @@ class NativeDecode:
     @classmethod
     def _build(cls, lib, transformer, cache) -> "NativeDecode":
         cfg, layers = transformer.config, transformer.layers
-        if cfg.is_moe:  # decode_layer.c has no experts yet (docs/moe.md): the torch path runs them
+        if cfg.is_moe and (cfg.num_experts_per_tok > cpu_decode.MAX_TOPK or cfg.expert_intermediate_size % 32):
             raise Unsupported("experts")
         if cfg.hidden_act not in ACTS or cfg.head_dim > MAX_HEAD_DIM or cfg.head_dim % 2 \
                 or cfg.num_heads // cfg.num_kv_heads > MAX_GROUP \
@@ -101,8 +106,17 @@ class NativeDecode:
         for i in range(first, len(layers)):
             w = layers[i]
             s = structs[i]
+            experts = transformer.experts[i]
+            if experts is not None:  # the router here, each expert's gate, up, down in one array
+                s.router = _matrix(w["router"], None)
+                array = (Matrix * (3 * cfg.num_experts))(*(_matrix(experts[f"{role}.{e}"], None)
+                                                           for e in range(cfg.num_experts)
+                                                           for role in ("gate", "up", "down")))
+                keep.append(array)
+                s.experts = ctypes.cast(array, ctypes.POINTER(Matrix))
             for field, key in LAYER_MATRICES.items():
-                setattr(s, field, _matrix(w[key], w.get(f"{key}_bias")))
+                if key in w.tensors:
+                    setattr(s, field, _matrix(w[key], w.get(f"{key}_bias")))
             sizes = {"q_norm": cfg.head_dim, "k_norm": cfg.head_dim}
             for name in LAYER_NORMS:
                 setattr(s, name, _vector(w.get(name), sizes.get(name, cfg.hidden_size)))
@@ -116,13 +130,14 @@ class NativeDecode:
         if transformer.qk_order is not None:
             order = next(iter(transformer.qk_order.values())).to("cpu", torch.int64).contiguous()
         keep += [inv_freq, local, order, structs]
-        model = Model(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
+        model = Model(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, native_intermediate(cfg),
                       cache.spec.block_size, CACHE_CODES[cache.spec.dtype], CACHE_CODES[cache.spec.value_dtype],
                       int(cfg.norm_plus_one), int(cfg.sandwich_norm),
                       int(cfg.qk_norm), ACTS[cfg.hidden_act], len(layers), cfg.rms_norm_eps, cfg.attention_scale,
                       cfg.attn_softcap or 0.0, inv_freq.data_ptr(),
                       local.data_ptr() if local is not None else None,
-                      order.data_ptr() if order is not None else None, structs)
+                      order.data_ptr() if order is not None else None, structs, cfg.num_experts,
+                      cfg.num_experts_per_tok, int(cfg.norm_topk_prob))
         head = None
         if transformer.head_device.type == "cpu":
             try:

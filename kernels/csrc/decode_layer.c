@@ -2,7 +2,9 @@
 // input norm, Q/K/V products, Q/K norms, rotary, the new K/V written into its paged-cache slot, attention over
 // the sequence's blocks read in place through the block table (online softmax, grouped KV heads, split over the
 // context), output projection, residual, norms, gate/up, SiLU or GELU-tanh, down, residual. Plus the final norm
-// and the output head. Weights are read where they lie (the memory map): f32, f16, bf16 rows or ggml blocks.
+// and the output head. A layer of experts routes the MLP instead: the router's logits, softmax, top-k (renormalized
+// when norm_topk), and each chosen expert's gate/up/down for the lanes that chose it, weighted and summed: only the
+// chosen experts' rows are read, each once for all its lanes (docs/moe.md). Weights are read where they lie (the memory map): f32, f16, bf16 rows or ggml blocks.
 // Activations are float32 inside a call; nothing is allocated per step.
 //
 // The pieces, each an implementation header of this one translation unit (static functions):
@@ -43,11 +45,11 @@ static void rms_norm(const float *in, float *out, int64_t n, const vector *w, fl
 }
 
 typedef struct {
-    const layer *l;
-    const input *in;   // [lanes]
+    const matrix *gate, *up;
+    const input *in;         // [lanes]
     int act;
-    const input *out;  // [lanes]: act, the down product's input
-    scratch *s;        // [lanes]
+    const input *out;        // [lanes]: act, the down product's input
+    scratch *const *s;       // [lanes]
     int lanes;
 } ffn_task;
 
@@ -59,13 +61,13 @@ static inline float gelu_tanh(float x) {
 static void ffn_chunk(void *ctx, int64_t begin, int64_t end) {
     ffn_task *t = ctx;
     float *gate[MAX_LANES], *up[MAX_LANES];
-    for (int b = 0; b < t->lanes; b++) gate[b] = t->s[b].gate, up[b] = t->s[b].up;
+    for (int b = 0; b < t->lanes; b++) gate[b] = t->s[b]->gate, up[b] = t->s[b]->up;
     // the gate's rows, then the up's: one stream of weights at a time (interleaving the two in blocks of 16 rows
     // was slower: docs/kernels.md, "One stream of weights at a time")
-    lane_rows(&t->l->gate, begin, end, t->in, gate, begin, t->lanes);
-    lane_rows(&t->l->up, begin, end, t->in, up, begin, t->lanes);
+    lane_rows(t->gate, begin, end, t->in, gate, begin, t->lanes);
+    lane_rows(t->up, begin, end, t->in, up, begin, t->lanes);
     for (int b = 0; b < t->lanes; b++) {
-        scratch *s = &t->s[b];
+        scratch *s = t->s[b];
         for (int64_t r = begin; r < end; r++) {
             float g = s->gate[r];
             float a = t->act == ACT_GELU_TANH ? gelu_tanh(g) : g / (1.0f + expf(-g));
@@ -73,6 +75,66 @@ static void ffn_chunk(void *ctx, int64_t begin, int64_t end) {
         }
         prepare_part(&t->out[b], begin, end);  // chunks are whole groups of 32
     }
+}
+
+// gate/up, the activation and down for `lanes` inputs: out[b] = down . (f(gate . in[b]) * (up . in[b]))
+static void mlp(const matrix *gate, const matrix *up, const matrix *down, int act, const input *in, const input *mid,
+                scratch *const *s, float *const *out, int lanes) {
+    // every gate/up chunk reads x's copies and writes its rows of act's copies: two sets of buffers
+    ffn_task f = {gate, up, in, act, mid, s, lanes};
+    int64_t grain = (grain_for(gate->rows) + 31) & ~(int64_t)31;
+    parallel(ffn_chunk, &f, gate->rows, grain);
+    matvecs(down, NULL, NULL, mid, out, lanes);
+}
+
+// The routed MLP of a layer of experts for `lanes` inputs (x prepared): its sum into each lane's o.
+static void moe(const model *m, const layer *l, const input *in, const input *mid, int lanes) {
+    const int64_t hidden = m->hidden, ne = m->num_experts;
+    const int k = m->top_k;
+    float *logits[MAX_LANES];
+    int chosen[MAX_LANES][MAX_TOPK];
+    float weight[MAX_LANES][MAX_TOPK];
+    for (int b = 0; b < lanes; b++) logits[b] = LANES[b].logits;
+    matvecs(&l->router, NULL, NULL, in, logits, lanes);
+    for (int b = 0; b < lanes; b++) {
+        float *p = logits[b], top = p[0], sum = 0.0f;
+        for (int64_t e = 1; e < ne; e++) top = p[e] > top ? p[e] : top;
+        for (int64_t e = 0; e < ne; e++) sum += p[e] = expf(p[e] - top);
+        float chosen_sum = 0.0f;
+        for (int j = 0; j < k; j++) {  // the largest, the lowest index first among equals
+            int best = -1;
+            for (int64_t e = 0; e < ne; e++) {
+                int taken = 0;
+                for (int i = 0; i < j; i++) taken |= chosen[b][i] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = (int)e;
+            }
+            chosen[b][j] = best;
+            weight[b][j] = p[best] / sum;
+            chosen_sum += weight[b][j];
+        }
+        if (m->norm_topk)
+            for (int j = 0; j < k; j++) weight[b][j] /= chosen_sum;
+        memset(LANES[b].moe, 0, (size_t)hidden * 4);
+    }
+    // each expert once, for every lane that chose it
+    for (int64_t e = 0; e < ne; e++) {
+        input sub_in[MAX_LANES], sub_mid[MAX_LANES];
+        scratch *sub[MAX_LANES];
+        float *out[MAX_LANES], w[MAX_LANES];
+        int n = 0;
+        for (int b = 0; b < lanes; b++)
+            for (int j = 0; j < k; j++)
+                if (chosen[b][j] == e) {
+                    sub_in[n] = in[b], sub_mid[n] = mid[b], sub[n] = &LANES[b], out[n] = LANES[b].o;
+                    w[n++] = weight[b][j];
+                }
+        if (!n) continue;
+        const matrix *x = &l->experts[3 * e];
+        mlp(&x[0], &x[1], &x[2], m->act, sub_in, sub_mid, sub, out, n);
+        for (int i = 0; i < n; i++)
+            for (int64_t r = 0; r < hidden; r++) sub[i]->moe[r] += w[i] * sub[i]->o[r];
+    }
+    for (int b = 0; b < lanes; b++) memcpy(LANES[b].o, LANES[b].moe, (size_t)hidden * 4);
 }
 
 static void rotate(float *x, const float *cos, const float *sin, int half) {
@@ -147,11 +209,13 @@ static void layer_step(const model *m, const layer *l, int lanes, const int32_t 
         }
         prepare(&in[b], hidden);
     }
-    // every gate/up chunk reads x's copies and writes its rows of act's copies: two sets of buffers
-    ffn_task f = {l, in, m->act, din, LANES, lanes};
-    int64_t grain = (grain_for(m->intermediate) + 31) & ~(int64_t)31;
-    parallel(ffn_chunk, &f, m->intermediate, grain);
-    matvecs(&l->down, NULL, NULL, din, o, lanes);
+    if (l->experts) {
+        moe(m, l, in, din, lanes);
+    } else {
+        scratch *s[MAX_LANES];
+        for (int b = 0; b < lanes; b++) s[b] = &LANES[b];
+        mlp(&l->gate, &l->up, &l->down, m->act, in, din, s, o, lanes);
+    }
     for (int b = 0; b < lanes; b++) {
         scratch *s = &LANES[b];
         if (m->sandwich) rms_norm(s->o, s->o, hidden, &l->post_ff_norm, m->eps, m->norm_plus_one);

@@ -8,6 +8,7 @@
 
 typedef struct {
     float *h, *x, *qkv, *attn, *o, *gate, *up, *act, *cos, *sin, *part;
+    float *logits, *moe;  // a layer of experts: the router's logits [num_experts], the weighted sum [hidden]
     uint16_t *xb, *ab;  // bf16 copies of x (or the attention output) and of the MLP's activation
     qvec xq, aq;        // the same quantized to integers
     int64_t cap;         // bytes
@@ -20,8 +21,10 @@ static int ensure_lane(scratch *s, const model *m) {
     int64_t hidden = m->hidden, q = (int64_t)m->num_heads * m->head_dim,
             kv = (int64_t)m->num_kv_heads * m->head_dim, inter = m->intermediate;
     int64_t wide = hidden > q ? hidden : q;  // what x's copies hold
+    int64_t experts = m->num_experts ? m->num_experts + hidden : 0;
     int64_t floats = hidden + wide + (q + 2 * kv) + q + hidden + 3 * inter + m->head_dim +
-                     (int64_t)m->num_heads * MAX_SPLITS * (m->head_dim + 2) + 2 * (wide / 32) + 2 * (inter / 32);
+                     (int64_t)m->num_heads * MAX_SPLITS * (m->head_dim + 2) + experts + 2 * (wide / 32) +
+                     2 * (inter / 32);
     int64_t halves = wide + inter;  // bf16 copies
     int64_t need = 4 * floats + 2 * (halves + 1) + 4 * (wide / 16 + inter / 16) + 2 * (wide + inter);
     if (s->cap < need) {
@@ -45,7 +48,9 @@ static int ensure_lane(scratch *s, const model *m) {
     s->cos = s->act + inter;
     s->sin = s->cos + m->head_dim / 2;
     s->part = s->sin + m->head_dim / 2;
-    s->xq.d = s->part + (int64_t)m->num_heads * MAX_SPLITS * (m->head_dim + 2);
+    s->logits = s->part + (int64_t)m->num_heads * MAX_SPLITS * (m->head_dim + 2);
+    s->moe = s->logits + m->num_experts;
+    s->xq.d = s->logits + experts;
     s->xq.s = s->xq.d + wide / 32;
     s->aq.d = s->xq.s + wide / 32;
     s->aq.s = s->aq.d + inter / 32;

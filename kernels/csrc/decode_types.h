@@ -18,6 +18,7 @@ enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
 #define MAX_GROUP 64  // query heads per KV head
 #define MAX_THREADS 64
 #define MAX_LANES 64  // sequences one batched step takes (decode_layers_batch)
+#define MAX_TOPK 64   // experts one token chooses (num_experts_per_tok)
 
 typedef struct {
     const void *data;  // [rows, cols]: rows of floats, or rows of blocks
@@ -38,6 +39,8 @@ typedef struct {
     float k_scale, v_scale;   // fp8 caches store value / scale
     int32_t window;           // sliding window in tokens; 0: the whole context
     int32_t local_rope;       // 1: the sliding layers' own rotary base (Gemma 3)
+    matrix router;            // [num_experts, hidden] of a layer of experts (docs/moe.md)
+    const matrix *experts;    // [num_experts * 3]: each expert's gate, up, down; NULL: a dense layer (gate/up/down)
 } layer;
 
 typedef struct {
@@ -49,6 +52,7 @@ typedef struct {
     const float *inv_freq, *inv_freq_local;  // [head_dim / 2]
     const int64_t *qk_order;  // [head_dim] or NULL: Q/K outputs of a head read in this order (llama.cpp files)
     layer *layers;
+    int32_t num_experts, top_k, norm_topk;  // a model of experts; 0 experts: dense. intermediate: the widest MLP
 } model;
 
 #define CACHE_FP8 3

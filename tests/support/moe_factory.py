@@ -20,7 +20,7 @@ def make_moe_model(model_dir: Path, arch: str = "qwen3_moe", *, dtype=torch.floa
 
     torch.manual_seed(seed)
     kwargs = dict(
-        vocab_size=512, hidden_size=64, intermediate_size=96, moe_intermediate_size=48, num_hidden_layers=3,
+        vocab_size=512, hidden_size=64, intermediate_size=96, moe_intermediate_size=64, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2,
         max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=False, initializer_range=0.2,
         eos_token_id=_tokenizer_object().token_to_id("<|end|>"), bos_token_id=_tokenizer_object().token_to_id("<s>"),
@@ -37,3 +37,167 @@ def make_moe_model(model_dir: Path, arch: str = "qwen3_moe", *, dtype=torch.floa
     model.save_pretrained(model_dir)
     save_tokenizer(model_dir)
     return model_dir
+
+
+# -- GGUF, as llama.cpp's convert_hf_to_gguf.py writes these models ------------------------------------------------
+
+GGUF_ARCH = {"qwen3_moe": "qwen3moe", "mixtral": "llama"}  # Mixtral converts as a llama file with experts
+ROUTER = {"qwen3_moe": "mlp.gate", "mixtral": "block_sparse_moe.gate"}
+EXPERT = {"qwen3_moe": {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"},
+          "mixtral": {"w1": "gate", "w3": "up", "w2": "down"}}
+
+
+def _router(name: str) -> bool:
+    return name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight"))
+
+
+def gguf_stored(qtype: str, name: str, t: torch.Tensor) -> bool:
+    """Whether a `qtype` file keeps `t` in that type: the matrices, but for the router, which llama.cpp keeps in f32."""
+    from gguf_factory import quantized
+
+    return not _router(name) and quantized(qtype, name, t)
+
+
+def moe_dequantized_copy(model_dir: Path, out_dir: Path, qtype: str) -> Path:
+    """The HF model with the weights a `qtype` GGUF of it holds (the reference transformers runs)."""
+    import shutil
+
+    from gguf_factory import hf_tensors, roundtrip
+    from safetensors.torch import save_file
+
+    shutil.copytree(model_dir, out_dir)
+    tensors = {n: roundtrip(t, qtype) if gguf_stored(qtype, n, t) else t for n, t in hf_tensors(model_dir).items()}
+    save_file(tensors, out_dir / "model.safetensors")
+    return out_dir
+
+
+def write_moe_gguf(model_dir: Path, path: Path, qtype: str = "f32", *, drop: tuple[str, ...] = (),
+                   override: dict | None = None, weights_norm_key: bool = True) -> Path:
+    """`model_dir` (make_moe_model) as a GGUF file with llama.cpp's names: each layer's experts stacked into 3-D
+    `blk.N.ffn_{gate,up,down}_exps.weight` [experts, out, in], the router `blk.N.ffn_gate_inp.weight` in f32.
+    `drop`: GGUF names left out; `override`: GGUF name -> (array, ggml type or None) written instead;
+    `weights_norm_key`: say norm_topk_prob=false as `expert_weights_norm` (else the file leaves it to llama.cpp's rule)."""
+    import json
+
+    import gguf
+    from gguf import GGMLQuantizationType as GGML
+    from gguf_factory import add_tokenizer, gguf_name, hf_tensors, permute
+
+    override = dict(override or {})
+    config = json.loads((model_dir / "config.json").read_text())
+    model_type = config["model_type"]
+    arch = GGUF_ARCH[model_type]
+    heads, kv_heads, head_dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    w = gguf.GGUFWriter(path, arch)
+    w.add_context_length(config["max_position_embeddings"])
+    w.add_embedding_length(config["hidden_size"])
+    w.add_block_count(config["num_hidden_layers"])
+    w.add_feed_forward_length(config["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    w.add_rope_dimension_count(head_dim)
+    w.add_expert_count(config["num_local_experts"])
+    w.add_expert_used_count(config["num_experts_per_tok"])
+    if model_type == "qwen3_moe":
+        w.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        if not config.get("norm_topk_prob") and weights_norm_key:
+            # llama.cpp renormalizes Qwen3-MoE's top-k weights unless told (Qwen3-30B-A3B sets norm_topk_prob)
+            w.add_expert_weights_norm(False)
+    w.add_file_type({"f32": 0, "f16": 1, "q8_0": 7}.get(qtype, 0))
+    add_tokenizer(w, model_dir, config)
+
+    def add(target: str, t: torch.Tensor, stored: bool) -> None:
+        if target in drop:
+            return
+        if target in override:
+            array, raw_dtype = override.pop(target)
+            w.add_tensor(target, array, raw_dtype=raw_dtype)
+        elif stored and qtype == "f16":
+            w.add_tensor(target, t.half().numpy())
+        elif stored:
+            w.add_tensor(target, gguf.quants.quantize(t.float().numpy(), GGML[qtype.upper()]),
+                         raw_dtype=GGML[qtype.upper()])
+        else:
+            w.add_tensor(target, t.float().numpy())
+
+    experts: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
+    for name, t in hf_tensors(model_dir).items():
+        parts = name.split(".")
+        if ".experts." in name:  # model.layers.L.<block>.experts.E.<proj>.weight
+            experts.setdefault((int(parts[2]), EXPERT[model_type][parts[-2]]), {})[int(parts[-3])] = t
+            continue
+        if _router(name):
+            add(f"blk.{parts[2]}.ffn_gate_inp.weight", t, False)
+            continue
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            t = permute(t, heads)
+        elif arch == "llama" and name.endswith("k_proj.weight"):
+            t = permute(t, kv_heads)
+        add(gguf_name(name), t, gguf_stored(qtype, name, t))
+    for (layer, role), by_index in sorted(experts.items()):
+        stacked = torch.stack([by_index[e] for e in range(len(by_index))])  # [experts, out, in]
+        add(f"blk.{layer}.ffn_{role}_exps.weight", stacked,
+            qtype != "f32" and stacked.shape[-1] % gguf.GGML_QUANT_SIZES[GGML[qtype.upper()]][0] == 0)
+    for target, (array, raw_dtype) in override.items():
+        w.add_tensor(target, array, raw_dtype=raw_dtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+# Qwen3-30B-A3B's shapes (its config.json), for plans made from headers alone
+QWEN3_30B_A3B = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
+                     num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+                     num_experts_per_tok=8, vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6,
+                     rope_theta=1_000_000.0)
+
+
+def write_sparse_moe_gguf(path: Path, config: dict, default: str = "q4_k", types: dict | None = None) -> int:
+    """A real-shape `qwen3moe` GGUF whose tensor data is a hole (gguf_factory._write_sparse): headers, metadata and a
+    `vocab_size`-token tokenizer, a few MiB of disk. Returns the tensors' bytes."""
+    import gguf
+    from gguf_factory import _write_sparse, byte_level_vocab
+
+    c = config
+    hidden, layers, heads, kv_heads, d = (c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
+                                          c["num_key_value_heads"], c["head_dim"])
+    experts, inter, vocab = c["num_experts"], c["moe_intermediate_size"], c["vocab_size"]
+    w = gguf.GGUFWriter(path, "qwen3moe")
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(d)
+    w.add_value_length(d)
+    w.add_rope_freq_base(c["rope_theta"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_expert_count(experts)
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(inter)
+    tokens, merges = byte_level_vocab(vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.NORMAL] * vocab)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,), "output.weight": (vocab, hidden)}
+    for i in range(layers):
+        shapes |= {f"blk.{i}.attn_norm.weight": (hidden,), f"blk.{i}.ffn_norm.weight": (hidden,),
+                   f"blk.{i}.attn_q_norm.weight": (d,), f"blk.{i}.attn_k_norm.weight": (d,),
+                   f"blk.{i}.attn_q.weight": (heads * d, hidden), f"blk.{i}.attn_k.weight": (kv_heads * d, hidden),
+                   f"blk.{i}.attn_v.weight": (kv_heads * d, hidden), f"blk.{i}.attn_output.weight": (hidden, heads * d),
+                   f"blk.{i}.ffn_gate_inp.weight": (experts, hidden),
+                   f"blk.{i}.ffn_gate_exps.weight": (experts, inter, hidden),
+                   f"blk.{i}.ffn_up_exps.weight": (experts, inter, hidden),
+                   f"blk.{i}.ffn_down_exps.weight": (experts, hidden, inter)}
+    return _write_sparse(w, path, shapes, {"ffn_gate_inp.weight": "f32", **(types or {})}, default)

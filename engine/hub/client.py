@@ -160,9 +160,10 @@ def _hit(info) -> RepoHit | None:
     if gguf_arch is not None or model_type is not None:
         runs = gguf_arch in ARCHITECTURES or model_type in SUPPORTED
         arch = gguf_arch or model_type
-    else:  # no config said: the Hub tags a transformers model with its model_type
+    else:  # no config said: the Hub tags a transformers model with its model_type; with no tag either, the
+        # verdict will tell (a server that does not expand gguf/config must not hide every GGUF repository)
         known = sorted(tags & (set(SUPPORTED) | set(ARCHITECTURES)))
-        runs, arch = bool(known), (known[0] if known else None)
+        runs, arch = True, (known[0] if known else None)
     if not runs:
         return None
     return RepoHit(info.id, formats, arch, info.downloads or 0, info.likes or 0, bool(info.gated))

@@ -83,6 +83,8 @@ def test_search_keeps_repositories_stowage_runs(server):
     assert [h.repo for h in hits] == ["acme/Tiny-GGUF", "acme/Tiny", "acme/Tiny-split-GGUF", "acme/Tiny-gated"]
     assert hits[0].formats == ("gguf",) and hits[1].formats == ("safetensors",) and hits[3].gated
     assert Hub(server.url).search("nothing like it") == []
+    server.add(Repo("acme/Tiny-bare-GGUF", {"x.gguf": b"GGUF"}, tags=("gguf",), downloads=1))  # no architecture said
+    assert Hub(server.url).search("tiny")[-1].repo == "acme/Tiny-bare-GGUF"
 
 
 def test_hf_endpoint_is_honoured(server, monkeypatch):

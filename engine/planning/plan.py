@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from stowage.kernels import attention_ops
 
 from ..defaults import BLOCK_SIZE, PREFILL_CHUNK
-from ..dtypes import COMPUTE, KV, compute_dtype, kv_dtypes
+from ..dtypes import COMPUTE, compute_dtype, kv_dtypes
 from ..errors import InsufficientMemoryError, InvalidArgumentError
 from ..units import format_bytes
 from .budgets import Budgets, DeviceBudget, DiskBudget, default_kv_disk_budget

@@ -62,6 +62,12 @@ class CacheSpec:
     def block_bytes(self) -> int:
         return self.block_size * self.bytes_per_token
 
+    @property
+    def kv_block_bytes(self) -> tuple[int, int]:
+        """K's and V's bytes of one block of one layer (apart: their dtypes may differ)."""
+        return tuple(self.block_size * self.num_kv_heads * row_bytes(d, self.head_dim)
+                     for d in (self.dtype, self.value_dtype))
+
     def blocks_per_seq(self, num_tokens: int, window: int | None = None, chunk: int = PREFILL_CHUNK) -> int:
         """Blocks one sequence of num_tokens holds at most in a layer: all of them, or what a window reaches.
 

@@ -60,7 +60,8 @@ def model_key(model_path: str | Path, compute_dtype: str, cache: KVCache) -> str
     spec = cache.spec
     identity = {
         "path": str(path), "files": [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files],
-        "dtype": compute_dtype, "kv_dtype": str(spec.dtype), "block_size": spec.block_size,
+        "dtype": compute_dtype, "kv_dtype": str(spec.dtype) if spec.value_dtype == spec.dtype
+        else f"{spec.dtype}/{spec.value_dtype}", "block_size": spec.block_size,
         "kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
         "windows": [g.window for g in cache.groups], "layer_group": cache.layer_group,
     }
@@ -92,7 +93,7 @@ class KVStore:
     def __init__(self, folder: str | Path, key: str, budget_bytes: int, cache: KVCache):
         self.folder, self.key, self.budget_bytes, self.cache = Path(folder), key, budget_bytes, cache
         self.dir = self.folder / key
-        self.block_bytes = cache.spec.block_bytes // 2  # K (or V) of one block of one layer
+        self.kv_block_bytes = cache.spec.kv_block_bytes  # K's and V's of one block of one layer
         self.dir.mkdir(parents=True, exist_ok=True)
         self.entries: list[Entry] = []
         self.is_off = False  # a write failed: nothing is read or written any more
@@ -136,8 +137,8 @@ class KVStore:
     def _sizes(self, head_bytes: int, num_tokens: int, firsts: list[int]) -> tuple[int, int]:
         """(where the blocks start, the file's size)."""
         data = -(-(head_bytes + 4 * num_tokens) // ALIGN) * ALIGN
-        blocks = 2 * sum(self._held(num_tokens, firsts))
-        return data, data + blocks * self.block_bytes + 4 * blocks
+        blocks = sum(self._held(num_tokens, firsts))
+        return data, data + blocks * sum(self.kv_block_bytes) + 8 * blocks
 
     def stand_in(self, entry: Entry) -> Sequence:
         """A Sequence with the entry's tokens and which blocks it holds (no real ones): for KVCache.num_reusable."""
@@ -209,8 +210,7 @@ class KVStore:
     def load(self, entry: Entry, num_tokens: int, seq: Sequence) -> bool:
         """Read the entry's first num_tokens tokens' K/V into fresh blocks of the empty seq; False (seq left empty,
         a bad file deleted) when it cannot."""
-        bs, block_bytes = self.cache.spec.block_size, self.block_bytes
-        spec = self.cache.spec
+        bs, spec = self.cache.spec.block_size, self.cache.spec
         try:
             with _open_regular(entry.path) as f:
                 data = np.memmap(f, dtype=np.uint8, mode="c")  # copy-on-write: a writable view, file untouched
@@ -223,14 +223,13 @@ class KVStore:
             offset, index = entry.data_offset, 0
             for layer, (n_held, n_used) in enumerate(zip(held, used)):
                 kv = []
-                for _ in range(2):  # K, then V
+                for dtype, block_bytes in zip((spec.dtype, spec.value_dtype), self.kv_block_bytes):  # K, then V
                     blocks = data[offset: offset + n_used * block_bytes]
                     for i in range(n_used):
                         if zlib.crc32(blocks[i * block_bytes: (i + 1) * block_bytes]) != crcs[index + i]:
                             raise CorruptEntry(f"layer {layer}: block {i} does not match its CRC")
-                    # [n_used, block_size, heads, dim] viewed in place in the mapped file
-                    kv.append(torch.from_numpy(blocks).view(spec.dtype).view(n_used, bs, spec.num_kv_heads,
-                                                                            spec.head_dim))
+                    # [n_used, block_size, heads, dim (q8_0 / q4_0: its blocks' bytes)] viewed in place in the file
+                    kv.append(torch.from_numpy(blocks).view(dtype).view(n_used, bs, *spec.row_shape(dtype)))
                     offset += n_held * block_bytes
                     index += n_held
                 self.cache.import_layer(seq, layer, *kv)

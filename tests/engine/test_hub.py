@@ -112,7 +112,9 @@ def test_files_are_grouped_by_quantization_with_sizes(server, models):
 def test_missing_repository_and_file_are_sentences(server):
     hub = Hub(server.url)
     with pytest.raises(HubError, match="no repository 'acme/None'.*hf auth login"):
-        hub.files("acme/None")
+        hub.files("acme/None")  # 401 to an anonymous request
+    with pytest.raises(HubError, match="no repository 'acme/None' on http://127.0.0.1:[0-9]+; check the name"):
+        Hub(server.url, token=TOKEN).files("acme/None")  # 404 to a logged-in one
     model = hub.files("acme/Tiny-GGUF").models[0]
     gone = type(model)(model.repo, model.revision, "Gone.gguf", "gguf", None,
                        (type(model.weights[0])("Gone.gguf", 10, "0" * 64, None),))

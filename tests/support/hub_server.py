@@ -209,7 +209,9 @@ def _handler(hub: HubServer):
         def _repo(self, repo_id: str, auth: str | None) -> Repo | None:
             repo = hub.repos.get(repo_id)
             if repo is None or (repo.private and not hub.can_read(repo, auth)):
-                self._error(401, "RepoNotFound", "Repository not found")
+                # huggingface.co: 401 to an anonymous request (it will not say whether a private repo exists), 404
+                # to an authenticated one
+                self._error(404 if auth else 401, "RepoNotFound", "Repository not found")
                 return None
             return repo
 

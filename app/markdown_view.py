@@ -109,11 +109,20 @@ class MarkdownView(QTextBrowser):
 
 def align_table_headers(document: QTextDocument) -> None:
     """Qt's Markdown leaves a table's header cells left-aligned over right- or centre-aligned columns: each header
-    takes its column's alignment."""
+    takes its column's alignment. (It also opens the first header cell with an empty line when a code block comes just
+    before the table: that line goes.)"""
     for frame in document.rootFrame().childFrames():
         if not isinstance(frame, QTextTable) or frame.rows() < 2:
             continue
         for column in range(frame.columns()):
+            cell = frame.cellAt(0, column)
+            cursor = cell.firstCursorPosition()
+            if not cursor.block().text() and cursor.block().position() + 1 < cell.lastPosition():
+                cursor.deleteChar()  # the empty line's end: the header's text moves up into it, losing its bold
+                cursor.setPosition(cell.lastPosition(), QTextCursor.MoveMode.KeepAnchor)
+                bold = QTextCharFormat()
+                bold.setFontWeight(QFont.Weight.Bold)
+                cursor.mergeCharFormat(bold)
             alignment = frame.cellAt(1, column).firstCursorPosition().blockFormat().alignment()
             cursor = frame.cellAt(0, column).firstCursorPosition()
             block_format = cursor.blockFormat()

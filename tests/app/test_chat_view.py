@@ -147,6 +147,8 @@ def test_code_is_highlighted_with_a_copy_button_and_table_headers_align_with_the
     align = lambda row, col: table.cellAt(row, col).firstCursorPosition().blockFormat().alignment()  # noqa: E731
     assert align(0, 1) == align(1, 1) and align(1, 1) & Qt.AlignmentFlag.AlignRight
     assert align(0, 0) == align(1, 0)
+    header = table.cellAt(0, 0)  # on one line with the others (Qt's Markdown opened it with an empty one after code)
+    assert document.toPlainText()[header.firstPosition():header.lastPosition()] == "Name"
 
 
 def test_messages_take_the_palettes_colours_in_dark_and_light(qtbot):

@@ -155,7 +155,10 @@ def test_a_server_gone_mid_session_is_an_error_in_the_chat(app_driver, qtbot, ti
     assert window.store.messages(window.chat.conversation_id)[0].content == "Anyone there?"  # kept
 
 
-def test_a_server_that_goes_away_while_idle_no_longer_shows_connected(app_driver, qtbot, tiny_model_dir):
+def test_a_refused_folder_while_connected_then_the_server_going_away(app_driver, qtbot, tiny_model_dir,
+                                                                    broken_model_dir):
+    """Issue 30: a folder refused while connected leaves no half server-mode panel (item 8); a server that goes away
+    while nothing is sent no longer shows "Connected" in green (item 10)."""
     proc, url = start_server(tiny_model_dir)
     try:
         window = app_driver.open(tiny_model_dir)
@@ -167,29 +170,18 @@ def test_a_server_that_goes_away_while_idle_no_longer_shows_connected(app_driver
         qtbot.waitUntil(lambda: window.loaded_remote is not None, timeout=TIMEOUT_S * 1000)
         status = panel.loading.load_status
         assert status.text().startswith("Connected") and status.property("theme_role") == "ok"
+        assert panel.load_button.text() == "Connect" and not panel.context.isVisible()
+
+        panel.picker.open_path(str(broken_model_dir))  # Open… on a folder that cannot be used
+        qtbot.waitUntil(lambda: window.error_box is not None, timeout=TIMEOUT_S * 1000)
+        assert panel.remote is None and panel.load_button.text() == "Load" and panel.memory_box.title() == "Memory"
+        assert panel.context.isVisible() and not panel.context.isEnabled() and not panel.load_button.isEnabled()
+        assert window.graph.isVisible() and not panel.picker.forget_button.isVisible()
     finally:
         stop(proc)
-    # nothing is sent: the health check finds it gone
+    # nothing is sent: the health check finds the server gone
     qtbot.waitUntil(lambda: "does not answer" in status.text(), timeout=TIMEOUT_S * 1000)
     assert status.property("theme_role") == "error" and "not answering" in window.model_label.text()
-
-
-def test_a_refused_folder_while_connected_leaves_no_half_server_panel(app_driver, qtbot, tiny_model_dir, server,
-                                                                      broken_model_dir):
-    _, url = server
-    window = app_driver.open(tiny_model_dir)
-    app_driver.wait_planned(window)
-    panel = window.settings_panel
-    add_server(window, qtbot, url)
-    qtbot.waitUntil(lambda: panel.remote is not None, timeout=TIMEOUT_S * 1000)
-    qtbot.mouseClick(panel.load_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: window.loaded_remote is not None, timeout=TIMEOUT_S * 1000)
-    assert panel.load_button.text() == "Connect" and not panel.context.isVisible()
-    panel.picker.open_path(str(broken_model_dir))  # Open… on a folder that cannot be used
-    qtbot.waitUntil(lambda: window.error_box is not None, timeout=TIMEOUT_S * 1000)
-    assert panel.remote is None and panel.load_button.text() == "Load" and panel.memory_box.title() == "Memory"
-    assert panel.context.isVisible() and not panel.context.isEnabled() and not panel.load_button.isEnabled()
-    assert window.graph.isVisible() and not panel.picker.forget_button.isVisible()
 
 
 def test_the_estimate_learns_the_servers_count():

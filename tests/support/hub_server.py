@@ -52,20 +52,36 @@ class Repo:
     def __post_init__(self):
         self.sha = self.sha or hashlib.sha1(self.id.encode()).hexdigest()
 
-    def data(self, path: str) -> bytes:
-        value = self.files[path]
-        return value.read_bytes() if isinstance(value, Path) else value
 
 
 @dataclass
 class Blob:
-    data: bytes
+    """One file's content: bytes, or a local file read in pieces (a real-size sparse model is never held whole)."""
+
+    source: bytes | Path
+    size: int
     sha256: str
     git_sha1: str
 
     @classmethod
-    def of(cls, data: bytes) -> "Blob":
-        return cls(data, hashlib.sha256(data).hexdigest(), hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest())
+    def of(cls, source: bytes | Path) -> "Blob":
+        size = source.stat().st_size if isinstance(source, Path) else len(source)
+        sha256, sha1 = hashlib.sha256(), hashlib.sha1(b"blob %d\0" % size)
+        for piece in cls(source, size, "", "").pieces(0, size):
+            sha256.update(piece)
+            sha1.update(piece)
+        return cls(source, size, sha256.hexdigest(), sha1.hexdigest())
+
+    def pieces(self, start: int, end: int, piece_bytes: int = 1 << 20):
+        """The bytes [start, end), in pieces."""
+        if isinstance(self.source, bytes):
+            for at in range(start, end, piece_bytes):
+                yield self.source[at : min(at + piece_bytes, end)]
+            return
+        with open(self.source, "rb") as f:
+            f.seek(start)
+            for at in range(start, end, piece_bytes):
+                yield f.read(min(piece_bytes, end - at))
 
 
 @dataclass
@@ -117,7 +133,7 @@ class HubServer:
         if self._blobs is None:
             self._blobs = {}
         if key not in self._blobs:
-            self._blobs[key] = Blob.of(repo.data(path))
+            self._blobs[key] = Blob.of(repo.files[path])
         return self._blobs[key]
 
     def blob_by_sha(self, sha256: str) -> tuple[Repo, str, Blob] | None:
@@ -139,10 +155,10 @@ class HubServer:
             entry: dict = {"rfilename": path}
             if blobs:
                 b = self.blob(repo, path)
-                entry |= {"size": len(b.data), "blobId": b.git_sha1}
+                entry |= {"size": b.size, "blobId": b.git_sha1}
                 if _is_lfs(path):
                     entry |= {"blobId": hashlib.sha1(b"pointer " + b.sha256.encode()).hexdigest(),
-                              "lfs": {"sha256": b.sha256, "size": len(b.data), "pointerSize": POINTER_SIZE}}
+                              "lfs": {"sha256": b.sha256, "size": b.size, "pointerSize": POINTER_SIZE}}
             siblings.append(entry)
         out = {"_id": repo.sha[:24], "id": repo.id, "modelId": repo.id, "author": repo.id.split("/")[0],
                "sha": repo.sha, "lastModified": "2026-11-30T12:00:00.000Z", "private": repo.private,
@@ -252,9 +268,9 @@ def _handler(hub: HubServer):
                 if prefix and not path.startswith(prefix.rstrip("/") + "/"):
                     continue
                 b = hub.blob(repo, path)
-                entry = {"type": "file", "oid": b.git_sha1, "size": len(b.data), "path": path}
+                entry = {"type": "file", "oid": b.git_sha1, "size": b.size, "path": path}
                 if _is_lfs(path):
-                    entry["lfs"] = {"oid": b.sha256, "size": len(b.data), "pointerSize": POINTER_SIZE}
+                    entry["lfs"] = {"oid": b.sha256, "size": b.size, "pointerSize": POINTER_SIZE}
                 out.append(entry)
             self._json(200, out)
 
@@ -277,7 +293,7 @@ def _handler(hub: HubServer):
                 body = b"Found. Redirecting to " + location.encode()
                 self.send_response(302)
                 for k, v in (common | {"Location": location, "X-Linked-Etag": f'"{b.sha256}"',
-                                       "X-Linked-Size": str(len(b.data)), "ETag": f'W/"{b.git_sha1[:20]}"',
+                                       "X-Linked-Size": str(b.size), "ETag": f'W/"{b.git_sha1[:20]}"',
                                        "Content-Type": "text/plain; charset=utf-8",
                                        "Content-Length": str(len(body))}).items():
                     self.send_header(k, v)
@@ -288,17 +304,13 @@ def _handler(hub: HubServer):
             self._send_file(repo, file, b, head, common | {"ETag": f'"{b.git_sha1}"'})
 
         def _send_file(self, repo: Repo, file: str, b: Blob, head: bool, headers: dict):
-            data = b.data
-            if file in hub.corrupt:
-                data = bytes([data[0] ^ 0xFF]) + data[1:]
-            start, end, status = 0, len(data), 200
+            start, end, status = 0, b.size, 200
             rng = self.headers.get("Range")
             if rng and (m := _RANGE.match(rng)):
                 start = int(m[1])
-                end = min(int(m[2]) + 1, len(data)) if m[2] else len(data)
-                if start >= len(data):
-                    return self._error(416, None, "Range Not Satisfiable",
-                                       {"Content-Range": f"bytes */{len(data)}"})
+                end = min(int(m[2]) + 1, b.size) if m[2] else b.size
+                if start >= b.size:
+                    return self._error(416, None, "Range Not Satisfiable", {"Content-Range": f"bytes */{b.size}"})
                 status = 206
             self.send_response(status)
             for k, v in headers.items():
@@ -306,26 +318,29 @@ def _handler(hub: HubServer):
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("Content-Length", str(end - start))
             if status == 206:
-                self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+                self.send_header("Content-Range", f"bytes {start}-{end - 1}/{b.size}")
             self.end_headers()
             if head:
                 return
-            body = data[start:end]
             drop = hub.drop_after.get(file)
-            if drop is not None and hub.drops_left.get(file, 1) > 0 and drop < len(body):
+            if drop is not None and (hub.drops_left.get(file, 1) <= 0 or drop >= end - start):
+                drop = None
+            if drop is not None:
                 hub.drops_left[file] = hub.drops_left.get(file, 1) - 1
-                self.wfile.write(body[:drop])
-                self.wfile.flush()
-                self.close_connection = True
-                self.connection.shutdown(socket.SHUT_RDWR)
-                return
-            if file in hub.slow:  # a slow link: a download that a cancel can land in the middle of
-                for at in range(0, len(body), 16 << 10):
+            sent = 0
+            for piece in b.pieces(start, end, 16 << 10 if file in hub.slow else 1 << 20):
+                if sent == 0 and start == 0 and file in hub.corrupt:
+                    piece = bytes([piece[0] ^ 0xFF]) + piece[1:]  # the listing keeps the true hash
+                if file in hub.slow:  # a slow link: a download that a cancel can land in the middle of
                     time.sleep(hub.slow[file])
-                    self.wfile.write(body[at : at + (16 << 10)])
+                if drop is not None and sent + len(piece) > drop:
+                    self.wfile.write(piece[: drop - sent])
                     self.wfile.flush()
-                return
-            self.wfile.write(body)
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                self.wfile.write(piece)
+                sent += len(piece)
 
         # -- replies -----------------------------------------------------------------------------------
 

@@ -35,11 +35,13 @@ from ..dtypes import SAFETENSORS
 from ..errors import ModelFormatError, UnsupportedModelError
 from .gguf import GGUFCheckpoint, GGUFTensor, find_gguf, open_gguf, part_paths
 from ..text.gguf_tokenizer import GGUFTokenizer, tokenizer_from_gguf
-from .layout import EMBED, FINAL_NORM, LM_HEAD, layer_tensor_names
+from .layout import EMBED, FINAL_NORM, LM_HEAD, expert_tensor_names, layer_tensor_names
 from ..runtime.rope import inverse_frequencies
 
 # general.architecture -> the model_type engine/formats/config.py builds (Mistral files say "llama")
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text"}
+# (a llama file with experts is Mixtral's: config_from_gguf)
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text",
+                 "qwen3moe": "qwen3_moe"}
 PERMUTED_QK = frozenset({"llama"})  # architectures whose Q/K rows llama.cpp's converter permutes
 GEMMA = frozenset({"gemma2", "gemma3"})
 ROPE_FREQS = "rope_freqs.weight"
@@ -54,7 +56,15 @@ _GEMMA_LAYER = _LAYER | {"ffn_norm": "pre_feedforward_layernorm", "post_attentio
 _HF_GLOBAL = {hf: gguf for gguf, hf in _GLOBAL.items()}
 
 
+# The router and the 3-D experts (docs/moe.md): under the block engine/formats/layout.py reads them from
+_MOE_BLOCK = {"llama": "block_sparse_moe", "qwen3moe": "mlp"}
+
+
 def _layer_names(arch: str) -> dict[str, str]:
+    if arch in _MOE_BLOCK:
+        block = _MOE_BLOCK[arch]
+        return _LAYER | {"ffn_gate_inp": f"{block}.gate", "ffn_gate_exps": f"{block}.experts.gate_proj",
+                         "ffn_up_exps": f"{block}.experts.up_proj", "ffn_down_exps": f"{block}.experts.down_proj"}
     return _GEMMA_LAYER if arch in GEMMA else _LAYER
 
 
@@ -124,7 +134,8 @@ def open_model(path: str | Path) -> "GGUFModel":
     loader each ask for it; a 128k-token vocabulary takes a quarter of a second to read)."""
     path = find_gguf(path)
     st = path.stat()
-    return _open_model(path.resolve(), st.st_size, st.st_mtime_ns, st.st_ino)
+    # not resolved: a Hugging Face cache links each part to blobs/<hash>, and a split file is found by its parts' names
+    return _open_model(path.absolute(), st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 @lru_cache(maxsize=4)
@@ -157,13 +168,16 @@ class GGUFModel:
         """The per-head gather that undoes the converter's Q/K permutation (None: the file is not permuted)."""
         return qk_order(self.config.head_dim) if self.architecture in PERMUTED_QK else None
 
-    def matrices(self, layers: tuple[dict[str, str], ...], embed: str, lm_head: str) -> Matrices:
-        """The Matrices of the layout's tensor names (ModelLayout.layers, .embed, .lm_head)."""
+    def matrices(self, layers: tuple[dict[str, str], ...], embed: str, lm_head: str,
+                 experts: tuple[dict[str, str], ...] = ()) -> Matrices:
+        """The Matrices of the layout's tensor names (ModelLayout.layers, .embed, .lm_head, .experts); an expert's
+        product is one [out, in] slice of its 3-D tensor."""
         def shape(name: str) -> MatrixShape:
             t = self.specs[name]
-            return MatrixShape(t.type_name, *t.shape)
+            return MatrixShape(t.type_name, *t.shape[-2:])
         in_layers = {(shape(names[short]), f"{short}_bias" in names) for names in layers
-                     for short in ("q", "k", "v", "o", "gate", "up", "down")}
+                     for short in ("q", "k", "v", "o", "gate", "up", "down", "router") if short in names}
+        in_layers |= {(shape(name), False) for names in experts for name in names.values()}
         return Matrices(tuple(sorted(in_layers, key=repr)), shape(embed), shape(lm_head))
 
     def weights(self, dtype: torch.dtype, converts: bool) -> "GGUFWeights":
@@ -176,7 +190,8 @@ class GGUFModel:
 
     def _check_complete(self) -> None:
         needed = [EMBED, FINAL_NORM] + [n for i in range(self.config.num_layers)
-                                         for n in layer_tensor_names(self.config, i).values()]
+                                         for n in (layer_tensor_names(self.config, i)
+                                                   | expert_tensor_names(self.config, i, fused=True)).values()]
         missing = [gguf_name(n, self.architecture) for n in needed if n not in self.specs]
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
@@ -199,6 +214,15 @@ class GGUFWeights:
         if FORMATS[spec.type_name].dtype is None:
             raise ModelFormatError(f"{self.model.name}: tensor {spec.name!r} is {spec.type_name.upper()} but has "
                                    f"{len(spec.shape)} dimensions; Stowage computes on quantized matrices only")
+        return _torch_view(raw, spec.type_name)
+
+    def expert(self, name: str, index: int) -> torch.Tensor | QuantizedWeight:
+        """Expert `index` of the 3-D expert tensor `name` ([num_experts, out, in]): its [out, in] slice of the map,
+        as tensor() gives a matrix (no copy)."""
+        spec = self.model.specs[name]
+        raw = self.model.file.raw(spec.name)[index]
+        if computes_in_tiles(spec.type_name, self.dtype, self.converts):
+            return QuantizedWeight(raw, spec.type_name, spec.shape[1:], self.dtype)
         return _torch_view(raw, spec.type_name)
 
     def check_unchanged(self) -> None:
@@ -256,7 +280,8 @@ def config_from_gguf(file: GGUFCheckpoint, name: str) -> ModelConfig:
     theta = key.float("rope.freq_base", 10000.0)
     raw = {
         "model_type": ARCHITECTURES[arch], "vocab_size": vocab, "hidden_size": hidden,
-        "intermediate_size": key.int("feed_forward_length"), "num_hidden_layers": key.int("block_count"),
+        "intermediate_size": key.int("feed_forward_length", key.meta.get(f"{arch}.expert_feed_forward_length")),
+        "num_hidden_layers": key.int("block_count"),
         "num_attention_heads": num_heads, "num_key_value_heads": num_kv_heads, "head_dim": head_dim,
         "rms_norm_eps": key.float("attention.layer_norm_rms_epsilon", 1e-5), "rope_theta": theta,
         "rope_scaling": _rope_scaling(key, file, theta, head_dim, name),
@@ -269,12 +294,26 @@ def config_from_gguf(file: GGUFCheckpoint, name: str) -> ModelConfig:
         "eos_token_id": [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                                             "tokenizer.ggml.eom_token_id") if type(meta.get(k)) is int],
     }
+    if arch == "qwen3moe" or key.is_set("expert_count"):  # some dense llama files say expert_count = 0
+        raw |= _moe_keys(key)
     if arch not in GEMMA:
         return ModelConfig.from_dict(raw)
     config = ModelConfig.from_dict(raw | _gemma_keys(key, raw, tokens if isinstance(tokens, list) else []))
     # llama.cpp's converter adds the 1 of Gemma's (1 + weight) norms to every stored norm weight
     # (Gemma2Model/Gemma3Model.modify_tensors): the file holds the scale itself, so the norms multiply by it as is
     return dataclasses.replace(config, norm_plus_one=False)
+
+
+def _moe_keys(key: "_Keys") -> dict:
+    """A file of experts as config.json says it (docs/moe.md): a llama one is Mixtral's. llama.cpp renormalizes the
+    top-k weights of both (build_moe_ffn's norm_w) unless the file says otherwise (expert_weights_norm)."""
+    norm = key.meta.get(f"{key.arch}.expert_weights_norm", True)
+    out = {"num_experts": key.int("expert_count"), "num_experts_per_tok": key.int("expert_used_count"),
+           "norm_topk_prob": norm if isinstance(norm, bool) else True}
+    if key.arch == "llama":  # Mixtral: the experts are feed_forward_length wide
+        return out | {"model_type": "mixtral"}
+    # Qwen3-MoE: every layer routes (llama.cpp's qwen3moe has no dense layers)
+    return out | {"moe_intermediate_size": key.int("expert_feed_forward_length")}
 
 
 # llama.cpp hard-codes what Gemma files do not say (src/llama-model.cpp, LLM_ARCH_GEMMA2 / LLM_ARCH_GEMMA3):

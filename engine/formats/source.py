@@ -74,7 +74,7 @@ class ModelSource:
 
     def matrices(self, layout: ModelLayout) -> Matrices | None:
         """The shapes of the matrices kept in ggml blocks (None: a safetensors model, whose products are torch's)."""
-        return self.gguf.matrices(layout.layers, layout.embed, layout.lm_head) if self.gguf else None
+        return self.gguf.matrices(layout.layers, layout.embed, layout.lm_head, layout.experts) if self.gguf else None
 
     @property
     def qk_order(self) -> torch.Tensor | None:

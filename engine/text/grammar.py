@@ -22,8 +22,10 @@ from ..errors import InvalidArgumentError
 # fill the reply with newlines, and every reply is the same text however it is sampled.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_OBJECT = {"type": "object"}
-# A number's fraction is written with at most this many digits: a weak model's greedy "0.000000..." would otherwise
-# run to max_tokens and leave the JSON unfinished. Every value allowed is still valid under the schema given.
+# Two limits keep a weak model from running a reply to max_tokens and leaving the JSON unfinished, and every value
+# they allow is still valid under the schema given: a number's fraction has at most FRACTION_DIGITS digits (a greedy
+# "0.000000..."), and an object that lists its properties takes only those unless it says otherwise (as OpenAI's
+# strict mode requires; a model would otherwise add keys of its own without end).
 FRACTION_DIGITS = 6
 _LITERALS = ("enum", "const", "default", "examples")  # values, not schemas: left as they are
 _MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
@@ -37,27 +39,31 @@ def json_schema_grammar(schema, what: str = "response_format.json_schema.schema"
     if not isinstance(schema, dict):
         raise InvalidArgumentError(f"{what} must be a JSON Schema object, got {type(schema).__name__}")
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(_short_fractions(schema), overrides=JSON_OPTIONS)
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(_bounded(schema), overrides=JSON_OPTIONS)
     except (ValueError, TypeError) as e:
         raise InvalidArgumentError(f"{what} is not a JSON Schema: {e}") from None
     return check(grammar, what)
 
 
-def _short_fractions(node):
-    """The schema with each number that sets no multipleOf made a multiple of 10**-FRACTION_DIGITS."""
+def _bounded(node):
+    """The schema with each number that sets no multipleOf made a multiple of 10**-FRACTION_DIGITS, and each object
+    that lists properties and says nothing of others closed to others."""
     if isinstance(node, list):
-        return [_short_fractions(v) for v in node]
+        return [_bounded(v) for v in node]
     if not isinstance(node, dict):
         return node
     out = {}
     for key, value in node.items():
         if key in _MAPS and isinstance(value, dict):
-            out[key] = {name: _short_fractions(v) for name, v in value.items()}
+            out[key] = {name: _bounded(v) for name, v in value.items()}
         else:
-            out[key] = value if key in _LITERALS else _short_fractions(value)
+            out[key] = value if key in _LITERALS else _bounded(value)
     kind = node.get("type")
     if (kind == "number" or isinstance(kind, list) and "number" in kind) and "multipleOf" not in node:
         out["multipleOf"] = 10.0 ** -FRACTION_DIGITS
+    if isinstance(node.get("properties"), dict) and not {"additionalProperties", "patternProperties",
+                                                         "unevaluatedProperties"} & set(node):
+        out["additionalProperties"] = False
     return out
 
 

@@ -176,3 +176,22 @@ def test_stowage_generate_json_schema_prints_the_parsed_value(tmp_path):
     assert refused.stderr.strip().splitlines() == [
         f"stowage: --json-schema {tmp_path / 'bad.json'} is not supported: Unsatisfiable schema: minimum (5) is "
         "greater than maximum (1)"]
+
+
+def test_numbers_take_six_fraction_digits_and_listed_objects_no_other_keys(engine):
+    """The two limits that keep a weak model's reply finite; what they allow stays valid under the schema."""
+    schema = {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "object"}}}
+    bound = grammar.bind(grammar.json_schema_grammar(schema), engine.tokenizer, engine.config.vocab_size,
+                         engine.eos_ids)
+
+    def accepts(text):
+        constraint = bound.constraint()
+        for token in engine.tokenizer.encode(text, add_special_tokens=False):
+            if not constraint.allowed()[token]:
+                return False
+            constraint.consume(token)
+        return constraint.is_finished
+
+    assert accepts('{"a": 0.125, "b": {"free": [1, 2]}}') and accepts('{"a": 1.000001}')
+    assert not accepts('{"a": 1.0000001}')  # a seventh fraction digit
+    assert not accepts('{"a": 1, "c": 2}')  # a key the object does not list

@@ -38,6 +38,14 @@ def _gpu_layers(text: str) -> int | None:
     return int(text)
 
 
+def _cpu_expert_layers(text: str) -> int | None:
+    if text == "auto":
+        return None
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of layers whose experts stay on the CPU, or 'auto'")
+    return int(text)
+
+
 def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     """Register the `plan` subcommand; its `func` returns the exit status (0 fits, 1 does not, 2 bad model)."""
     p = subparsers.add_parser(
@@ -64,6 +72,9 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--gpu-safety", metavar="SIZE", type=_size, help="GPU safety buffer (default max(512MiB, 2%%))")
     p.add_argument("--gpu-layers", metavar="N", type=_gpu_layers, default=None,
                    help="layers on the GPUs: a number (0 = CPU only) or auto (default)")
+    p.add_argument("--cpu-expert-layers", metavar="N", type=_cpu_expert_layers, default=None,
+                   help="a model of experts: keep the last N layers' experts on the CPU, the others beside their "
+                        "layer; auto (default): as many layers' experts on the GPU as fit (docs/moe.md)")
     p.add_argument("--block-size", type=int, default=BLOCK_SIZE, help=f"tokens per KV block (default {BLOCK_SIZE})")
     p.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
                    help=f"prompt tokens per forward pass (default {PREFILL_CHUNK})")
@@ -112,7 +123,8 @@ def run_plan(args: argparse.Namespace, out=None) -> int:
 
 def _request(args: argparse.Namespace) -> PlanRequest:
     return PlanRequest(args.context_tokens or 1, kv_dtype=KV_ALIASES.get(args.kv_dtype, args.kv_dtype),
-                       dtype=args.dtype, gpu_layers=args.gpu_layers, block_size=args.block_size,
+                       dtype=args.dtype, gpu_layers=args.gpu_layers, cpu_expert_layers=args.cpu_expert_layers,
+                       block_size=args.block_size,
                        prefill_chunk=args.prefill_chunk, num_seqs=args.parallel, kv_disk_budget=args.kv_disk_budget)
 
 

@@ -127,3 +127,18 @@ def test_attention_on_one_device_experts_on_another_match_transformers(tmp_path)
     with torch.no_grad():
         theirs = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()(torch.tensor([ids])).logits[0]
     assert (ours - theirs).abs().max().item() <= 1e-4
+
+
+def test_stowage_plan_cpu_expert_layers(info, capsys):
+    from stowage.engine.cli import main
+
+    args = ["plan", str(info.model_dir), "--context", "4096", "--gpu-budget", "24GiB", "--ram-budget", "64GiB",
+            "--json"]
+    assert main(args + ["--cpu-expert-layers", "10"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["expert_devices"] == ["cuda:0"] * 38 + ["cpu"] * 10 and shown["layer_devices"] == ["cuda:0"] * 48
+    assert main(args) == 0  # auto: all of them fit
+    assert json.loads(capsys.readouterr().out)["expert_devices"] == ["cuda:0"] * 48
+    with pytest.raises(SystemExit):
+        main(args + ["--cpu-expert-layers", "some"])
+    assert "number of layers whose experts stay on the CPU" in capsys.readouterr().err

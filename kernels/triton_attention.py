@@ -13,6 +13,7 @@ import importlib
 import torch
 
 from . import reference
+from .kv_quant import block_format
 
 NAME = "triton"
 # Split-K decode (kernels/triton_decode.py): partials exist only past 2 * MIN_SPLIT_TOKENS of context.
@@ -25,8 +26,10 @@ def _kernel(name: str):
 
 
 def write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0) -> None:
-    """Store each token's K and V in its cache slot (Triton; reference for fp8 on pre-Ada GPUs)."""
-    ops = reference if _fp8_unsupported(k_cache) else _kernel("triton_write")
+    """Store each token's K and V in its cache slot (Triton; reference for fp8 on pre-Ada GPUs, and for q8_0 / q4_0
+    caches: the new rows quantized in torch, bit for bit ggml's, then copied into their slots)."""
+    quantized = block_format(k_cache.dtype) is not None or block_format(v_cache.dtype) is not None
+    ops = reference if quantized or _fp8_unsupported(k_cache) else _kernel("triton_write")
     ops.write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .triton_attention import MAX_SPLITS, MIN_SPLIT_TOKENS
-from .triton_write import _check_inner_contiguous, _unit_stride, cache_strides
+from .triton_write import _check_inner_contiguous, _unit_stride, cache_strides, load_rows, quant_code
 
 LOG2E = 1.4426950408889634
 TILE_TOKENS = 64  # tokens per inner step; spans several blocks, gathered row by row
@@ -68,6 +68,8 @@ def _decode_kernel(
     HAS_SOFTCAP: tl.constexpr,
     DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    K_QUANT: tl.constexpr,  # load_rows' QUANT of each cache: 0 float, 1 q8_0, 2 q4_0
+    V_QUANT: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -102,11 +104,11 @@ def _decode_kernel(
         blk = tl.load(table + t // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
         off = t % BLOCK_SIZE
         td_mask = t_mask[:, None] & (d[None, :] < HEAD_DIM)
-        k = tl.load(
-            k_cache_ptr + blk[:, None] * stride_kb + off[:, None] * stride_kt + kv_head * stride_kh + d[None, :],
-            mask=td_mask,
-            other=0.0,
-        )  # k: [TILE, D_PAD]
+        k_rows = k_cache_ptr + blk[:, None] * stride_kb + off[:, None] * stride_kt + kv_head * stride_kh
+        if K_QUANT == 0:
+            k = tl.load(k_rows + d[None, :], mask=td_mask, other=0.0)  # k: [TILE, D_PAD]
+        else:
+            k = load_rows(k_rows, d, td_mask, K_QUANT)
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale  # [G_PAD, TILE]
         if HAS_SOFTCAP:
             s = softcap * _tanh(s / softcap) * LOG2E
@@ -115,11 +117,11 @@ def _decode_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_cache_ptr + blk[:, None] * stride_vb + off[:, None] * stride_vt + kv_head * stride_vh + d[None, :],
-            mask=td_mask,
-            other=0.0,
-        )  # v: [TILE, D_PAD]
+        v_rows = v_cache_ptr + blk[:, None] * stride_vb + off[:, None] * stride_vt + kv_head * stride_vh
+        if V_QUANT == 0:
+            v = tl.load(v_rows + d[None, :], mask=td_mask, other=0.0)  # v: [TILE, D_PAD]
+        else:
+            v = load_rows(v_rows, d, td_mask, V_QUANT)
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
         m_i = m_new
 
@@ -203,7 +205,7 @@ def decode_attention(
     query, context_lens = _unit_stride(query), context_lens.contiguous()
     _check_inner_contiguous(k_cache, v_cache, block_tables)
     block_size = k_cache.shape[1]
-    if k_cache.dtype.itemsize != 1:  # as in the reference, scales apply to fp8 caches only
+    if k_cache.dtype != torch.float8_e4m3fn:  # as in the reference, scales apply to fp8 caches only
         k_scale = v_scale = 1.0
     # An upper bound on the context from the table's width: reading context_lens would cost a sync.
     max_ctx = block_tables.shape[1] * block_size
@@ -265,6 +267,8 @@ def decode_attention(
         HAS_SOFTCAP=softcap is not None,
         DOT_FP32=dot_fp32,
         DOT_PRECISION="ieee" if dot_fp32 else "tf32",
+        K_QUANT=quant_code(k_cache),
+        V_QUANT=quant_code(v_cache),
     )
     if num_splits > 1:
         _reduce_kernel[(num_seqs, num_heads)](

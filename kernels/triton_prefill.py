@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .triton_decode import INTERPRET, LOG2E, _tanh
-from .triton_write import _check_inner_contiguous, _unit_stride, cache_strides
+from .triton_write import _check_inner_contiguous, _unit_stride, cache_strides, load_rows, quant_code
 
 ROWS = 64  # query rows (tokens x group heads) per program
 TILE_N = 64  # keys per inner step
@@ -53,6 +53,8 @@ def _prefill_kernel(
     HAS_SOFTCAP: tl.constexpr,
     DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    K_QUANT: tl.constexpr,  # load_rows' QUANT of each cache: 0 float, 1 q8_0, 2 q4_0
+    V_QUANT: tl.constexpr,
 ):
     m_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -83,11 +85,11 @@ def _prefill_kernel(
         blk = tl.load(table_ptr + t // BLOCK_SIZE, mask=t_ok, other=0).to(tl.int64)
         off = t % BLOCK_SIZE
         td_mask = t_ok[:, None] & d_ok[None, :]
-        k = tl.load(
-            k_cache_ptr + blk[:, None] * stride_kb + off[:, None] * stride_kt + kv_head * stride_kh + d[None, :],
-            mask=td_mask,
-            other=0.0,
-        )  # [TILE, D_PAD]
+        k_rows = k_cache_ptr + blk[:, None] * stride_kb + off[:, None] * stride_kt + kv_head * stride_kh
+        if K_QUANT == 0:
+            k = tl.load(k_rows + d[None, :], mask=td_mask, other=0.0)  # [TILE, D_PAD]
+        else:
+            k = load_rows(k_rows, d, td_mask, K_QUANT)
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale  # [ROWS, TILE]
         if HAS_SOFTCAP:
             s = softcap * _tanh(s / softcap) * LOG2E
@@ -102,11 +104,11 @@ def _prefill_kernel(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_cache_ptr + blk[:, None] * stride_vb + off[:, None] * stride_vt + kv_head * stride_vh + d[None, :],
-            mask=td_mask,
-            other=0.0,
-        )  # [TILE, D_PAD]
+        v_rows = v_cache_ptr + blk[:, None] * stride_vb + off[:, None] * stride_vt + kv_head * stride_vh
+        if V_QUANT == 0:
+            v = tl.load(v_rows + d[None, :], mask=td_mask, other=0.0)  # [TILE, D_PAD]
+        else:
+            v = load_rows(v_rows, d, td_mask, V_QUANT)
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
         m_i = m_new
 
@@ -135,7 +137,7 @@ def prefill_attention(
         raise ValueError(f"{num_heads} query heads cannot share {num_kv_heads} KV heads evenly")
     query, block_table = _unit_stride(query), block_table.contiguous()
     _check_inner_contiguous(k_cache, v_cache)
-    if k_cache.dtype.itemsize != 1:  # as in the reference, scales apply to fp8 caches only
+    if k_cache.dtype != torch.float8_e4m3fn:  # as in the reference, scales apply to fp8 caches only
         k_scale = v_scale = 1.0
     out = torch.empty_like(query)
     if num_new == 0:
@@ -172,5 +174,7 @@ def prefill_attention(
         HAS_SOFTCAP=softcap is not None,
         DOT_FP32=dot_fp32,
         DOT_PRECISION="ieee" if dot_fp32 else "tf32",
+        K_QUANT=quant_code(k_cache),
+        V_QUANT=quant_code(v_cache),
     )
     return out

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .kv_quant import block_format
+
 # Largest finite float8_e4m3fn; torch saturates there, and so must we (the GPU's cvt does, the
 # interpreter does not promise to).
 FP8_MAX = 448.0
@@ -102,7 +104,7 @@ def write_kv(
         return
     key, value, slot_mapping = _unit_stride(key), _unit_stride(value), slot_mapping.contiguous()
     _check_inner_contiguous(k_cache, v_cache)
-    is_fp8 = k_cache.dtype.itemsize == 1
+    is_fp8 = k_cache.dtype == torch.float8_e4m3fn
     if is_fp8:
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     elif key.dtype != k_cache.dtype:
@@ -130,6 +132,37 @@ def write_kv(
         IS_FP8=is_fp8,
         FP8_LIMIT=FP8_MAX,
     )
+
+
+@triton.jit
+def load_rows(row_ptr, d, mask, QUANT: tl.constexpr):
+    """Cache rows as float32 [rows, D_PAD]: row_ptr [rows, 1] points at each row's first element, d [D_PAD] the
+    values wanted. QUANT 0: a float cache; 1: q8_0 blocks (int8), 2: q4_0 blocks (uint8), widened here, in
+    registers, from each value's block: its fp16 scale and its quant (kernels/kv_quant.py)."""
+    if QUANT == 0:
+        return tl.load(row_ptr + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    else:
+        block = d // 32
+        i = d % 32
+        if QUANT == 1:
+            base = block * 34
+        else:
+            base = block * 18
+        lo = tl.load(row_ptr + base[None, :], mask=mask, other=0).to(tl.uint8, bitcast=True).to(tl.uint16)
+        hi = tl.load(row_ptr + (base + 1)[None, :], mask=mask, other=0).to(tl.uint8, bitcast=True).to(tl.uint16)
+        scale = (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+        if QUANT == 1:
+            q = tl.load(row_ptr + (base + 2 + i)[None, :], mask=mask, other=0).to(tl.float32)
+        else:
+            byte = tl.load(row_ptr + (base + 2 + i % 16)[None, :], mask=mask, other=0).to(tl.int32)
+            q = ((byte >> (4 * (i // 16))[None, :]) & 15).to(tl.float32) - 8.0
+        return q * scale
+
+
+def quant_code(cache: torch.Tensor) -> int:
+    """load_rows' QUANT of a cache: 0 float, 1 q8_0, 2 q4_0."""
+    fmt = block_format(cache.dtype)
+    return 0 if fmt is None else 1 if fmt.name == "q8_0" else 2
 
 
 def cache_strides(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, ...]:

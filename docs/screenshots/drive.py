@@ -4,11 +4,14 @@ Usage: STOWAGE_DATA_DIR=$(mktemp -d) python docs/screenshots/drive.py STATE
 States: empty, reply, overflow, error, history (a corrupt history moved aside), about, small (1000x700,
 a context typed that is not whole blocks), small-reply (1000x700 with replies), search (three chats, one found),
 branches (a reply regenerated: "‹ 2/2 ›"), prompt (a long prompt being read, in the engine process, held at its
-first chunk so the bar stays on screen).
+first chunk so the bar stays on screen), markdown (highlighted code with Copy, a table, a preset chosen), dark (the
+same in the dark theme), full (a chat that outgrew its context, with its ways on), base (a base model loaded: its
+notice and completion mode).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import tempfile
@@ -22,7 +25,7 @@ from PySide6.QtWidgets import QApplication  # noqa: E402
 
 from PySide6.QtCore import Qt  # noqa: E402
 
-from stowage.app import paths, worker  # noqa: E402
+from stowage.app import paths, theme, worker  # noqa: E402
 from stowage.app.conversation_list import ID_ROLE  # noqa: E402
 from stowage.app.main_window import MainWindow  # noqa: E402
 from stowage.app.paths import demo_model_dir  # noqa: E402
@@ -30,6 +33,19 @@ from stowage.app.store import FILE_NAME  # noqa: E402
 from stowage.engine.planning.plan import PlanRequest, plan  # noqa: E402
 
 QUESTIONS = ["What does Stowage do when I move the context slider?", "What if it does not fit?"]
+ANSWER = """Here is a function that does it, and what it returns:
+
+```python
+def largest_context(free_bytes: int, bytes_per_token: int) -> int:
+    \"\"\"The most tokens whose KV cache fits in free_bytes.\"\"\"
+    return free_bytes // bytes_per_token  # whole tokens only
+```
+
+| Model | KV per token | Largest context |
+|:------|-------------:|----------------:|
+| SmolLM2-135M | 92 KiB | 44,000 |
+| Qwen2.5-0.5B | 12 KiB | 350,000 |
+"""
 
 
 def when(condition, then, interval_ms=100):
@@ -110,6 +126,42 @@ def main(state: str) -> None:
         panel.select_model_dir(str(folder))
         window.choose_model(str(folder))
 
+    def markdown():
+        store = window.store
+        cid = store.create("Largest context in Python")
+        store.add_message(cid, "user", "Write a function for the **largest context** that fits, in Python.")
+        store.add_message(cid, "assistant", ANSWER, {"finish_reason": "stop", "tokens_per_s": 31.2,
+                                                    "first_token_s": 0.21, "prompt_tokens_per_s": 812})
+        store.set_preset(cid, store.save_preset("Python tutor", "You teach Python with short, tested examples.",
+                                                {"temperature": 0.2, "top_k": 20}))
+        window.conversations.select(cid)
+
+    def dark():
+        theme.apply("dark")
+        markdown()
+
+    def full():
+        panel.policy.setCurrentIndex(panel.policy.findData("stop"))
+        panel.max_tokens.setValue(16)
+        pending[:] = [" ".join(f"Note {i}: the context slider sets how many tokens the model keeps in mind."
+                               for i in range(12))] * 4
+        window.chat.reply_done.connect(ask)
+        panel.context.spin.setValue(512)
+        window.load()
+        when(lambda: window.loaded_dir is not None, ask)
+
+    def base():
+        folder = Path(tempfile.mkdtemp()) / "demo-base-model"
+        shutil.copytree(demo_model_dir(), folder)
+        config = folder / "tokenizer_config.json"
+        settings = json.loads(config.read_text())
+        settings.pop("chat_template")  # as a base model's tokenizer comes: no template
+        config.write_text(json.dumps(settings))
+        panel.picker.add_folder(str(folder))
+        panel.select_model_dir(str(folder))
+        window.choose_model(str(folder))
+        when(lambda: panel.plan is not None and window.model_dir == str(folder), window.load)
+
     def search():
         store = window.store
         for title, text in (("Trip to Lisbon", "Which trams go up to the castle?"),
@@ -123,6 +175,7 @@ def main(state: str) -> None:
 
     actions = {"empty": lambda: None, "search": search, "small-reply": load_and_ask, "reply": load_and_ask,
                "branches": branches, "prompt": long_prompt, "overflow": overflow, "error": broken,
+               "markdown": markdown, "dark": dark, "full": full, "base": base,
                "history": lambda: None, "about": window.about_action.trigger,
                "small": lambda: panel.context.spin.setValue(1000)}
     when(planned, actions[state])

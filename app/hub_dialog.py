@@ -47,7 +47,7 @@ class HubDialog(QDialog):
                  budgets: Callable[[], Budgets] | None = None, hub=None):
         super().__init__(parent)
         self.setWindowTitle("Get models from the Hugging Face Hub")
-        self.resize(820, 560)
+        self.resize(1000, 600)
         from stowage.engine.hub.client import Hub
         from stowage.engine.hub.header import HeaderReader
         from stowage.engine.planning.budgets import detect_budgets
@@ -91,7 +91,11 @@ class HubDialog(QDialog):
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        for column in range(3):
+            self.table.horizontalHeader().setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
         self.table.horizontalHeader().setSectionResizeMode(3, QHeaderView.ResizeMode.Stretch)
+        self.table.verticalHeader().setVisible(False)
+        self.table.setWordWrap(True)
         self.table.itemSelectionChanged.connect(self._selection_changed)
         self.note = QLabel()
         self.note.setWordWrap(True)
@@ -210,6 +214,7 @@ class HubDialog(QDialog):
         item = QTableWidgetItem(verdict.text)
         item.setToolTip(verdict.text)
         self.table.setItem(row, 3, item)
+        self.table.resizeRowToContents(row)
         self._selection_changed()
 
     def _show_failure(self, generation: int, message: str) -> None:

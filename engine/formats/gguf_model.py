@@ -144,15 +144,17 @@ def _open_model(path: Path, size: int, mtime_ns: int, inode: int) -> "GGUFModel"
 
 
 class GGUFModel:
-    """One GGUF model (a file, or all parts of a split one): config, tensor infos under HF names, tokenizer."""
+    """One GGUF model (a file, or all parts of a split one): config, tensor infos under HF names, tokenizer.
 
-    def __init__(self, path: str | Path):
-        self.path = find_gguf(path)
+    `file`: the parts already parsed, from their headers alone (a file not downloaded yet, engine/hub)."""
+
+    def __init__(self, path: str | Path, file: GGUFCheckpoint | None = None):
+        self.path = find_gguf(path) if file is None else Path(path)
         self.name = self.path.name
         # what the parts were before they were mapped (a missing one is left to open_gguf to name)
-        self.watch = FileWatch([p for p in part_paths(self.path) if p.is_file()])
-        self.file: GGUFCheckpoint = open_gguf(self.path)
-        for part in self.file.parts:
+        self.watch = FileWatch([p for p in part_paths(self.path) if p.is_file()] if file is None else [])
+        self.file: GGUFCheckpoint = file or open_gguf(self.path)
+        for part in self.file.parts if file is None else ():  # only a mapped file can change under us
             self.watch.mapped(part.path, part.mapping)
         self.metadata = self.file.metadata
         self.architecture = self.metadata.get("general.architecture")

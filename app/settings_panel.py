@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from stowage.engine.formats.discovery import gguf_quant
 from stowage.engine.planning.report import summary
 from stowage.engine.units import format_bytes, format_tokens
 
@@ -366,11 +367,15 @@ class SettingsPanel(QWidget):
 
 
 def _stored_type(info) -> str:
-    """The type most of a GGUF model's layer weights are stored in ("Q4_1"; a Q4_K_M file's is Q4_K)."""
+    """A GGUF model's quantization as its file names it ("Q4_K_M"), else the type most of its layers' weights are
+    stored in, by count ("Q4_1")."""
+    named = gguf_quant(info.model_dir)
+    if named:
+        return named
     stored: dict[str, int] = {}
     for layer in info.layers:
-        for dtype, _, nbytes in layer.by_dtype:
-            stored[dtype] = stored.get(dtype, 0) + nbytes
+        for dtype, numel, _ in layer.by_dtype:
+            stored[dtype] = stored.get(dtype, 0) + numel
     return max(stored, key=stored.get).upper() if stored else "GGUF"
 
 

@@ -27,8 +27,12 @@ class ModelCombo(QComboBox):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.view().setTextElideMode(Qt.TextElideMode.ElideMiddle)
-        self.currentIndexChanged.connect(lambda _: self.setToolTip(self.itemData(self.currentIndex(),
-                                                                                 Qt.ItemDataRole.ToolTipRole) or ""))
+        self.currentIndexChanged.connect(self._show_whole_name)
+
+    def _show_whole_name(self, index: int) -> None:
+        """The tooltip has what the box may elide: the whole name, and where the model is."""
+        where = self.itemData(index, Qt.ItemDataRole.ToolTipRole)
+        self.setToolTip("\n".join(t for t in (self.itemText(index), where) if t) if index > 0 else "")
 
     def paintEvent(self, event) -> None:
         painter = QStylePainter(self)

@@ -1,0 +1,138 @@
+"""Decode and prefill of a mixture-of-experts GGUF on the CPU (issue 28's shape), Stowage alone.
+
+    .venv/bin/python bench/moe_bench.py [--layers 12] [--threads 2] [--runs 3] [--workdir /tmp/moe-bench]
+    .venv/bin/python bench/moe_bench.py --mode experts
+
+
+A Qwen3-30B-A3B-shaped `qwen3moe` file scaled to --layers layers (hidden 2048, 32/4 heads of 128, 48 experts of
+768, 8 active, vocabulary 151,936), random Q4_K blocks for every matrix (the routers f32), written once into
+--workdir. Each run is a fresh process: prefill of 512 tokens, then 32 greedy decode tokens (ids fed directly);
+tok/s are medians of --runs. llama.cpp's side of the issue's comparison needs its quantizer and runtime, which
+this machine lacks: docs/moe.md says what is left.
+
+`--mode experts`: one expert's product (768 x 2048 Q4_K, random blocks) over 16, 32 and 85 routed rows, the
+float32 tile path against the native kernels 8 rows at a time (QuantizedWeight.linear grouped); ms per matrix,
+best of 3 passes over 8 matrices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1] / "tests" / "support"))
+
+import common  # noqa: E402
+
+SHAPE = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_attention_heads=32,
+             num_key_value_heads=4, head_dim=128, num_experts=48, num_experts_per_tok=8, vocab_size=151936,
+             max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1_000_000.0)
+PREFILL, DECODE = 512, 32
+
+
+def write_model(path: Path, layers: int) -> Path:
+    """The file, with random data: the header as tests/support/moe_factory.write_sparse_moe_gguf writes it."""
+    import numpy as np
+    from gguf_factory import random_k_blocks
+    from moe_factory import write_sparse_moe_gguf
+
+    from stowage.engine.formats.gguf import GGUFFile
+
+    write_sparse_moe_gguf(path, SHAPE | {"num_hidden_layers": layers})
+    rng = np.random.default_rng(0)
+    file = GGUFFile(path)
+    infos = {name: (t.offset, t.type_name, t.shape) for name, t in file.tensors.items()}
+    del file
+    with open(path, "r+b") as f:
+        for name, (offset, type_name, shape) in infos.items():
+            if type_name == "q4_k":
+                rows = int(np.prod(shape[:-1]))
+                data = random_k_blocks("q4_k", (rows, shape[-1]), rng)
+            else:  # norms near 1, routers small
+                scale = 0.02 if name.endswith("ffn_gate_inp.weight") else 0.1
+                data = (rng.standard_normal(int(np.prod(shape))) * scale + (1 if "norm" in name else 0))
+                data = data.astype(np.float32)
+            f.seek(offset)
+            f.write(data.tobytes())
+    return path
+
+
+def worker(path: Path, threads: int) -> dict:
+    common.set_threads(threads)
+    from factory import cpu_plan
+
+    from stowage.engine.runtime.engine import Engine
+    from stowage.engine.runtime.kv_cache import Sequence
+
+    engine = Engine.load(path, cpu_plan(path, PREFILL + DECODE + 16))
+    ids = [(i * 7919 + 13) % 150000 + 10 for i in range(PREFILL)]
+    seq = Sequence()
+    start = time.perf_counter()
+    logits = engine.model.forward(ids, seq, engine.cache)
+    prefill = time.perf_counter() - start
+    token = int(logits[-1].argmax())
+    start = time.perf_counter()
+    for _ in range(DECODE):
+        token = int(engine.model.decode_step([token], [seq], engine.cache)[0].argmax())
+    decode = time.perf_counter() - start
+    return {"prefill_tok_s": PREFILL / prefill, "decode_tok_s": DECODE / decode,
+            "read_bytes_per_token": engine.plan.device("cpu").read_bytes_per_token}
+
+
+def experts_mode(threads: int) -> dict:
+    import numpy as np
+    import torch
+    from gguf_factory import random_k_blocks
+
+    from stowage.kernels.quant_linear import QuantizedWeight
+
+    common.set_threads(threads)
+    rng = np.random.default_rng(0)
+    weights = [QuantizedWeight(random_k_blocks("q4_k", (768, 2048), rng), "q4_k", (768, 2048), torch.bfloat16)
+               for _ in range(8)]
+    out = {}
+    for rows in (16, 32, 85):
+        x = torch.randn(rows, 2048).bfloat16()
+        for grouped in (False, True):
+            best = float("inf")
+            for _ in range(3):
+                start = time.perf_counter()
+                for w in weights:
+                    w.linear(x, grouped=grouped)
+                best = min(best, (time.perf_counter() - start) / len(weights))
+            out[f"{rows}_rows_{'native' if grouped else 'tiles'}_ms"] = round(best * 1e3, 1)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=("model", "experts"), default="model")
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/moe-bench"))
+    p.add_argument("--worker", type=Path)
+    p.add_argument("--result", type=Path)
+    args = p.parse_args()
+    if args.worker:
+        args.result.write_text(json.dumps(worker(args.worker, args.threads)))
+        return
+    if args.mode == "experts":
+        print(json.dumps(experts_mode(args.threads) | {"threads": args.threads, "load": common.load_average()}))
+        return
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    path = args.workdir / f"qwen3moe-{args.layers}l-q4_k.gguf"
+    if not path.exists():
+        write_model(path, args.layers)
+    runs = [common.run_worker(HERE, ["--worker", str(path), "--threads", str(args.threads)], threads=args.threads)
+            for _ in range(args.runs)]
+    result = common.medians(runs)
+    print(json.dumps(result | {"layers": args.layers, "threads": args.threads, "load": common.load_average()}))
+
+
+if __name__ == "__main__":
+    main()

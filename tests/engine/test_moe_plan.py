@@ -142,3 +142,19 @@ def test_stowage_plan_cpu_expert_layers(info, capsys):
     with pytest.raises(SystemExit):
         main(args + ["--cpu-expert-layers", "some"])
     assert "number of layers whose experts stay on the CPU" in capsys.readouterr().err
+
+
+def test_the_routed_mlp_workspace_by_hand(info):
+    from stowage.engine.planning.workspace import expert_activation_bytes
+
+    # a 512-token chunk in bf16: router logits [512, 128] (2 B) and fp32 probabilities (4 B); top-8 weights (4 B),
+    # indices (8 B) and their bf16 copy (2 B); the output [512, 2048]; one expert over every token: input rows and
+    # the weighted product [512, 2048] x 2, silu(gate), up and their product [512, 768] x 3, its output [512, 2048]
+    router = 512 * 128 * (2 + 4) + 512 * 8 * (4 + 8 + 2)
+    expert = 2 * 512 * 2048 * 2 + 3 * 512 * 768 * 2 + 512 * 2048 * 2
+    assert expert_activation_bytes(info.config, chunk=512, dtype=torch.bfloat16) == router + 512 * 2048 * 2 + expert \
+        == 11_198_464
+    # a CPU that runs only experts (every layer's attention on the GPU) is charged them
+    p = plan(info, PlanRequest(4096, cpu_expert_layers=48), given_budgets([24 * GiB], 64 * GiB))
+    assert p.device("cpu").layers == () and p.device("cpu").experts == tuple(range(48))
+    assert p.device("cpu").workspace.activations_bytes >= 11_198_464

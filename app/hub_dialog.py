@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QDialog, QDialogButtonBox, QHB
                                QTableWidget, QTableWidgetItem, QVBoxLayout)
 
 from stowage.engine.defaults import DEFAULT_CONTEXT
-from stowage.engine.errors import DownloadCancelled, StowageError
+from stowage.engine.errors import DownloadCancelled, HubError, StowageError
 from stowage.engine.planning.budgets import Budgets
 from stowage.engine.planning.plan import PlanRequest
 from stowage.engine.units import format_bytes, format_duration
@@ -166,7 +166,7 @@ class HubDialog(QDialog):
         self._ask(lambda g: self._list_and_judge(g, repo, request))
 
     def _list_and_judge(self, generation: int, repo: str, request: PlanRequest) -> None:
-        from stowage.engine.hub.verdict import verdict
+        from stowage.engine.hub.verdict import Verdict, verdict
 
         files = self.hub.files(repo)
         self._relay.listed.emit(generation, files)
@@ -174,7 +174,11 @@ class HubDialog(QDialog):
         for row, model in enumerate(files.models):
             if generation != self._generation:
                 return
-            self._relay.judged.emit(generation, row, verdict(self.reader, model, request, budgets))
+            try:
+                judged = verdict(self.reader, model, request, budgets)
+            except HubError as e:  # a gated file's header: its row says how to get access
+                judged = Verdict(model, None, str(e))
+            self._relay.judged.emit(generation, row, judged)
 
     def _context_changed(self) -> None:
         if self.files is not None and self.context.value() != self.request.context_tokens:

@@ -27,7 +27,7 @@ from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_st
 from ..errors import HubAccessError, HubError
 from ..formats.config import SUPPORTED
 from ..formats.gguf_model import ARCHITECTURES
-from .files import RepoFiles, group_files
+from .files import RepoFiles, group_files, sibling_files, tree_files
 
 try:  # the HTTP library huggingface_hub uses: httpx2 from 2.x, httpx before
     from httpx2 import TransportError
@@ -71,10 +71,13 @@ class Hub:
 
     def files(self, repo: str, revision: str | None = None) -> RepoFiles:
         """The repository's models (each GGUF file or split set, the safetensors set), by quantization, with sizes
-        and hashes; from one model-info request."""
+        and hashes: from one model-info request, or its tree where the info does not give the files' sizes."""
         with self.errors(repo):
             info = self.api.model_info(repo, revision=revision, files_metadata=True)
-        return group_files(repo, info, gated_note=self.gated_note(repo) if info.gated else None)
+            files = sibling_files(info)
+            if files is None:
+                files = tree_files(self.api.list_repo_tree(repo, revision=info.sha or revision, recursive=True))
+        return group_files(repo, info, files, gated_note=self.gated_note(repo) if info.gated else None)
 
     @contextmanager
     def read(self, repo: str, revision: str, filename: str, start: int, end: int) -> Iterator[Iterator[bytes]]:

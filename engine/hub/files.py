@@ -80,11 +80,23 @@ class RepoFiles:
         raise HubError(f"{self.repo} holds {len(found)} models; choose one with --file or --quant: {offered}")
 
 
-def group_files(repo: str, info, gated_note: str | None = None) -> RepoFiles:
-    """The models in huggingface_hub's ModelInfo (asked with files_metadata=True), GGUF ones sorted by size."""
-    files = {s.rfilename: RemoteFile(s.rfilename, s.size or (s.lfs.size if s.lfs else 0),
-                                     s.lfs.sha256 if s.lfs else None, s.blob_id)
-             for s in info.siblings or ()}
+def sibling_files(info) -> dict[str, RemoteFile] | None:
+    """The files of huggingface_hub's ModelInfo (asked with files_metadata=True); None if it lacks their sizes."""
+    siblings = info.siblings or ()
+    if any(s.size is None and s.lfs is None for s in siblings):
+        return None
+    return {s.rfilename: RemoteFile(s.rfilename, s.size if s.size is not None else s.lfs.size,
+                                    s.lfs.sha256 if s.lfs else None, s.blob_id) for s in siblings}
+
+
+def tree_files(entries) -> dict[str, RemoteFile]:
+    """The files of a tree listing (huggingface_hub's RepoFile entries; folders left out)."""
+    return {e.path: RemoteFile(e.path, e.size, e.lfs.sha256 if e.lfs else None, e.blob_id)
+            for e in entries if hasattr(e, "size") and hasattr(e, "blob_id")}
+
+
+def group_files(repo: str, info, files: dict[str, RemoteFile], gated_note: str | None = None) -> RepoFiles:
+    """The models among `files` (GGUF ones sorted by size) of the repository `info` describes."""
     revision = info.sha or "main"  # a server that does not say the commit: its files as they are now
     models = _gguf_models(repo, revision, files) + _safetensors_models(repo, revision, info, files)
     return RepoFiles(repo, revision, tuple(models), gated_note)

@@ -109,6 +109,13 @@ def test_files_are_grouped_by_quantization_with_sizes(server, models):
         files.find(quant="Q4_K_M")
 
 
+def test_sizes_and_hashes_come_from_the_tree_where_the_info_lacks_them(server):
+    with_blobs = Hub(server.url).files("acme/Tiny")
+    server.info_blobs = False
+    assert Hub(server.url).files("acme/Tiny") == with_blobs
+    assert any(p.startswith("/api/models/acme/Tiny/tree/") for _, p, _, _ in server.requests)
+
+
 def test_missing_repository_and_file_are_sentences(server):
     hub = Hub(server.url)
     with pytest.raises(HubError, match="no repository 'acme/None'.*hf auth login"):

@@ -30,7 +30,6 @@ from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlparse
 
 LFS_SUFFIXES = (".gguf", ".safetensors", ".bin")
-POINTER_SIZE = 134
 
 
 @dataclass
@@ -72,6 +71,17 @@ class Blob:
             sha1.update(piece)
         return cls(source, size, sha256.hexdigest(), sha1.hexdigest())
 
+    @property
+    def pointer(self) -> bytes:
+        """The git-lfs pointer file git keeps in its place (what the blob id of an LFS file names)."""
+        return f"version https://git-lfs.github.com/spec/v1\noid sha256:{self.sha256}\nsize {self.size}\n".encode()
+
+    def oid(self, path: str) -> str:
+        """The git blob id: of the content, or of the LFS pointer for a file kept in LFS."""
+        if not _is_lfs(path):
+            return self.git_sha1
+        return hashlib.sha1(b"blob %d\0" % len(self.pointer) + self.pointer).hexdigest()
+
     def pieces(self, start: int, end: int, piece_bytes: int = 1 << 20):
         """The bytes [start, end), in pieces."""
         if isinstance(self.source, bytes):
@@ -94,6 +104,7 @@ class HubServer:
     drops_left: dict[str, int] = field(default_factory=dict)  # file path -> how many GETs still drop (default 1)
     corrupt: set[str] = field(default_factory=set)  # file paths served with one byte flipped
     slow: dict[str, float] = field(default_factory=dict)  # file path -> seconds to wait before each 16 KiB sent
+    info_blobs: bool = True  # False: model info ignores ?blobs=true (file sizes only in the tree listing)
     requests: list[tuple[str, str, str | None, bool]] = field(default_factory=list)  # method, path, Range, auth
 
     def add(self, repo: Repo) -> Repo:
@@ -155,10 +166,9 @@ class HubServer:
             entry: dict = {"rfilename": path}
             if blobs:
                 b = self.blob(repo, path)
-                entry |= {"size": b.size, "blobId": b.git_sha1}
+                entry |= {"size": b.size, "blobId": b.oid(path)}
                 if _is_lfs(path):
-                    entry |= {"blobId": hashlib.sha1(b"pointer " + b.sha256.encode()).hexdigest(),
-                              "lfs": {"sha256": b.sha256, "size": b.size, "pointerSize": POINTER_SIZE}}
+                    entry["lfs"] = {"sha256": b.sha256, "size": b.size, "pointerSize": len(b.pointer)}
             siblings.append(entry)
         out = {"_id": repo.sha[:24], "id": repo.id, "modelId": repo.id, "author": repo.id.split("/")[0],
                "sha": repo.sha, "lastModified": "2026-11-30T12:00:00.000Z", "private": repo.private,
@@ -256,8 +266,8 @@ def _handler(hub: HubServer):
         def _info(self, repo_id: str, rev: str | None, query: dict, auth: str | None):
             repo = self._repo(repo_id, auth)
             if repo is not None and self._revision_ok(repo, rev):
-                self._json(200, hub.model_json(repo, blobs=query.get("blobs") == ["True"] or
-                                               query.get("blobs") == ["true"]))
+                blobs = hub.info_blobs and query.get("blobs", [""])[0].lower() == "true"
+                self._json(200, hub.model_json(repo, blobs=blobs))
 
         def _tree(self, repo_id: str, rev: str, prefix: str, auth: str | None):
             repo = self._repo(repo_id, auth)
@@ -268,9 +278,9 @@ def _handler(hub: HubServer):
                 if prefix and not path.startswith(prefix.rstrip("/") + "/"):
                     continue
                 b = hub.blob(repo, path)
-                entry = {"type": "file", "oid": b.git_sha1, "size": b.size, "path": path}
+                entry = {"type": "file", "oid": b.oid(path), "size": b.size, "path": path}
                 if _is_lfs(path):
-                    entry["lfs"] = {"oid": b.sha256, "size": b.size, "pointerSize": POINTER_SIZE}
+                    entry["lfs"] = {"oid": b.sha256, "size": b.size, "pointerSize": len(b.pointer)}
                 out.append(entry)
             self._json(200, out)
 
@@ -293,7 +303,7 @@ def _handler(hub: HubServer):
                 body = b"Found. Redirecting to " + location.encode()
                 self.send_response(302)
                 for k, v in (common | {"Location": location, "X-Linked-Etag": f'"{b.sha256}"',
-                                       "X-Linked-Size": str(b.size), "ETag": f'W/"{b.git_sha1[:20]}"',
+                                       "X-Linked-Size": str(b.size), "ETag": f'"{b.oid(file)}"',
                                        "Content-Type": "text/plain; charset=utf-8",
                                        "Content-Length": str(len(body))}).items():
                     self.send_header(k, v)

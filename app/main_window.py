@@ -191,8 +191,8 @@ class MainWindow(QMainWindow):
         self.client.inspect(model_dir)
 
     def _inspected(self, model_dir: str, info, budgets) -> None:
-        if model_dir != self.model_dir:
-            return  # the user already chose another
+        if model_dir != self.model_dir or self._closed:
+            return  # the user already chose another (or closed the window: its store is closed)
         self._save_settings()  # the previous model's last changes, before its settings leave the panel
         self.forecast = Forecast(info, budgets)
         defaults = model_defaults(Path(model_dir))

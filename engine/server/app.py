@@ -315,11 +315,11 @@ class _Api:
         # max_tokens past the context is not cut to it: the reply ends where the context is full, with the engine's
         # "context_full" (OpenAI's "length"), and a reply of exactly max_tokens that also fills it says "length"
         sampling = req.sampling(req.max_tokens or room)
-        if req.grammar is not None:  # the tokenizer's view for llguidance is built once per model: off the loop
-            engine = served.engine
+        tools = _tool_replies(req, served)
+        if req.grammar is not None or (tools is not None and tools.format.end is not None and tools.marker_id is None):
+            # the tokenizer's view for llguidance is built once per model; a lazy call grammar compiled: off the loop
             try:
-                bound = await run_in_threadpool(grammar.bind, req.grammar, engine.tokenizer,
-                                                engine.config.vocab_size, engine.eos_ids)
+                bound = await run_in_threadpool(_grammar, req, served, tools)
             except InvalidArgumentError as e:  # a tokenizer llguidance cannot read
                 raise ApiError(400, str(e), param="response_format" if req.tools is None else "tools") from None
             sampling = replace(sampling, grammar=bound)
@@ -334,7 +334,7 @@ class _Api:
         except StowageError as e:  # shutting down, or the model is being replaced
             served.untrack(cancel)
             raise ApiError(503, str(e), type="server_error") from None
-        reply = Reply(served.name, chat=chat, include_usage=req.include_usage, tools=_tool_replies(req, served))
+        reply = Reply(served.name, chat=chat, include_usage=req.include_usage, tools=tools)
         if req.stream:
             return _CancelWhenDone(self._stream(reply, events), cancel, lambda: served.untrack(cancel))
         try:
@@ -398,9 +398,21 @@ def _tool_replies(req: CompletionRequest, served: Served) -> ToolReplies | None:
         return None
     tokenizer = served.engine.tokenizer
     fmt = format_of(tokenizer.chat_template)
-    return ToolReplies(frozenset(tools.parameters), tools.is_forced, fmt,
-                       marker_id=tokenizer.token_id(fmt.start) if fmt.start else None,
+    marker_id = tokenizer.token_id(fmt.start) if fmt.start else None
+    if marker_id is not None and tokenizer.decode([marker_id]):
+        marker_id = None  # a token of text (Qwen's <tool_call>): it arrives with the text
+    return ToolReplies(frozenset(tools.parameters), tools.is_forced, fmt, marker_id=marker_id,
                        decode_all=partial(tokenizer.decode, skip_special_tokens=False))
+
+
+def _grammar(req: CompletionRequest, served: Served, tools: ToolReplies | None) -> grammar.Grammar:
+    """The reply's grammar bound to the model: the request's own (response_format, a forced call), or for tools in
+    `auto` with a format that marks where a call starts and ends, free text whose calls are constrained."""
+    text = req.grammar
+    if text is None:
+        text = grammar.lazy_call_grammar(req.tools.parameters, tools.format.start, tools.format.end)
+    engine = served.engine
+    return grammar.bind(text, engine.tokenizer, engine.config.vocab_size, engine.eos_ids)
 
 
 def _failed(error: Exception) -> ApiError:

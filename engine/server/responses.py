@@ -44,7 +44,7 @@ class ToolReplies:
     names: frozenset[str]
     is_forced: bool
     format: ToolFormat
-    marker_id: int | None = None  # the token of format.start, when it is one
+    marker_id: int | None = None  # the token of format.start, when it is a special token (decoding drops it)
     decode_all: Callable[[list[int]], str] | None = None  # token ids to text, special tokens kept
 
 

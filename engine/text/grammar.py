@@ -85,6 +85,15 @@ def tool_call_schema(tools: dict[str, dict], name: str | None = None) -> dict:
     return branches[0] if len(branches) == 1 else {"anyOf": branches}
 
 
+def lazy_call_grammar(tools: dict[str, dict], start: str, end: str) -> str:
+    """Free text in which a call, once `start` is written, must go on as `start\n{"name", "arguments"}\nend` with
+    a tool's name and arguments valid under its parameters (Qwen's and Hermes' format); InvalidArgumentError naming
+    what llguidance refused."""
+    schema = {**_bounded(tool_call_schema(tools)), "x-guidance": JSON_OPTIONS}
+    tag = llguidance.StructTag(trigger=start, begin=start + "\n", grammar=schema, end="\n" + end)
+    return check(llguidance.StructTag.to_grammar([tag], assume_special=False), "tools")
+
+
 @dataclass(frozen=True, eq=False)
 class Grammar:
     """A compiled grammar bound to a model's tokenizer: what SamplingParams carries for a constrained reply."""

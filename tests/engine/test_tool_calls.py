@@ -4,6 +4,7 @@ streamed and not; a tool's result goes back through the chat template and is ans
 call formats are read back from a reply's text, whole and streamed."""
 
 import json
+import shutil
 from pathlib import Path
 
 import jsonschema
@@ -15,7 +16,9 @@ from processes import openai_client, running
 from stowage.engine.runtime.engine import Engine
 from stowage.engine.server.listener import http_server, listen
 from stowage.engine.serving.scheduler import Scheduler
+from stowage.engine.text import grammar
 from stowage.engine.text.chat_template import render
+from stowage.engine.text.tokenizer import Tokenizer
 from stowage.engine.text.tool_calls import HERMES, JSON, MISTRAL, ReplyStream, ToolCall, format_of, parse
 
 DEMO = Path(__file__).resolve().parents[2] / "assets" / "demo-model"
@@ -142,3 +145,58 @@ def test_the_format_follows_the_chat_template_and_templates_receive_tools():
     assert format_of("[AVAILABLE_TOOLS][TOOL_CALLS]") is MISTRAL and format_of(None) is JSON
     template = "{% for t in tools %}{{ t.function.name }};{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}"
     assert render(template, ASK, tools=TOOLS) == "get_weather;list_models;" + ASK[0]["content"]
+
+
+def test_auto_calls_in_the_hermes_format_are_constrained_once_started():
+    """Free text, until the model writes <tool_call>: from there on only a call of an offered tool with valid
+    arguments, and the closing tag, may follow."""
+    tokenizer = Tokenizer(DEMO)
+    parameters = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    bound = grammar.bind(grammar.lazy_call_grammar(parameters, "<tool_call>", "</tool_call>"), tokenizer, 1408, {2})
+
+    def run(text):
+        constraint = bound.constraint()
+        for token in tokenizer.encode(text, add_special_tokens=False):
+            if not constraint.allowed()[token]:
+                return False
+            constraint.consume(token)
+        return True
+
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius", "days": 2}}\n</tool_call>'
+    assert run("Let me look that up. " + call + " Done.")
+    assert parse("Let me look that up. " + call, HERMES, set(parameters)) == (
+        "Let me look that up.", [ToolCall("get_weather", '{"city": "Paris", "unit": "celsius", "days": 2}')])
+    assert not run('<tool_call>\n{"name": "rm_rf"')  # not a tool offered
+    assert not run('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "kelvin"')
+    assert not run('<tool_call>\n{"name": "list_models", "arguments": {"limit": 3}} and more')
+
+
+def test_a_model_whose_template_offers_tools_sees_them_and_answers_auto_and_named(tmp_path):
+    model_dir = tmp_path / "hermes"  # the demo model with a template in Hermes' format (read before the config's)
+    shutil.copytree(DEMO, model_dir)
+    (model_dir / "chat_template.jinja").write_text(HERMES_TEMPLATE)
+    engine = Engine.load(model_dir, cpu_plan(model_dir, 1024))
+    scheduler = Scheduler(engine, max_running=1, max_waiting=2).start()
+    sock = listen("127.0.0.1", 0, has_key=False)
+    try:
+        with running(http_server(scheduler, api_key=None), sock):
+            client = openai_client(f"http://127.0.0.1:{sock.getsockname()[1]}/v1", "unused")
+            plain = client.chat.completions.create(model="hermes", messages=ASK, max_tokens=8, temperature=0)
+            auto = client.chat.completions.create(model="hermes", messages=ASK, tools=TOOLS[:1], max_tokens=8,
+                                                  temperature=0)
+            assert auto.usage.prompt_tokens > plain.usage.prompt_tokens + 20  # the tools are in the prompt
+            assert auto.choices[0].finish_reason in ("stop", "length", "tool_calls")
+            named = client.chat.completions.create(model="hermes", messages=ASK, tools=TOOLS[:1], tool_choice=NAMED,
+                                                   temperature=0, max_tokens=200)
+            (call,) = named.choices[0].message.tool_calls
+            jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    finally:
+        scheduler.close()
+        sock.close()
+
+
+HERMES_TEMPLATE = (
+    "{%- if tools %}<|system|>\n# Tools\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools>\n"
+    "Call one as <tool_call>\n{\"name\": ..., \"arguments\": ...}\n</tool_call><|end|>\n{%- endif %}"
+    "{%- for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|assistant|>\n{% endif %}")

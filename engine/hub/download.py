@@ -47,7 +47,7 @@ class DownloadProgress:
 
 
 def hub_cache_dir() -> Path:
-    """The Hugging Face cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub), as the listing reads it."""
+    """The Hugging Face cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub), as listings read it."""
     return Places.default(None).hf_cache
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 from ..formats.discovery import _QUANT_IN_NAME
-from ..formats.gguf import _PART
+from ..formats.gguf import part_paths
 
 # What a safetensors model needs beside its weights (the config, the tokenizer and its chat template).
 SAFETENSORS_EXTRAS = ("config.json", "generation_config.json", "model.safetensors.index.json", "tokenizer.json",
@@ -107,14 +108,11 @@ def _gguf_models(repo: str, revision: str, files: dict[str, RemoteFile]) -> list
     for path, f in files.items():
         if not path.lower().endswith(".gguf") or NOT_MODELS.search(path.rsplit("/", 1)[-1]):
             continue
-        match = _PART.match(path)
-        key = f"{match['stem']}-00001-of-{match['count']}.gguf" if match else path
-        sets.setdefault(key, []).append(f)
+        sets.setdefault(part_paths(PurePosixPath(path))[0].as_posix(), []).append(f)
     models = []
     for first, parts in sets.items():
         parts.sort(key=lambda f: f.path)
-        match = _PART.match(first)
-        if match and len(parts) != int(match["count"]):
+        if len(parts) != len(part_paths(PurePosixPath(first))):
             continue  # an incomplete split set cannot be loaded; offering it would waste a download
         quant = _QUANT_IN_NAME.search(first.rsplit("/", 1)[-1])
         models.append(RemoteModel(repo, revision, first, "gguf", quant[1].upper() if quant else None, tuple(parts)))

@@ -86,18 +86,17 @@ class HeaderReader:
     # -- GGUF ----------------------------------------------------------------------------------------
 
     def _gguf_source(self, model: RemoteModel) -> RemoteSource:
-        parts = [self._gguf_part(model, f) for f in model.weights]
-        gguf = GGUFModel(model.name, join_parts([part for part, _ in parts]))
-        # rope_freqs.weight and the like: tensor data the config is read from, fetched on demand
+        gguf = GGUFModel(model.name, join_parts([self._gguf_part(model, f) for f in model.weights]))
         return RemoteSource(model.name, gguf.config, {f.path: f.size for f in model.weights}, gguf=gguf)
 
-    def _gguf_part(self, model: RemoteModel, f: RemoteFile) -> tuple[GGUFFile, bytes]:
+    def _gguf_part(self, model: RemoteModel, f: RemoteFile) -> GGUFFile:
+        """One file's header (and the tensor data the config is read from), from as few first bytes as parse."""
         prefix = self._read(model, f, 0, min(FIRST_READ_BYTES, f.size))
         while True:
             try:
                 part = GGUFFile(f.path, prefix, f.size)
                 _config_reads(part)
-                return part, prefix
+                return part
             except PrefixTooShort as e:
                 if e.needed_bytes > MAX_HEADER_BYTES:
                     raise ModelFormatError(f"{f.path}: its header runs past {MAX_HEADER_BYTES >> 20} MiB; "

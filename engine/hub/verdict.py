@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import StowageError
+from ..errors import HubError, StowageError
 from ..planning.budgets import Budgets
 from ..planning.plan import Plan, PlanRequest, plan
 from ..units import format_bytes
@@ -53,8 +53,6 @@ class Verdict:
 def verdict(reader: HeaderReader, model: RemoteModel, request: PlanRequest, budgets: Budgets) -> Verdict:
     """The model's plan for `request` from its headers alone; a header that cannot be planned is a Verdict with
     the reason, never an exception (the Hub's own errors, HubError, still raise: nothing can be listed then)."""
-    from ..errors import HubError
-
     try:
         info = reader.model_info(model)
     except HubError:

@@ -1,5 +1,5 @@
 """`stowage search TEXT` and `stowage pull REPO [--file NAME | --quant Q]`: models from the Hugging Face Hub
-(engine/hub), downloaded into its cache with a progress bar on stderr; and what `stowage plan REPO[:FILE]` asks of it."""
+(engine/hub), downloaded into its cache with a progress bar on stderr; what `stowage plan REPO[:FILE]` asks of it."""
 
 from __future__ import annotations
 

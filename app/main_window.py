@@ -214,7 +214,7 @@ class MainWindow(QMainWindow):
                         f"{message}\n\nChoose another model, or download this one again.")
 
     def _remembered_folders(self) -> list[str]:
-        """Model folders opened with Folder… that worked, offered again at the next start."""
+        """Model folders and .gguf files opened with Open… that worked, offered again at the next start."""
         value = self.qsettings.value("model_folders", [])
         return [value] if isinstance(value, str) else list(value or [])
 

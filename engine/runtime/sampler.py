@@ -103,7 +103,7 @@ class Sampler:
             scores = torch.where(scores < 0, scores * p.repetition_penalty, scores / p.repetition_penalty)
             logits = logits.scatter(0, seen_ids, scores)
         if self.constraint is not None:
-            logits = logits.masked_fill(~self.constraint.allowed(), float("-inf"))  # allows at least an EOS
+            logits = logits.masked_fill(self.constraint.disallowed(), float("-inf"))  # never all: an EOS at least
         if p.is_greedy:
             return int(logits.argmax())
         # Shift so the best score is 0, in float64 (a float32 0 for temperature 1e-300 would divide 0 by 0):

@@ -122,7 +122,8 @@ def bind(grammar: str, tokenizer, num_logits: int, eos_ids) -> Grammar:
 
 
 class Constraint:
-    """One reply's place in its grammar: `allowed()` the tokens it may take next, `consume(token)` the one taken."""
+    """One reply's place in its grammar: `disallowed()` the tokens it may not take next, `consume(token)` the one
+    taken."""
 
     def __init__(self, grammar: Grammar):
         self.grammar = grammar
@@ -143,17 +144,15 @@ class Constraint:
         self._matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
 
 
-    def allowed(self) -> torch.Tensor:
-        """[num_logits] bool: the tokens the grammar allows next (an EOS once it is complete)."""
+    def disallowed(self) -> torch.Tensor:
+        """[num_logits] bool: the tokens the grammar refuses next (all but an EOS once it is complete)."""
         self._next.result()
-        bits = np.unpackbits(self._words.view(np.uint8), bitorder="little")  # token 32 * w + b is bit b of word w
-        allowed = torch.zeros(self.grammar.num_logits, dtype=torch.bool)
-        n = min(bits.size, allowed.numel())
-        allowed[:n] = torch.from_numpy(bits[:n]).bool()
-        return allowed
+        # token 32 * w + b is bit b of word w; unpacked from the words inverted, into the tensor's own memory
+        refused = np.unpackbits(~self._words.view(np.uint8), count=self.grammar.num_logits, bitorder="little")
+        return torch.from_numpy(refused.view(np.bool_))
 
     def consume(self, token: int) -> None:
-        """Advance past token (one allowed() said may come), and start the next mask."""
+        """Advance past token (one disallowed() did not refuse), and start the next mask."""
         if not self._matcher.consume_token(token):
             raise InvalidArgumentError(f"the grammar refused token {token}: {self._matcher.get_error():.300}")
         self.is_finished = self._matcher.is_stopped()  # read before the next mask's thread takes the matcher

@@ -187,7 +187,7 @@ def test_numbers_take_six_fraction_digits_and_listed_objects_no_other_keys(engin
     def accepts(text):
         constraint = bound.constraint()
         for token in engine.tokenizer.encode(text, add_special_tokens=False):
-            if not constraint.allowed()[token]:
+            if constraint.disallowed()[token]:
                 return False
             constraint.consume(token)
         return constraint.is_finished

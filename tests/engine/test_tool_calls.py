@@ -157,7 +157,7 @@ def test_auto_calls_in_the_hermes_format_are_constrained_once_started():
     def run(text):
         constraint = bound.constraint()
         for token in tokenizer.encode(text, add_special_tokens=False):
-            if not constraint.allowed()[token]:
+            if constraint.disallowed()[token]:
                 return False
             constraint.consume(token)
         return True

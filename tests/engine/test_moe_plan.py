@@ -57,6 +57,12 @@ def test_no_budget_puts_experts_on_a_gpu_without_their_attention(info):
     assert (48, 48) in seen and any(0 < e < 48 for _, e in seen)
     # the experts wait until every layer's attention is on the GPU
     assert all(layers == 48 for layers, experts in seen if experts)
+    # two GPUs: each takes its own layers' experts, never another's
+    for first, second in ((1 * GiB, 2 * GiB), (2 * GiB, 6 * GiB), (5 * GiB, 5 * GiB), (12 * GiB, 3 * GiB)):
+        p = plan(info, REQUEST, given_budgets([first, second], 64 * GiB))
+        placement_is_sound(p, info)
+        for gpu in p.devices[:2]:
+            assert set(gpu.experts) <= set(gpu.layers)
 
 
 def test_attention_everywhere_first_then_the_experts_that_fit(info):

@@ -15,6 +15,7 @@ from hub_server import HubServer, Repo
 
 from stowage.engine.errors import DownloadCancelled, HubAccessError, HubError
 from stowage.engine.formats.discovery import Places, discover
+from stowage.engine.formats.gguf import GGUFFile
 from stowage.engine.hub import download, header
 from stowage.engine.hub.client import Hub
 from stowage.engine.hub.download import pull
@@ -285,3 +286,34 @@ def test_an_endpoint_that_is_not_a_hub_is_a_sentence(server):
     # (an unreachable one is too, after huggingface_hub's retries: ~23 s of backoff, too slow for a test)
     with pytest.raises(HubError, match="was not found on http://127.0.0.1:[0-9]+/elsewhere \\(HTTP 404\\)"):
         Hub(server.url + "/elsewhere").search("tiny")
+
+
+def test_real_size_headers_verdicts_equal_local_plans(server, tmp_path, monkeypatch):
+    """A 40k-token vocabulary's GGUF header (3.7 MB: the range grows from 1 MiB, twice) and a sharded safetensors
+    model; data regions are holes. The file served is the file planned locally, byte for byte."""
+    from gguf_factory import write_sparse_gguf
+    from sparse_models import QWEN2_5_7B, write_sparse_model
+
+    monkeypatch.setattr(header, "FIRST_READ_BYTES", 1 << 20)
+    gguf_path = tmp_path / "Big-vocab-Q4_K_M.gguf"
+    write_sparse_gguf(gguf_path, {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
+                                  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 40000,
+                                  "max_position_embeddings": 8192}, {}, default="q4_k")
+    st_dir = write_sparse_model(tmp_path / "sharded", {**QWEN2_5_7B, "hidden_size": 512, "intermediate_size": 1024,
+                                                       "num_hidden_layers": 6, "num_attention_heads": 8,
+                                                       "num_key_value_heads": 2, "vocab_size": 32000}, num_shards=3)
+    server.add(Repo("acme/Big-vocab-GGUF", {gguf_path.name: gguf_path}, tags=("gguf", "llama")))
+    server.add(Repo("acme/Sharded", {p.name: p for p in st_dir.iterdir()}, tags=("safetensors", "qwen2")))
+    hub = Hub(server.url)
+    request = PlanRequest(4096, kv_dtype="fp8")
+    for repo, local_path in (("acme/Big-vocab-GGUF", gguf_path), ("acme/Sharded", st_dir)):
+        reader = HeaderReader(hub)
+        model = hub.files(repo).models[0]
+        local = inspect(local_path)
+        full_gpu = plan(local, request, given_budgets([64 * GiB], 64 * GiB, gpu_safety_bytes=0)).devices[0].total_bytes
+        for budgets in (given_budgets([full_gpu - 1], 8 * GiB, gpu_safety_bytes=0), given_budgets([], 8 * GiB)):
+            assert verdict(reader, model, request, budgets).plan == plan(local, request, budgets)
+        headers = GGUFFile(local_path).data_start if repo.endswith("GGUF") else sum(f.size for f in model.weights) / 8
+        assert reader.bytes_read <= 2 * headers  # the headers (a range at most twice as long as needed), no data
+    ranges = [r for _, p, r, _ in server.requests if p.startswith("/cdn-lfs/") and r and r.startswith("bytes=")]
+    assert ranges[:3] == ["bytes=0-1048575", "bytes=1048576-2097151", "bytes=2097152-4194303"]  # grown, twice

@@ -8,13 +8,13 @@ from dataclasses import asdict, replace
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
+from stowage.engine.errors import InvalidArgumentError
+
 from . import context_policy, theme
 from .chat_input import ChatInput
 from .chat_notice import ChatNotice
 from .chat_view import ChatView
 from .markdown_view import plain_text
-from stowage.engine.errors import InvalidArgumentError
-
 from .model_settings import DEFAULT_SAMPLING, SAMPLING_FIELDS, ModelSettings
 from .prompt_progress import PromptProgress
 from .store import ConversationStore, Message
@@ -68,6 +68,8 @@ class ChatPanel(QWidget):
         self._reply_saved_at = 0.0
         self._reply_orphaned = False  # its chat was deleted: nothing more is written for it
         self._greedy_retry = False  # the streaming reply is a greedy one written again: the same text
+        self._presets = store.presets()  # kept here: the settings may change after the store is closed
+        self._chat_preset = None  # this chat's preset (store.Preset), or None
 
         self.system_prompt = SystemPromptBar()
         self.view = ChatView()
@@ -139,9 +141,11 @@ class ChatPanel(QWidget):
         self.prompt_progress.hide()  # the streaming chat's shows again at its next chunk
         if self.conversation_id is None:
             self.view.set_messages([])
+            self._chat_preset = None
             self._show_prompt(None)
         else:
             row = self.store.conversation(self.conversation_id)
+            self._chat_preset = self.store.preset(row.preset_id) if row.preset_id is not None else None
             self._show_prompt(row.system_prompt)
             streaming = self.client.is_generating and self._generating_for == self.conversation_id
             messages = [m for m in self.store.messages(self.conversation_id) if not (streaming and m.id == self._reply_id)]
@@ -174,21 +178,14 @@ class ChatPanel(QWidget):
         self._show_prompt(own)
 
     # -- presets: a system prompt with sampling, by name, chosen per chat ------------------------
-    def _preset(self):
-        """This chat's preset (store.Preset), or None."""
-        if self.conversation_id is None:
-            return None
-        preset_id = self.store.conversation(self.conversation_id).preset_id
-        return self.store.preset(preset_id) if preset_id is not None else None
-
     def _show_prompt(self, own: str | None) -> None:
         """The bar: this chat's own prompt, else its preset's, else the settings' default; and its preset."""
-        preset = self._preset()
+        preset = self._chat_preset
         if preset is None:
             self.system_prompt.show_prompt(own, self.settings.system_prompt)
         else:
             self.system_prompt.show_prompt(own, preset.system_prompt, f"preset “{preset.name}”")
-        self.system_prompt.set_presets(self.store.presets(), preset.id if preset else None)
+        self.system_prompt.set_presets(self._presets, preset.id if preset else None)
 
     def choose_preset(self, preset_id: int | None) -> None:
         """This chat follows the preset: its system prompt (unless the chat has its own) and its sampling."""
@@ -196,6 +193,7 @@ class ChatPanel(QWidget):
             self.conversation_id = self.store.create()
             self.conversation_created.emit(self.conversation_id)
         self.store.set_preset(self.conversation_id, preset_id)
+        self._chat_preset = self.store.preset(preset_id) if preset_id is not None else None
         self._show_prompt(self.store.conversation(self.conversation_id).system_prompt)
 
     def save_preset(self, name: str) -> int:
@@ -203,11 +201,15 @@ class ChatPanel(QWidget):
         sampling = self._chat_sampling()
         preset_id = self.store.save_preset(name, self.system_prompt.prompt,
                                            {f: getattr(sampling, f) for f in SAMPLING_FIELDS if f != "seed"})
+        self._presets = self.store.presets()
         self.choose_preset(preset_id)
         return preset_id
 
     def delete_preset(self, preset_id: int) -> None:
         self.store.delete_preset(preset_id)
+        self._presets = self.store.presets()
+        if self._chat_preset is not None and self._chat_preset.id == preset_id:
+            self._chat_preset = None
         self._show_prompt(self.system_prompt.own)
 
     def set_model_loaded(self, context_tokens: int, model_name: str = "") -> None:
@@ -345,7 +347,7 @@ class ChatPanel(QWidget):
 
     def _chat_sampling(self):
         """The sampling this chat's replies use: the settings', with its preset's values over them."""
-        preset = self._preset()
+        preset = self._chat_preset
         if preset is None:
             return self.settings.sampling
         try:

@@ -335,8 +335,8 @@ def _assistant_calls(m: dict, where: str) -> dict:
                            "\"arguments\": a JSON object's text}}}}")
         try:
             arguments = json.loads(function["arguments"])
-        except ValueError:
-            raise _bad(at, f"{at}.function.arguments is not JSON") from None
+        except (ValueError, RecursionError):
+            raise _bad(at, f"{at}.function.arguments is not JSON (or nests too deeply)") from None
         out.append({"id": call.get("id", ""), "type": "function",
                     "function": {"name": function["name"], "arguments": arguments}})
     content = m.get("content")

@@ -42,6 +42,8 @@ def json_schema_grammar(schema, what: str = "response_format.json_schema.schema"
         grammar = llguidance.LLMatcher.grammar_from_json_schema(_bounded(schema), overrides=JSON_OPTIONS)
     except (ValueError, TypeError) as e:
         raise InvalidArgumentError(f"{what} is not a JSON Schema: {e}") from None
+    except RecursionError:  # llguidance itself refuses past 128 levels; ours is Python's stack
+        raise InvalidArgumentError(f"{what} is nested too deeply") from None
     return check(grammar, what)
 
 

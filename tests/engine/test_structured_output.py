@@ -9,6 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -118,6 +119,22 @@ def test_an_invalid_schema_is_a_400_naming_the_problem_and_the_server_goes_on(cl
     assert e.value.status_code == 400 and error["param"] == "response_format" and error["code"] == "invalid_schema"
     assert says in error["message"]
     assert client.chat.completions.create(model="demo-model", messages=ASK, max_tokens=4).choices[0].message.content
+
+
+def test_a_schema_or_call_nested_too_deeply_is_a_400(client):
+    for depth in (100, 300, 450):  # past llguidance's limit; past Python's stack for our own walk; near the body's
+        schema = '{"type": "object", "properties": {"a": ' * depth + '{"type": "integer"}' + "}}" * depth
+        body = ('{"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "response_format": '
+                '{"type": "json_schema", "json_schema": {"name": "deep", "schema": ' + schema + "}}}")
+        r = httpx.post(f"{client.base_url}chat/completions", content=body, timeout=60, trust_env=False,
+                       headers={"content-type": "application/json"})
+        message = r.json()["error"]["message"]
+        assert r.status_code == 400 and ("nested too deeply" in message or "recursion limit" in message), r.text
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[" * 100_000}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="demo-model", max_tokens=4, messages=[
+            *ASK, {"role": "assistant", "content": None, "tool_calls": [call]}])
+    assert e.value.body["param"] == "messages[1].tool_calls[0]"
 
 
 def test_a_malformed_response_format_is_a_400(client):

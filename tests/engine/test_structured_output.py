@@ -14,6 +14,7 @@ import jsonschema
 import openai
 import pytest
 from factory import cpu_plan
+from gguf_factory import gemma_vocab
 from processes import openai_client, running
 from scheduler_log import Log
 
@@ -22,6 +23,7 @@ from stowage.engine.runtime.sampler import SamplingParams
 from stowage.engine.server.listener import http_server, listen
 from stowage.engine.serving.scheduler import Scheduler
 from stowage.engine.text import grammar
+from stowage.engine.text.gguf_tokenizer import tokenizer_from_gguf
 
 DEMO = Path(__file__).resolve().parents[2] / "assets" / "demo-model"
 ASK = [{"role": "user", "content": "Describe the model you would pick as JSON."}]
@@ -212,3 +214,23 @@ def test_numbers_take_six_fraction_digits_and_listed_objects_no_other_keys(engin
     assert accepts('{"a": 0.125, "b": {"free": [1, 2]}}') and accepts('{"a": 1.000001}')
     assert not accepts('{"a": 1.0000001}')  # a seventh fraction digit
     assert not accepts('{"a": 1, "c": 2}')  # a key the object does not list
+
+
+def test_a_gguf_sentencepiece_vocabulary_serves_a_grammar():
+    """llguidance reads the tokenizer built from a GGUF file's metadata (engine/text/gguf_tokenizer.py), not only a
+    tokenizer.json: a Gemma-style SentencePiece vocabulary with byte tokens."""
+    corpus = ['{"name": "Paris", "size": 12, "ok": true}', "Stowage plans memory: weights, KV cache, headroom."] * 5
+    tokens, scores, types = gemma_vocab(600, corpus)
+    tokenizer = tokenizer_from_gguf({
+        "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.token_type": [int(t) for t in types], "tokenizer.ggml.bos_token_id": tokens.index("<bos>"),
+        "tokenizer.ggml.eos_token_id": tokens.index("<eos>"), "tokenizer.ggml.add_space_prefix": False}, "t.gguf")
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "size": {"type": "integer"}},
+              "required": ["name", "size"]}
+    constraint = grammar.bind(grammar.json_schema_grammar(schema), tokenizer, len(tokens),
+                              {tokens.index("<eos>")}).constraint()
+    for token in tokenizer.encode('{"name": "Paris é", "size": 12}', add_special_tokens=False):
+        assert not constraint.disallowed()[token], tokenizer.decode([token])
+        constraint.consume(token)
+    assert constraint.is_finished
+    assert constraint.disallowed().sum() == len(tokens) - 1  # the EOS alone

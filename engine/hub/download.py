@@ -1,8 +1,8 @@
 """Downloads into the Hugging Face cache, laid out as huggingface_hub lays it out (blobs/<etag>, snapshots/<commit>/
 <file> linking to it, refs/main), so Stowage's listing, `hf` and transformers all find the files.
 
-Each file streams through huggingface_hub's http_get (its Range resume after a dropped connection) into
-blobs/<etag>.incomplete, which a restart resumes; then it is checked against the Hub's SHA-256 (its git blob id for
+Each file streams through huggingface_hub's HTTP session into blobs/<etag>.incomplete, resumed with a Range
+request after a dropped connection, and by a later pull after a cancel or a restart; then it is checked against the Hub's SHA-256 (its git blob id for
 a small file) before it becomes a blob. A part of a model is never visible as a model: files land in the snapshot
 only when whole, a split GGUF's first part and a safetensors model's config.json last, and refs/main is written at
 the end. Free disk space is checked before the first byte.
@@ -19,19 +19,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from threading import Event
 
-from huggingface_hub import get_hf_file_metadata, hf_hub_url
-from huggingface_hub.file_download import http_get, repo_folder_name
-from huggingface_hub.utils.tqdm import silent_tqdm
+from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+from huggingface_hub.file_download import repo_folder_name
+from huggingface_hub.utils import get_session, hf_raise_for_status
 
 from ..errors import DownloadCancelled, HubError
 from ..formats.discovery import Places
 from ..units import format_bytes
-from .client import Hub
+from .client import Hub, TransportError
 from .files import RemoteFile, RemoteModel
 
 PARTIAL_SUFFIX = ".incomplete"
 MIN_FREE_BYTES = 1 << 30  # left free on the disk after a download
 PROGRESS_INTERVAL_S = 0.1
+MAX_RETRIES = 5  # dropped connections in a row, without a byte between them
 _HASH_CHUNK = 8 << 20
 
 
@@ -121,13 +122,51 @@ def _fetch(hub: Hub, model: RemoteModel, f: RemoteFile, storage: Path, meter: "_
             headers.pop("authorization", None)  # a signed CDN address takes no token (as huggingface_hub does)
         meter.start_file(f.path, done)
         with open(partial, "ab") as out, hub.errors(model.repo, f.path):
-            http_get(meta.location, _MeteredFile(out, meter), resume_size=done, headers=headers,
-                     expected_size=size, displayed_filename=f.path, tqdm_class=silent_tqdm)
+            _stream(meta.location, out, done, size, headers, meter, f"{model.repo}/{f.path}")
         _verify(partial, f, model.repo)
         os.chmod(partial, 0o644)
         os.replace(partial, blob)
     _link(blob, storage / "snapshots" / meta.commit_hash / f.path)
     return meta.commit_hash
+
+
+def _stream(url: str, out, done: int, size: int, headers: dict, meter: "_Meter", what: str) -> None:
+    """Append the file's bytes from `done` to `out`, resuming with a Range request after a dropped connection (at
+    once, then after 1, 2, 4 s; MAX_RETRIES in a row without a byte gives up). Bytes are written as they arrive,
+    so progress and a cancel are noticed within one network read (huggingface_hub's http_get writes 10 MiB at a
+    time: a cancel could wait that long, and a drop lose as much)."""
+    failures = 0
+    while done < size:
+        request = headers | {"Accept-Encoding": "identity"} | ({"Range": f"bytes={done}-"} if done else {})
+        try:
+            with get_session().stream("GET", url, headers=request, follow_redirects=True,
+                                      timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
+                hf_raise_for_status(response)
+                if done and response.status_code != 206:  # the Range was ignored: start the file again
+                    out.seek(0)
+                    out.truncate()
+                    meter.rewind(done)
+                    done = 0
+                for chunk in response.iter_bytes():
+                    meter.add(len(chunk))  # raises DownloadCancelled once cancel is set
+                    out.write(chunk)
+                    done += len(chunk)
+                    failures = 0
+        except TransportError as e:
+            failures += 1
+            if failures > MAX_RETRIES:
+                raise HubError(f"{what}: the connection dropped {failures} times in a row ({e}); pull again to "
+                               f"resume from {format_bytes(done)}") from e
+            time.sleep(0 if failures == 1 else 2 ** (failures - 2))
+            continue
+        if done < size:  # a body that ended early without an error: ask for the rest
+            failures += 1
+            if failures > MAX_RETRIES:
+                raise HubError(f"{what}: the server keeps ending the file at {format_bytes(done)} of "
+                               f"{format_bytes(size)}; pull again later")
+    out.flush()
+    if done != size:
+        raise HubError(f"{what}: the server sent {format_bytes(done)}, but the file is {format_bytes(size)}")
 
 
 def _verify(path: Path, f: RemoteFile, repo: str) -> None:
@@ -193,27 +232,3 @@ class _Meter:
         rate = (self.done - self._start_done) / elapsed if elapsed > 0 else 0.0
         left = (self.total - self.done) / rate if rate > 0 else None
         self.progress(DownloadProgress(self.file, self.done, self.total, rate, left))
-
-
-class _MeteredFile:
-    """The partial file as http_get writes it: every chunk counted (and a cancel noticed) on its way to disk."""
-
-    def __init__(self, file, meter: _Meter):
-        self.file, self.meter = file, meter
-
-    def write(self, chunk: bytes) -> int:
-        self.meter.add(len(chunk))
-        return self.file.write(chunk)
-
-    def tell(self) -> int:
-        return self.file.tell()
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self.file.seek(offset, whence)
-
-    def truncate(self, size: int | None = None) -> int:
-        # a server that ignored the Range header: http_get starts the file again from here
-        before = self.file.tell() if size is None else size
-        self.meter.rewind(max(0, self.file.seek(0, 2) - before))
-        self.file.seek(before)
-        return self.file.truncate(before)

@@ -27,9 +27,6 @@ def tiny_gguf(tmp_path_factory):
 
 @pytest.fixture
 def server(tiny_gguf, monkeypatch):
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 8192)  # progress in pieces of a tiny file, not 10 MiB
     with HubServer() as hub:
         hub.add(Repo("acme/Tiny-GGUF", {"Tiny-Q8_0.gguf": tiny_gguf}, tags=("gguf", "llama"),
                      gguf_architecture="llama", downloads=3))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-from huggingface_hub import constants
 from factory import make_model
 from gguf_factory import write_gguf
 from hub_server import HubServer, Repo
@@ -49,9 +48,6 @@ def models(tmp_path_factory):
 @pytest.fixture
 def server(models, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-    # chunks of 8 KiB, not huggingface_hub's 10 MiB: a tiny file is then written (and counted) in many pieces, so a
-    # dropped connection or a cancel can land in the middle of one
-    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 8192)
     monkeypatch.setattr(header, "FIRST_READ_BYTES", 16 << 10)  # a tiny model's header is a few KiB
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "no-token"))  # never the login of whoever runs the tests
@@ -213,14 +209,13 @@ def test_pull_resumes_after_a_dropped_connection(server, tmp_path, models):
     path = pull(hub, model, progress=seen.append)
     assert path.read_bytes() == models["q8"].read_bytes()
     gets = [r for method, p, r, _ in server.requests if method == "GET" and p.startswith("/cdn-lfs/")]
-    assert gets[0] is None and gets[1] == f"bytes={50000 // 8192 * 8192}-"  # the rest: from the last whole chunk
+    assert gets == [None, "bytes=50000-"]  # the second asked only for the rest
     assert seen[-1].done_bytes == seen[-1].total_bytes == model.size_bytes
     assert listed(tmp_path) == ["acme/Tiny-GGUF/Tiny-Q8_0"]
 
 
 def test_a_cancelled_pull_resumes_where_it_stopped_and_is_never_listed(server, tmp_path, models):
-    server.drop_after["Tiny-F16.gguf"] = 100_000  # a slow start: the cancel lands while bytes are still coming
-    server.drops_left["Tiny-F16.gguf"] = 1
+    server.slow["Tiny-F16.gguf"] = 0.02  # 16 KiB at a time: the cancel lands while bytes are still coming
     hub = Hub(server.url)
     model = hub.files("acme/Tiny-GGUF").find(quant="F16")
     cancel = threading.Event()

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import psutil
-from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
+from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
 
 # Imported here, on the GUI thread before the window shows, not lazily in the engine thread: an import
 # holds the GIL and the import lock for hundreds of milliseconds (tokenizers, jinja2, kernels), and
@@ -403,7 +403,6 @@ class EngineClient(QObject):
     _unload = Signal()
     _chat = Signal(object)
     _connect_remote = Signal(object, object, object)
-    _stop_health = Signal()
 
     def __init__(self, parent=None, *, use_process: bool | None = None):
         super().__init__(parent)
@@ -419,7 +418,8 @@ class EngineClient(QObject):
         self._unload.connect(self.worker.unload)
         self._chat.connect(self.worker.chat)
         self._connect_remote.connect(self.worker.connect_remote)
-        self._stop_health.connect(self.worker.stop_health)
+        # `finished` is sent from the engine thread as it ends: its timer is stopped there, as Qt requires
+        self.thread.finished.connect(self.worker.stop_health, Qt.ConnectionType.DirectConnection)
         self.thread.start()
         self._load_cancel: threading.Event | None = None
         self._chat_request: ChatRequest | None = None
@@ -470,6 +470,5 @@ class EngineClient(QObject):
         self.cancel_load()
         self.stop()
         self._unload.emit()
-        self._stop_health.emit()
         self.thread.quit()
         self.thread.wait()

@@ -20,13 +20,10 @@ from .prompt_progress import PromptProgress
 from .store import ConversationStore, Message
 from .system_prompt_bar import SystemPromptBar
 from .replies import ChatRequest, Reply, ReplyStarted
+from .streaming_reply import StreamingReply
 from .worker import EngineClient
 
 TITLE_CHARS = 40
-# A streamed reply is written at least this often, so a crash or kill loses at most this much of it.
-SAVE_INTERVAL_S = 2.0
-# The finish reason a reply carries while it streams: what a crash leaves in the file.
-INTERRUPTED = "interrupted"
 HINT_NO_MODEL = "Pick a model on the right, press Load, then type a message below."
 HINT_READY = "Type a message below: Enter sends it, Shift+Enter starts a new line."
 # The start of context_policy's refusal under "stop": the conversation, not the message alone, outgrew the context.
@@ -55,18 +52,7 @@ class ChatPanel(QWidget):
         self.conversation_id: int | None = None
         self.context_tokens = 0  # of the loaded model; 0 while none is loaded
         self.model_name = ""  # of the loaded model, kept with each reply
-        self._reply_started_at = 0.0
-        self._reply_tokens = 0
-        self._prompt_tokens = 0
-        self._kept_head = 0
-        self._sampling: dict = {}
-        self._generating_for: int | None = None
-        self._message_ids: list[int] = []
-        self._answered_id: int | None = None  # the message the streaming reply answers (its parent)
-        self._reply_text = ""  # of the reply streaming now, whichever chat is on screen
-        self._reply_id: int | None = None  # its row, from its first token on
-        self._reply_saved_at = 0.0
-        self._reply_orphaned = False  # its chat was deleted: nothing more is written for it
+        self._reply: StreamingReply | None = None  # the reply streaming now, whichever chat is on screen
         self._greedy_retry = False  # the streaming reply is a greedy one written again: the same text
         self._presets = store.presets()  # kept here: the settings may change after the store is closed
         self._chat_preset = None  # this chat's preset (store.Preset), or None
@@ -147,23 +133,27 @@ class ChatPanel(QWidget):
             row = self.store.conversation(self.conversation_id)
             self._chat_preset = self.store.preset(row.preset_id) if row.preset_id is not None else None
             self._show_prompt(row.system_prompt)
-            streaming = self.client.is_generating and self._generating_for == self.conversation_id
-            messages = [m for m in self.store.messages(self.conversation_id) if not (streaming and m.id == self._reply_id)]
+            streaming = self._streaming_for(self.conversation_id)
+            messages = [m for m in self.store.messages(self.conversation_id) if not (streaming and m.id == self._reply.id)]
             self.view.set_messages(messages, row.memory_start_id)
             if streaming:  # the reply so far, then the rest as it arrives
                 self.view.begin_reply()
-                self.view.append_reply(self._reply_text)
+                self.view.append_reply(self._reply.text)
         self.counter.setText(self._context_text(None))
         self._update_buttons()
 
     def conversation_deleted(self, conversation_id: int) -> None:
         """A reply for a deleted conversation has no one to read it: stop it (its end re-enables Send). Its K/V needs
         nothing: the engine keeps chats' K/V by their tokens and evicts the least recently used when it needs room."""
-        if self.client.is_generating and self._generating_for == conversation_id:
-            self._reply_orphaned = True
+        if self._streaming_for(conversation_id):
+            self._reply.orphaned = True
             self.client.stop()
         if conversation_id == self.conversation_id:
             self.show_conversation(None)  # until the list shows the next one
+
+    def _streaming_for(self, conversation_id: int | None) -> bool:
+        """Whether a reply streams now for this chat."""
+        return self.client.is_generating and self._reply is not None and self._reply.conversation_id == conversation_id
 
     def set_settings(self, settings: ModelSettings) -> None:
         """The settings panel's choices: sampling, and the default system prompt for chats without their own."""
@@ -360,8 +350,6 @@ class ChatPanel(QWidget):
         the chat's)."""
         self.error.hide()
         self.notice.clear()
-        self._message_ids = [m.id for m in messages]
-        self._answered_id = messages[-1].id
         request = ChatRequest(
             conversation_id=self.conversation_id,
             system=replace(self.settings, system_prompt=self.system_prompt.prompt).system_messages(),
@@ -370,12 +358,8 @@ class ChatPanel(QWidget):
             policy=self._policy(),
             completion=self.completion_button.isChecked(),
         )
-        self._generating_for = self.conversation_id
-        self._sampling = asdict(request.sampling)  # as sent: the panel may change while the reply runs
-        self._reply_started_at = time.perf_counter()
-        self._reply_tokens = 0
-        self._prompt_tokens = 0
-        self._reply_text, self._reply_id, self._reply_orphaned = "", None, False
+        self._reply = StreamingReply(self.store, self.conversation_id, [m.id for m in messages],
+                                     asdict(request.sampling), self.model_name)
         self._greedy_retry = False
         self.view.begin_reply()
         self.client.chat(request)
@@ -383,84 +367,51 @@ class ChatPanel(QWidget):
 
     # -- worker signals -------------------------------------------------------------------------
     def _reply_started(self, started: ReplyStarted) -> None:
-        memory_start = self._message_ids[started.first_kept] if started.first_kept else None
+        reply = self._reply
+        memory_start = reply.message_ids[started.first_kept] if started.first_kept else None
         try:
             changed = self.store.conversation(started.conversation_id).memory_start_id != memory_start
         except KeyError:  # deleted while the prompt was being prepared
             changed = False
         if changed:  # a write is a commit, slow on a busy disk: only when the line moves
             self.store.set_memory_start(started.conversation_id, memory_start)
-        self._prompt_tokens = started.prompt_tokens
-        self._reply_started_at = time.perf_counter()
-        self._kept_head = started.kept_head if memory_start is not None else 0
+        reply.prompt_tokens = started.prompt_tokens
+        reply.started_at = time.perf_counter()
+        reply.kept_head = started.kept_head if memory_start is not None else 0
         self.prompt_progress.begin()
         if started.conversation_id == self.conversation_id:
-            self.view.mark_memory_start(memory_start, self._kept_head)
+            self.view.mark_memory_start(memory_start, reply.kept_head)
             self.counter.setText(self._context_text(started.prompt_tokens))  # while the prompt is read
 
     def _prefill_progress(self, conversation_id: int, done: int, total: int) -> None:
-        if conversation_id == self.conversation_id == self._generating_for:
+        if conversation_id == self.conversation_id and self._streaming_for(conversation_id):
             self.prompt_progress.show_progress(done, total)
 
     def _token(self, conversation_id: int, text: str) -> None:
-        if self._reply_tokens == 0:
+        reply = self._reply
+        if reply.num_tokens == 0:
             self.prompt_progress.finish()
-        self._reply_tokens += 1
-        self._reply_text += text
-        self._save_partial_reply()
+        reply.add(text)
         if conversation_id != self.conversation_id:
             return
         self.view.append_reply(text)
-        seconds = time.perf_counter() - self._reply_started_at
-        speed = self._reply_tokens / seconds if seconds > 0 else 0.0
-        self.counter.setText(f"{speed:.1f} tokens/s · " + self._context_text(self._prompt_tokens + self._reply_tokens))
-
-    def _reply_meta(self, finish_reason: str, **figures) -> dict:
-        meta = {"finish_reason": finish_reason, **figures, "model": self.model_name, "sampling": self._sampling}
-        if self._kept_head:  # the memory line's wording when the chat is shown again
-            meta["kept_head"] = self._kept_head
-        return meta
-
-    def _save_partial_reply(self) -> None:
-        """Write the streaming reply: its row at the first token, then its text at most every SAVE_INTERVAL_S."""
-        if self._reply_orphaned or self._generating_for is None:
-            return
-        now = time.monotonic()
-        if self._reply_id is None:
-            meta = self._reply_meta(INTERRUPTED, prompt_tokens=self._prompt_tokens)
-            self._reply_id = self.store.add_message(self._generating_for, "assistant", self._reply_text, meta,
-                                                    parent_id=self._answered_id)
-        elif now - self._reply_saved_at >= SAVE_INTERVAL_S:
-            self.store.update_message(self._reply_id, self._reply_text)
-        else:
-            return
-        self._reply_saved_at = now
-
-    def _store_reply(self, text: str, meta: dict) -> Message | None:
-        """The reply's final text and meta in its row (made now if no token came); None when nothing is kept."""
-        # Nothing to keep for a reply stopped before its first token, or whose conversation was deleted.
-        if not text or self._reply_orphaned:
-            return None
-        if self._reply_id is None:
-            self._reply_id = self.store.add_message(self._generating_for, "assistant", text, meta,
-                                                    parent_id=self._answered_id)
-        else:
-            self.store.update_message(self._reply_id, text, meta)
-        # As stored, with its versions (a regenerated reply shows "2/2").
-        return next(m for m in self.store.messages(self._generating_for) if m.id == self._reply_id)
+        seconds = time.perf_counter() - reply.started_at
+        speed = reply.num_tokens / seconds if seconds > 0 else 0.0
+        self.counter.setText(f"{speed:.1f} tokens/s · " + self._context_text(reply.prompt_tokens + reply.num_tokens))
 
     def _reply_finished(self, reply: Reply) -> None:
         r = reply.result
         # A reply stopped mid-stream ends before the engine's usage arrives (0 tokens): what the panel counted
         # stands in, so the counter and the stored figures still say what the context holds.
-        prompt_tokens = r.prompt_tokens or self._prompt_tokens
-        completion_tokens = r.completion_tokens or (self._reply_tokens if not r.prompt_tokens else 0)
-        meta = self._reply_meta(
+        streamed = self._reply
+        prompt_tokens = r.prompt_tokens or streamed.prompt_tokens
+        completion_tokens = r.completion_tokens or (streamed.num_tokens if not r.prompt_tokens else 0)
+        meta = streamed.meta(
             r.finish_reason, tokens_per_s=round(r.decode_tokens_per_s, 2), prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens, first_token_s=round(r.first_token_seconds, 3),
             prompt_tokens_per_s=round(r.prefill_tokens_per_s, 1))
-        message = self._store_reply(r.text, meta)
-        self._generating_for = None
+        message = streamed.finish(r.text, meta)
+        self._reply = None
         self.prompt_progress.finish()
         if reply.conversation_id == self.conversation_id:
             if message is None:  # the branch as it was (a regenerated reply stopped early: the old one again)
@@ -481,9 +432,10 @@ class ChatPanel(QWidget):
 
     def _reply_failed(self, conversation_id: int, message: str) -> None:
         # What streamed before the error is kept, marked as cut short by it.
-        stored = self._store_reply(self._reply_text, self._reply_meta("error", error=message,
-                                                                       prompt_tokens=self._prompt_tokens))
-        self._generating_for = None
+        streamed = self._reply
+        stored = streamed.finish(streamed.text,
+                                 streamed.meta("error", error=message, prompt_tokens=streamed.prompt_tokens))
+        self._reply = None
         self.prompt_progress.finish()
         if conversation_id == self.conversation_id:
             if stored is None:

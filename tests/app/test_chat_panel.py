@@ -5,7 +5,7 @@ import sqlite3
 import pytest
 from PySide6.QtCore import QObject, Signal
 
-from stowage.app import chat_panel
+from stowage.app import streaming_reply
 from stowage.app.chat_panel import ChatPanel
 from stowage.app.store import ConversationStore
 from stowage.app.worker import Reply, ReplyStarted
@@ -79,7 +79,7 @@ def reply(cid, text, reason="stop"):
 
 
 def test_the_reply_is_written_as_it_streams_and_kept_when_it_fails(panel, monkeypatch):
-    monkeypatch.setattr(chat_panel, "SAVE_INTERVAL_S", 0.0)  # every token written: the test reads no clock
+    monkeypatch.setattr(streaming_reply, "SAVE_INTERVAL_S", 0.0)  # every token written: the test reads no clock
     cid = ask(panel)
     worker = panel.client.worker
     for piece in ("One", ", two"):
@@ -95,7 +95,7 @@ def test_the_reply_is_written_as_it_streams_and_kept_when_it_fails(panel, monkey
 
 
 def test_partial_saves_wait_for_the_interval_and_the_end_writes_the_whole_reply(panel, monkeypatch):
-    monkeypatch.setattr(chat_panel, "SAVE_INTERVAL_S", 1e9)  # no second write before the end
+    monkeypatch.setattr(streaming_reply, "SAVE_INTERVAL_S", 1e9)  # no second write before the end
     cid = ask(panel)
     worker = panel.client.worker
     for piece in ("One", ", two", ", three"):

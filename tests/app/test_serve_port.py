@@ -6,39 +6,30 @@ import socket
 from processes import TIMEOUT_S, free_port
 
 
-def test_a_taken_port_keeps_the_model_loaded_and_unticking_serve_works(app_driver, qtbot, tiny_model_dir):
+def test_a_taken_port_never_costs_the_model_and_unticking_serve_works(app_driver, qtbot, tiny_model_dir):
     window = app_driver.open(tiny_model_dir)
-    app_driver.load(window)
     worker, serve = window.client.worker, window.settings_panel.serve
-    pid = worker.process.pid
     with socket.socket() as other:  # another program listening on the port
         other.bind(("127.0.0.1", 0))
         other.listen()
         port = other.getsockname()[1]
-        serve.port.setValue(port)
         serve.switch.click()
+        serve.port.setValue(port)
+        app_driver.load(window)  # Load with the port taken: loaded for the app alone, and said
         qtbot.waitUntil(lambda: "is taken" in serve.note.text(), timeout=TIMEOUT_S * 1000)
         assert f"Port {port}" in serve.note.text() and "stays loaded" in serve.note.text()
-        assert window.loaded_dir == str(tiny_model_dir) and worker.process.pid == pid and worker.process.is_alive
-        assert worker.process.server.health()  # the engine answers on its private socket
-        serve.switch.click()  # untick: nothing to restart, nothing hangs
+        assert worker.process.server.base_url.startswith("unix:")
+        pid = worker.process.pid
+        serve.switch.click()  # untick: nothing to restart, nothing hangs on "Restarting the engine…"
         assert "this app alone" in serve.note.text() and "Restarting" not in serve.note.text()
-        qtbot.wait(600)  # past Serve's restart timer: still the same engine
-        assert worker.process.pid == pid and window.loaded_dir == str(tiny_model_dir)
 
-
-def test_a_load_with_a_taken_port_loads_for_the_app_alone_and_says_so(app_driver, qtbot, tiny_model_dir):
-    window = app_driver.open(tiny_model_dir)
-    serve = window.settings_panel.serve
-    with socket.socket() as other:
-        other.bind(("127.0.0.1", 0))
-        other.listen()
-        serve.switch.click()
-        serve.port.setValue(other.getsockname()[1])
-        app_driver.load(window)
+        serve.switch.click()  # on again with the port still taken: the working model is not unloaded
         qtbot.waitUntil(lambda: "is taken" in serve.note.text(), timeout=TIMEOUT_S * 1000)
-        assert window.client.worker.process.server.base_url.startswith("unix:")
-        assert window.client.worker.process.is_alive
+        qtbot.wait(600)  # past Serve's restart timer
+        assert window.loaded_dir == str(tiny_model_dir) and worker.process.pid == pid
+        assert worker.process.server.health()  # the engine answers on its private socket
+        serve.switch.click()
+        assert "this app alone" in serve.note.text() and worker.process.pid == pid
 
 
 def test_changed_since_load_survives_a_serve_restart(app_driver, qtbot, tiny_model_dir):

@@ -316,8 +316,8 @@ class _Api:
         # "context_full" (OpenAI's "length"), and a reply of exactly max_tokens that also fills it says "length"
         sampling = req.sampling(req.max_tokens or room)
         tools = _tool_replies(req, served)
-        if req.grammar is not None or (tools is not None and tools.format.end is not None and tools.marker_id is None):
-            # the tokenizer's view for llguidance is built once per model; a lazy call grammar compiled: off the loop
+        if req.grammar is not None or tools is not None:
+            # the tokenizer's view for llguidance is built once per model; a call grammar compiled: off the loop
             try:
                 bound = await run_in_threadpool(_grammar, req, served, tools)
             except InvalidArgumentError as e:  # a tokenizer llguidance cannot read
@@ -398,19 +398,21 @@ def _tool_replies(req: CompletionRequest, served: Served) -> ToolReplies | None:
         return None
     tokenizer = served.engine.tokenizer
     fmt = format_of(tokenizer.chat_template)
-    marker_id = tokenizer.token_id(fmt.start) if fmt.start else None
-    if marker_id is not None and tokenizer.decode([marker_id]):
-        marker_id = None  # a token of text (Qwen's <tool_call>): it arrives with the text
-    return ToolReplies(frozenset(tools.parameters), tools.is_forced, fmt, marker_id=marker_id,
+    ids = {marker: tokenizer.token_id(marker) for marker in (fmt.start, fmt.args, fmt.end) if marker}
+    # special tokens, which decoding drops (Mistral's [TOOL_CALLS]); a token of text (Qwen's <tool_call>) is not one
+    special = {marker: i for marker, i in ids.items() if i is not None and not tokenizer.decode([i])}
+    return ToolReplies(frozenset(tools.parameters), tools.is_forced, fmt, special=special,
                        decode_all=partial(tokenizer.decode, skip_special_tokens=False))
 
 
-def _grammar(req: CompletionRequest, served: Served, tools: ToolReplies | None) -> grammar.Grammar:
+def _grammar(req: CompletionRequest, served: Served, tools: ToolReplies | None) -> grammar.Grammar | None:
     """The reply's grammar bound to the model: the request's own (response_format, a forced call), or for tools in
-    `auto` with a format that marks where a call starts and ends, free text whose calls are constrained."""
+    `auto` free text whose calls, once begun in the model's format, are constrained; None: free text."""
     text = req.grammar
+    if text is None and tools is not None and not tools.is_forced:
+        text = grammar.auto_call_grammar(req.tools.parameters, tools.format, tools.special)
     if text is None:
-        text = grammar.lazy_call_grammar(req.tools.parameters, tools.format.start, tools.format.end)
+        return None
     engine = served.engine
     return grammar.bind(text, engine.tokenizer, engine.config.vocab_size, engine.eos_ids)
 

@@ -6,7 +6,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..runtime.generation import GenerationResult, TokenEvent
 from ..text.tool_calls import ForcedCallStream, ReplyStream, ToolCall, ToolFormat, parse
@@ -44,8 +44,19 @@ class ToolReplies:
     names: frozenset[str]
     is_forced: bool
     format: ToolFormat
-    marker_id: int | None = None  # the token of format.start, when it is a special token (decoding drops it)
+    special: dict[str, int] = field(default_factory=dict)  # the format's markers that are special tokens -> id
     decode_all: Callable[[list[int]], str] | None = None  # token ids to text, special tokens kept
+
+    @property
+    def marker_id(self) -> int | None:
+        """The token that starts a call, when decoding drops it."""
+        return self.special.get(self.format.start)
+
+    def whole(self, result: GenerationResult) -> str:
+        """The reply's text, with the special tokens of the format that decoding dropped."""
+        if self.special and self.decode_all is not None and set(self.special.values()) & set(result.token_ids):
+            return self.decode_all(result.token_ids)
+        return result.text
 
 
 def call_id() -> str:
@@ -112,11 +123,7 @@ class Reply:
             call = forced.call(complete=result.finish_reason == "stop")
             return ("", [call]) if call is not None else (result.text, [])
         if self.auto is not None:
-            tools = self.tools
-            text = result.text
-            if tools.marker_id is not None and tools.marker_id in result.token_ids and tools.decode_all:
-                text = tools.decode_all(result.token_ids)
-            return parse(text, tools.format, set(tools.names))
+            return parse(self.tools.whole(result), self.tools.format, set(self.tools.names))
         return result.text, []
 
     def token_chunks(self, event: TokenEvent) -> list[dict]:
@@ -143,7 +150,7 @@ class Reply:
         """The chunks that close a stream: a call's held tail or the calls of `auto`, then the finish chunk."""
         out = []
         if self.auto is not None:
-            content, calls = self.auto.finish()
+            content, calls = self.auto.finish(self.tools.whole(result))
             if content:
                 out.append(self.chunk(content))
             for i, c in enumerate(calls):

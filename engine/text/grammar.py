@@ -7,6 +7,7 @@ when the model's forward pass (which it overlaps) ends: llguidance drops the GIL
 
 from __future__ import annotations
 
+import json
 import os
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidArgumentError
+from .tool_calls import ToolFormat
 
 # One line of JSON, spaced as json.dumps writes it: no whitespace of the model's choosing, so a weak model cannot
 # fill the reply with newlines, and every reply is the same text however it is sampled.
@@ -87,13 +89,30 @@ def tool_call_schema(tools: dict[str, dict], name: str | None = None) -> dict:
     return branches[0] if len(branches) == 1 else {"anyOf": branches}
 
 
-def lazy_call_grammar(tools: dict[str, dict], start: str, end: str) -> str:
-    """Free text in which a call, once `start` is written, must go on as `start\n{"name", "arguments"}\nend` with
-    a tool's name and arguments valid under its parameters (Qwen's and Hermes' format); InvalidArgumentError naming
-    what llguidance refused."""
-    schema = {**_bounded(tool_call_schema(tools)), "x-guidance": JSON_OPTIONS}
-    tag = llguidance.StructTag(trigger=start, begin=start + "\n", grammar=schema, end="\n" + end)
-    return check(llguidance.StructTag.to_grammar([tag], assume_special=False), "tools")
+def auto_call_grammar(tools: dict[str, dict], fmt: ToolFormat, special: dict[str, int]) -> str | None:
+    """Free text in which a call, once the model starts one in its family's format, must go on as a call of a tool
+    offered with arguments valid under its parameters; None where no marker says a call starts (bare JSON), or a
+    marker the format needs is not a special token of this tokenizer. special: marker text -> its token id."""
+    if fmt.start is None or (fmt.end is None and fmt.start not in special) or (fmt.args and fmt.args not in special):
+        return None
+    if fmt.end is not None:  # Hermes: a lazy trigger on the text, or on the token
+        schema = {**_bounded(tool_call_schema(tools)), "x-guidance": JSON_OPTIONS}
+        tag = llguidance.StructTag(trigger=fmt.start, begin=fmt.start + "\n", grammar=schema, end="\n" + fmt.end)
+        return check(llguidance.StructTag.to_grammar([tag], assume_special=fmt.start in special), "tools")
+
+    def token(marker: str) -> str:
+        return f"<[{special[marker]}]>"
+
+    def json_rule(schema: dict) -> str:
+        return "%json " + json.dumps({**_bounded(schema), "x-guidance": JSON_OPTIONS})
+
+    if fmt.args is not None:  # Mistral's newer format: [TOOL_CALLS]name[ARGS]{...}, one or more
+        calls = " | ".join(f"{token(fmt.start)} {json.dumps(name)} {token(fmt.args)} {json_rule(parameters)}"
+                           for name, parameters in tools.items())
+    else:  # [TOOL_CALLS][{"name": ..., "arguments": ...}, ...]
+        calls = f"{token(fmt.start)} {json_rule({'type': 'array', 'minItems': 1, 'items': tool_call_schema(tools)})}"
+    lark = f"%llguidance {{}}\nstart: TEXT | TEXT call+\ncall: {calls}\nTEXT: /(.|\\n)*/\n"
+    return check(lark, "tools")
 
 
 @dataclass(frozen=True, eq=False)

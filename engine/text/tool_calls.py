@@ -1,5 +1,5 @@
-"""Tool calls in a reply's text: the families' own formats (Qwen/Hermes `<tool_call>`, Mistral `[TOOL_CALLS]`,
-Llama 3.x's bare JSON) read back into calls, whole or as the text streams, and the forced call a grammar writes
+"""Tool calls in a reply's text: the families' own formats (Qwen/Hermes `<tool_call>`, Mistral `[TOOL_CALLS]`, as a
+JSON list or as `name[ARGS]{...}`, Llama 3.x's bare JSON) read back into calls, whole or as the text streams, and the forced call a grammar writes
 (engine/text/grammar.py tool_call_schema: `{"name": ..., "arguments": {...}}`, one line).
 
 A call is `ToolCall(name, arguments)` with arguments as JSON text, as OpenAI's API carries them.
@@ -25,10 +25,12 @@ class ToolFormat:
     start: str | None
     end: str | None = None
     is_list: bool = False  # the text after start is a JSON list of calls (Mistral)
+    args: str | None = None  # start, the name, this marker, the arguments' JSON: one call (Mistral's newer format)
 
 
 HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>")  # Qwen 2.5/3, Hermes, many fine-tunes
-MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", None, is_list=True)
+MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", None, is_list=True)  # Mistral 7B v0.3, Nemo
+MISTRAL_ARGS = ToolFormat("mistral-args", "[TOOL_CALLS]", None, args="[ARGS]")  # Mistral Small 3.2, Devstral
 JSON = ToolFormat("json", None)  # Llama 3.x (`{"name": ..., "parameters": ...}`), and templates that know no tools
 
 
@@ -38,7 +40,7 @@ def format_of(template: str | None) -> ToolFormat:
     if "<tool_call>" in template:
         return HERMES
     if "[TOOL_CALLS]" in template:
-        return MISTRAL
+        return MISTRAL_ARGS if "[ARGS]" in template else MISTRAL
     return JSON
 
 
@@ -78,6 +80,14 @@ def parse(text: str, fmt: ToolFormat, names: set[str]) -> tuple[str, list[ToolCa
     if at < 0:
         return text, []
     content, rest, calls = text[:at], text[at:], []
+    if fmt.args is not None:
+        for piece in rest.split(fmt.start)[1:]:
+            name, sep, arguments = piece.partition(fmt.args)
+            call = _call({"name": name.strip(), "arguments": arguments.strip()}) if sep else None
+            if call is None or call.name not in names:
+                return text, []
+            calls.append(call)
+        return content.rstrip(), calls
     while rest.startswith(fmt.start):
         body = rest[len(fmt.start):]
         cut = body.find(fmt.end) if fmt.end else -1
@@ -126,12 +136,14 @@ class ReplyStream:
         out, self.sent = self.text[self.sent:upto], max(self.sent, upto)
         return out
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """The content not yet passed on, and the calls, once the reply has ended."""
-        content, calls = parse(self.text, self.fmt, self.names)
-        if calls:
-            return content[self.sent:].rstrip() if len(content) > self.sent else "", calls
-        return self.text[self.sent:], []
+    def finish(self, whole: str | None = None) -> tuple[str, list[ToolCall]]:
+        """The content not yet passed on, and the calls, once the reply has ended; `whole`: the reply's text with
+        the special tokens that decoding drops (Mistral's [ARGS]), to read the calls from."""
+        _, calls = parse(self.text if whole is None else whole, self.fmt, self.names)
+        if not calls:
+            return self.text[self.sent:], []
+        at = self.text.find(self.fmt.start) if self.fmt.start else 0
+        return self.text[self.sent:max(at, self.sent)].rstrip(), calls
 
 
 class ForcedCallStream:

@@ -19,7 +19,8 @@ from stowage.engine.serving.scheduler import Scheduler
 from stowage.engine.text import grammar
 from stowage.engine.text.chat_template import render
 from stowage.engine.text.tokenizer import Tokenizer
-from stowage.engine.text.tool_calls import HERMES, JSON, MISTRAL, ReplyStream, ToolCall, format_of, parse
+from stowage.engine.text.tool_calls import (HERMES, JSON, MISTRAL, MISTRAL_ARGS, ReplyStream, ToolCall, ToolFormat,
+                                            format_of, parse)
 
 DEMO = Path(__file__).resolve().parents[2] / "assets" / "demo-model"
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "unit", "days"],
@@ -122,6 +123,9 @@ def test_each_family_format_is_read_from_a_whole_reply():
                                                               ToolCall("list_models", '{"limit": 2}')])
     mistral = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}]'
     assert parse(mistral, MISTRAL, names) == ("", [ToolCall("get_weather", '{"city": "Oslo"}')])
+    newer = '[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}[TOOL_CALLS]list_models[ARGS]{"limit": 2}'
+    assert parse("Checking. " + newer, MISTRAL_ARGS, names) == (
+        "Checking.", [ToolCall("get_weather", '{"city": "Oslo"}'), ToolCall("list_models", '{"limit": 2}')])
     llama = '{"name": "list_models", "parameters": {"limit": 3}}'
     assert parse(llama, JSON, names) == ("", [ToolCall("list_models", '{"limit": 3}')])
     # not a call: an unknown tool, broken JSON, plain text
@@ -143,6 +147,7 @@ def test_a_streamed_reply_holds_back_a_split_start_marker_and_reads_the_calls_at
 def test_the_format_follows_the_chat_template_and_templates_receive_tools():
     assert format_of("{% if tools %}<tool_call>{% endif %}") is HERMES
     assert format_of("[AVAILABLE_TOOLS][TOOL_CALLS]") is MISTRAL and format_of(None) is JSON
+    assert format_of("[TOOL_CALLS]{{ name }}[ARGS]{{ arguments }}") is MISTRAL_ARGS
     template = "{% for t in tools %}{{ t.function.name }};{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}"
     assert render(template, ASK, tools=TOOLS) == "get_weather;list_models;" + ASK[0]["content"]
 
@@ -152,7 +157,7 @@ def test_auto_calls_in_the_hermes_format_are_constrained_once_started():
     arguments, and the closing tag, may follow."""
     tokenizer = Tokenizer(DEMO)
     parameters = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-    bound = grammar.bind(grammar.lazy_call_grammar(parameters, "<tool_call>", "</tool_call>"), tokenizer, 1408, {2})
+    bound = grammar.bind(grammar.auto_call_grammar(parameters, HERMES, {}), tokenizer, 1408, {2})
 
     def run(text):
         constraint = bound.constraint()
@@ -200,3 +205,34 @@ HERMES_TEMPLATE = (
     "Call one as <tool_call>\n{\"name\": ..., \"arguments\": ...}\n</tool_call><|end|>\n{%- endif %}"
     "{%- for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{%- endfor %}"
     "{%- if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+@pytest.mark.parametrize("fmt, call, bad", [
+    (ToolFormat("list", "<s>", is_list=True), ["<s>", '[{"name": "list_models", "arguments": {"limit": 2}}]'],
+     ["<s>", '[{"name": "list_models", "arguments": {"limit": 99}}]']),
+    (ToolFormat("args", "<s>", args="<pad>"),
+     ["<s>", "list_models", "<pad>", '{"limit": 2}', "<s>", "get_weather", "<pad>", '{"city": "Oslo", "unit": '
+      '"celsius", "days": 1}'],
+     ["<s>", "get_weather", "<pad>", '{"city": "Oslo", "unit": "kelvin"']),
+])
+def test_auto_calls_after_a_special_token_are_constrained(fmt, call, bad):
+    """Mistral's formats, with the demo tokenizer's <s> and <pad> standing in for [TOOL_CALLS] and [ARGS]: free
+    text, then after the special token only calls of offered tools with valid arguments."""
+    tokenizer = Tokenizer(DEMO)
+    special = {"<s>": 1, "<pad>": 0}
+    parameters = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    bound = grammar.bind(grammar.auto_call_grammar(parameters, fmt, special), tokenizer, 1408, {2})
+
+    def run(pieces):
+        constraint = bound.constraint()
+        for piece in pieces:
+            for token in [special[piece]] if piece in special else tokenizer.encode(piece, add_special_tokens=False):
+                if constraint.disallowed()[token]:
+                    return False
+                constraint.consume(token)
+        return not constraint.disallowed()[2]  # and may end here
+
+    assert run(["Let me see. "]) and run(["Let me see. ", *call])
+    assert not run(["Let me see. ", call[0], call[1].replace("list_models", "rm_rf")])
+    assert not run(["Let me see. ", *bad])  # arguments outside the tool's parameters
+    assert grammar.auto_call_grammar(parameters, fmt, {}) is None  # markers that are not special tokens: free text

@@ -12,6 +12,7 @@ def test_stop_keeps_the_tokens_in_context_on_the_counter(app_driver, tiny_model_
     app_driver.load(window)
     window.settings_panel.max_tokens.setValue(900)
     chat = window.chat
+    assert not chat.notice.isVisible() and not chat.completion_button.isVisible()  # a chat model: no base notice
 
     def send_then_stop():
         app_driver.send(window, "Tell me a long story about the sea")
@@ -117,9 +118,3 @@ def test_a_base_model_is_named_so_and_completion_mode_continues_the_text(app_dri
     # The text alone, as the tokenizer encodes it: no template's roles around it.
     assert reply.result.prompt_tokens == len(window.client.worker.tokenizer.encode(text))
     assert window.store.messages(chat.conversation_id)[-1].content == reply.result.text
-
-
-def test_a_chat_model_gets_no_base_model_notice(app_driver, tiny_model_dir):
-    window = app_driver.open(tiny_model_dir)
-    app_driver.load(window)
-    assert not window.chat.notice.isVisible() and not window.chat.completion_button.isVisible()

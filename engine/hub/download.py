@@ -2,10 +2,10 @@
 <file> linking to it, refs/main), so Stowage's listing, `hf` and transformers all find the files.
 
 Each file streams through huggingface_hub's HTTP session into blobs/<etag>.incomplete, resumed with a Range
-request after a dropped connection, and by a later pull after a cancel or a restart; then it is checked against the Hub's SHA-256 (its git blob id for
-a small file) before it becomes a blob. A part of a model is never visible as a model: files land in the snapshot
-only when whole, a split GGUF's first part and a safetensors model's config.json last, and refs/main is written at
-the end. Free disk space is checked before the first byte.
+request after a dropped connection, and by a later pull after a cancel or a restart; then it is checked against
+the Hub's SHA-256 (its git blob id for a small file) before it becomes a blob. A part of a model is never visible
+as a model: files land in the snapshot only when whole, a split GGUF's first part and a safetensors model's
+config.json last, and refs/main is written at the end. Free disk space is checked before the first byte.
 """
 
 from __future__ import annotations
@@ -123,7 +123,8 @@ def _fetch(hub: Hub, model: RemoteModel, f: RemoteFile, storage: Path, meter: "_
         meter.start_file(f.path, done)
         with open(partial, "ab") as out, hub.errors(model.repo, f.path):
             _stream(meta.location, out, done, size, headers, meter, f"{model.repo}/{f.path}")
-        _verify(partial, f, model.repo)
+        # a small file kept in git: its blob id, where the server's ETag agrees that it is one (huggingface.co's)
+        _verify(partial, f.sha256, None if f.sha256 or meta.etag != f.blob_id else f.blob_id, f"{model.repo}/{f.path}")
         os.chmod(partial, 0o644)
         os.replace(partial, blob)
     _link(blob, storage / "snapshots" / meta.commit_hash / f.path)
@@ -169,19 +170,21 @@ def _stream(url: str, out, done: int, size: int, headers: dict, meter: "_Meter",
         raise HubError(f"{what}: the server sent {format_bytes(done)}, but the file is {format_bytes(size)}")
 
 
-def _verify(path: Path, f: RemoteFile, repo: str) -> None:
-    """The file is what the Hub lists: its SHA-256 (LFS), else its git blob id; a mismatch discards it."""
-    size = path.stat().st_size
-    digest = hashlib.sha256() if f.sha256 else hashlib.sha1(b"blob %d\0" % size)
+def _verify(path: Path, sha256: str | None, git_blob_id: str | None, what: str) -> None:
+    """The file is what the Hub lists: its SHA-256 (LFS), else its git blob id; a mismatch discards it. With
+    neither, its size was checked while streaming."""
+    expected = sha256 or git_blob_id
+    if not expected:
+        return
+    digest = hashlib.sha256() if sha256 else hashlib.sha1(b"blob %d\0" % path.stat().st_size)
     with open(path, "rb") as file:
         while chunk := file.read(_HASH_CHUNK):
             digest.update(chunk)
-    expected = f.sha256 or f.blob_id
-    if expected and digest.hexdigest() != expected.lower():
+    if digest.hexdigest() != expected.lower():
         path.unlink()
-        kind = "SHA-256" if f.sha256 else "git blob id"
-        raise HubError(f"{repo}/{f.path}: the downloaded file's {kind} is {digest.hexdigest()}, but the Hub lists "
-                       f"{expected}; the file was corrupted on the way and has been discarded. Pull again")
+        kind = "SHA-256" if sha256 else "git blob id"
+        raise HubError(f"{what}: the downloaded file's {kind} is {digest.hexdigest()}, but the Hub lists {expected}; "
+                       "the file was corrupted on the way and has been discarded. Pull again")
 
 
 def _link(blob: Path, pointer: Path) -> None:

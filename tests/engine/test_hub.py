@@ -250,6 +250,14 @@ def test_a_corrupt_download_is_discarded_with_a_clear_message(server, tmp_path):
     assert pull(hub, model).is_file()  # the next pull starts again, and is checked again
 
 
+def test_a_corrupt_small_file_is_caught_by_its_git_blob_id(server, tmp_path):
+    server.corrupt.add("config.json")
+    hub = Hub(server.url)
+    with pytest.raises(HubError, match="acme/Tiny/config.json: the downloaded file's git blob id is"):
+        pull(hub, hub.files("acme/Tiny").models[0])
+    assert listed(tmp_path) == []  # the weights came first; without config.json the folder is not a model
+
+
 def test_a_split_gguf_is_fetched_whole_and_opens(server, models, tmp_path):
     hub = Hub(server.url)
     model = hub.files("acme/Tiny-split-GGUF").models[0]

@@ -14,6 +14,7 @@ from ..formats.gguf import part_paths
 SAFETENSORS_EXTRAS = ("config.json", "generation_config.json", "model.safetensors.index.json", "tokenizer.json",
                       "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json")
 NOT_MODELS = re.compile(r"mmproj|projector", re.IGNORECASE)  # vision projectors kept beside GGUF models
+_SHARD = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,10 @@ def _gguf_models(repo: str, revision: str, files: dict[str, RemoteFile]) -> list
 
 def _safetensors_models(repo: str, revision: str, info, files: dict[str, RemoteFile]) -> list[RemoteModel]:
     weights = tuple(f for p, f in sorted(files.items()) if "/" not in p and p.endswith(".safetensors"))
+    # transformers' names (model.safetensors, or shards model-00001-of-0000N.safetensors beside their index) win
+    # over other copies some repositories keep beside them (Mistral's consolidated.safetensors)
+    named = [f for f in weights if f.path == "model.safetensors"] or [f for f in weights if _SHARD.match(f.path)]
+    weights = tuple(named) or weights
     if not weights or "config.json" not in files:
         return []
     dtypes = sorted((info.safetensors.parameters or {}).items(), key=lambda kv: -kv[1]) if info.safetensors else []

@@ -99,6 +99,9 @@ def test_files_are_grouped_by_quantization_with_sizes(server, models):
     st = Hub(server.url).files("acme/Tiny").models
     assert [(m.name, m.quant) for m in st] == [("safetensors", "F32")]
     assert {"config.json", "tokenizer.json"} <= {f.path for f in st[0].extras}
+    server.add(Repo("acme/Tiny-mistral", {p.name: p for p in models["st"].iterdir()}
+                    | {"consolidated.safetensors": b"x" * 64}, tags=("safetensors", "mistral")))
+    assert [f.path for f in Hub(server.url).files("acme/Tiny-mistral").models[0].weights] == ["model.safetensors"]
     assert files.find(quant="q8_0").name == "Tiny-Q8_0.gguf"
     with pytest.raises(HubError, match="choose one with --file or --quant: Tiny-Q8_0.gguf"):
         files.find()

@@ -1,5 +1,6 @@
-"""Constrained decoding with llguidance: a grammar (a JSON schema, any JSON object, a forced tool call) compiled once
-per request, bound to the model's tokenizer, and per reply a `Constraint` that says which tokens may come next.
+"""Constrained decoding with llguidance: a grammar (a JSON schema, any JSON object, a forced tool call, free text whose
+tool calls are constrained once begun) compiled once per request, bound to the model's tokenizer, and per reply a
+`Constraint` that says which tokens may not come next.
 
 The mask for the next token is computed on a worker thread as soon as the last token is consumed, so it is ready
 when the model's forward pass (which it overlaps) ends: llguidance drops the GIL while it computes.
@@ -163,7 +164,6 @@ class Constraint:
 
     def _fill(self) -> None:
         self._matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
-
 
     def disallowed(self) -> torch.Tensor:
         """[num_logits] bool: the tokens the grammar refuses next (all but an EOS once it is complete)."""

@@ -1,6 +1,7 @@
 """Tool calls in a reply's text: the families' own formats (Qwen/Hermes `<tool_call>`, Mistral `[TOOL_CALLS]`, as a
-JSON list or as `name[ARGS]{...}`, Llama 3.x's bare JSON) read back into calls, whole or as the text streams, and the forced call a grammar writes
-(engine/text/grammar.py tool_call_schema: `{"name": ..., "arguments": {...}}`, one line).
+JSON list or as `name[ARGS]{...}`, Llama 3.x's bare JSON) read back into calls, whole or as the text streams, and
+the forced call a grammar writes (engine/text/grammar.py tool_call_schema: `{"name": ..., "arguments": {...}}`, one
+line).
 
 A call is `ToolCall(name, arguments)` with arguments as JSON text, as OpenAI's API carries them.
 """

@@ -148,7 +148,8 @@ def test_the_format_follows_the_chat_template_and_templates_receive_tools():
     assert format_of("{% if tools %}<tool_call>{% endif %}") is HERMES
     assert format_of("[AVAILABLE_TOOLS][TOOL_CALLS]") is MISTRAL and format_of(None) is JSON
     assert format_of("[TOOL_CALLS]{{ name }}[ARGS]{{ arguments }}") is MISTRAL_ARGS
-    template = "{% for t in tools %}{{ t.function.name }};{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}"
+    template = ("{% for t in tools %}{{ t.function.name }};{% endfor %}"
+                "{% for m in messages %}{{ m.content }}{% endfor %}")
     assert render(template, ASK, tools=TOOLS) == "get_weather;list_models;" + ASK[0]["content"]
 
 
@@ -167,7 +168,8 @@ def test_auto_calls_in_the_hermes_format_are_constrained_once_started():
             constraint.consume(token)
         return True
 
-    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius", "days": 2}}\n</tool_call>'
+    call = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius", "days": 2}}\n'
+            "</tool_call>")
     assert run("Let me look that up. " + call + " Done.")
     assert parse("Let me look that up. " + call, HERMES, set(parameters)) == (
         "Let me look that up.", [ToolCall("get_weather", '{"city": "Paris", "unit": "celsius", "days": 2}')])

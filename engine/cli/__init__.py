@@ -19,10 +19,10 @@ from pathlib import Path
 from stowage.kernels import cpu_decode
 
 from ..formats.discovery import add_list_parser
-from ..dtypes import COMPUTE, KV
+from ..dtypes import COMPUTE
 from ..errors import InsufficientMemoryError, InvalidArgumentError, StowageError
 from .hub import add_hub_parsers
-from .plan import add_plan_parser
+from .plan import KV_DTYPE_HELP, _kv_dtype, add_plan_parser
 from ..protocol import API_KEY_ENV, write_progress
 from .serve import add_serve_parser
 from ..runtime.sampler import SamplingParams
@@ -47,8 +47,7 @@ def _add_sampling(p: argparse.ArgumentParser, temperature: float) -> None:
                    help="end the reply where TEXT appears (repeatable)")
     p.add_argument("--dtype", choices=sorted(COMPUTE), default=None,
                    help="weights dtype (default: as stored, used in place)")
-    p.add_argument("--kv-dtype", choices=sorted(KV), default=None,
-                   help="KV cache dtype (default: the compute dtype); fp8 stores one byte per value")
+    p.add_argument("--kv-dtype", type=_kv_dtype, default=None, metavar="TYPE", help=KV_DTYPE_HELP)
 
 
 def _sampling(args) -> SamplingParams:

@@ -11,7 +11,7 @@ from pathlib import Path
 from stowage.kernels import cpu_decode
 
 from ..defaults import BLOCK_SIZE, PREFILL_CHUNK
-from ..dtypes import COMPUTE, KV, KV_ALIASES
+from ..dtypes import COMPUTE, KV, KV_ALIASES, kv_name
 from ..errors import InvalidArgumentError, StowageError
 from ..units import format_bytes, parse_size
 from ..planning.budgets import Budgets, detect_disk, detect_gpus, detect_ram, gpu_budget, ram_budget
@@ -28,6 +28,20 @@ def _size(text: str) -> int:
         return parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _kv_dtype(text: str) -> str | None:
+    """A --kv-dtype: one cache type, or K's and V's as K/V (q8_0/q4_0); "auto" (None): the compute dtype."""
+    if text == "auto":
+        return None
+    try:
+        return kv_name(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+KV_DTYPE_HELP = (f"KV cache dtype: {', '.join(KV)}, or K's and V's apart as K/V (q8_0/q4_0); default auto: the "
+                 "compute dtype. fp8 and q8_0 take about 1 byte per value, q4_0 0.56 (docs/kernels.md)")
 
 
 def _gpu_layers(text: str) -> int | None:
@@ -59,8 +73,7 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
                    help="a model folder (config.json, *.safetensors) or a .gguf file; or owner/name[:FILE] on the Hub")
     p.add_argument("--context", dest="context_tokens", metavar="N", type=int,
                    help="context tokens (default: the largest that fits, up to the model's maximum)")
-    p.add_argument("--kv-dtype", default="auto", choices=sorted(KV) + sorted(KV_ALIASES),
-                   help="KV cache dtype (default auto: the compute dtype)")
+    p.add_argument("--kv-dtype", default="auto", type=_kv_dtype, metavar="TYPE", help=KV_DTYPE_HELP)
     p.add_argument("--dtype", choices=sorted(COMPUTE), help="convert the weights to this dtype (a counted copy)")
     p.add_argument("--gpu-budget", metavar="SIZE", type=_size, action="append",
                    help="plan as if a GPU had SIZE free (e.g. 24GiB); repeat for more GPUs; the safety buffer "

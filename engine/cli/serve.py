@@ -13,13 +13,13 @@ from pathlib import Path
 from stowage.kernels import cpu_decode
 
 from ..defaults import DEFAULT_CONTEXT
-from ..dtypes import COMPUTE, KV
+from ..dtypes import COMPUTE
 from ..errors import InvalidArgumentError
 from ..units import format_bytes
 from ..serving.kv_store import KV_DIR_ENV
 from ..planning import default_context_tokens
 from ..planning.plan import PlanRequest
-from .plan import _gpu_layers, _size
+from .plan import KV_DTYPE_HELP, _gpu_layers, _kv_dtype, _size
 from ..protocol import API_KEY_ENV, DEFAULT_HOST, DEFAULT_PORT, UNIX_SCHEME, write_progress
 from ..server.guards import parse_origin
 from ..server.listener import close_listener, listen, listen_unix, serve
@@ -58,7 +58,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                         "repeatable. Other pages are refused (docs/server.md, Security)")
     p.add_argument("--dtype", choices=sorted(COMPUTE), default=None,
                    help="weights dtype (default: as stored, used in place)")
-    p.add_argument("--kv-dtype", choices=sorted(KV), default=None)
+    p.add_argument("--kv-dtype", type=_kv_dtype, default=None, metavar="TYPE", help=KV_DTYPE_HELP)
     p.add_argument("--gpu-layers", metavar="N", type=_gpu_layers, default=None,
                    help="layers on the GPUs: a number (0 = CPU only) or auto (default)")
     p.add_argument("--kv-disk-budget", metavar="SIZE", type=_size, default=None,

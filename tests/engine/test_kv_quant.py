@@ -198,3 +198,18 @@ def test_the_kv_store_reads_quantized_blocks_back(model_dir, tmp_path):
     back = Sequence()
     assert n == 100 and store.load(entry, n, back)
     assert torch.equal(model.forward(prompt[100:], back, cache, all_logits=True), kept)
+
+
+def test_plan_cli_takes_k_and_v_types(model_dir, capsys):
+    import json
+
+    from stowage.engine.cli import main
+
+    assert main(["plan", str(model_dir), "--context", "256", "--kv-dtype", "q8_0/bf16", "--ram-budget", "8GiB",
+                 "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["kv_dtype"] == "q8_0/bfloat16"
+    assert sum(d["kv_bytes"] for d in plan["devices"]) == 3 * 256 * 2 * (34 + 64)  # layers * tokens * KV heads * (a q8_0 K row + a bf16 V row)
+    with pytest.raises(SystemExit):
+        main(["plan", str(model_dir), "--kv-dtype", "q5_0"])
+    assert "q5_0" in capsys.readouterr().err

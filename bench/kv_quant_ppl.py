@@ -1,0 +1,83 @@
+"""What a q8_0 or q4_0 KV cache costs in accuracy: perplexity of a real model on a fixed text, per cache type.
+
+    python bench/kv_quant_ppl.py MODEL [--text FILE] [--tokens 2048] [--decode 256] [--kv bfloat16,q8_0,...]
+
+One engine per cache type, the same weights, compute dtype and threads (CPU). The text's first `tokens` tokens are
+scored: all but the last `decode` go in as prefill chunks (each chunk's K/V written quantized, then attended to
+from the cache, so every later token sees the quantized keys and values of all before it), the last `decode` one
+decode step at a time (the native decode step's own quantizing write and in-place read). Perplexity is
+exp(mean negative log-likelihood) of each next token; its change against the bf16 cache is what docs/benchmarks.md
+records. The default text is /usr/share/common-licenses/GPL-3 (English prose, on every Debian and Ubuntu system;
+its sha256 is printed so a figure names the text it was measured on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from stowage.engine.planning import plan_for
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.runtime.kv_cache import Sequence
+
+DEFAULT_TEXT = Path("/usr/share/common-licenses/GPL-3")
+KV_TYPES = ("float32", "bfloat16", "fp8", "q8_0", "q4_0", "q8_0/q4_0")
+CHUNK = 256  # prefill chunk
+
+
+def nll(engine: Engine, ids: list[int], decode: int) -> tuple[list[float], int]:
+    """Negative log-likelihoods of ids[1:] (the prefill part's, then the decode part's) and where decode began."""
+    seq, out = Sequence(), []
+    first_decode = len(ids) - decode
+    pos = 0
+    while pos < first_decode:
+        n = min(CHUNK, first_decode - pos)
+        logits = engine.model.forward(ids[pos : pos + n], seq, engine.cache, all_logits=True)
+        targets = ids[pos + 1 : pos + n + 1]
+        logp = torch.log_softmax(logits[: len(targets)].float(), dim=-1)
+        out += (-logp[torch.arange(len(targets)), torch.tensor(targets)]).tolist()
+        pos += n
+    for pos in range(first_decode, len(ids) - 1):
+        logits = engine.model.forward([ids[pos]], seq, engine.cache)
+        out.append(float(-torch.log_softmax(logits[-1].float(), dim=-1)[ids[pos + 1]]))
+    return out, first_decode - 1  # out[i] scores ids[i + 1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("model", type=Path, help="a .gguf file or a model folder")
+    p.add_argument("--text", type=Path, default=DEFAULT_TEXT)
+    p.add_argument("--tokens", type=int, default=2048, help="tokens of the text scored")
+    p.add_argument("--decode", type=int, default=256, help="of them, the last ones fed one decode step at a time")
+    p.add_argument("--kv", default=",".join(KV_TYPES), help="cache types, comma-separated (K/V pairs allowed)")
+    args = p.parse_args()
+    text = args.text.read_bytes()
+    results = {}
+    for kv in args.kv.split(","):
+        engine = Engine.load(args.model, plan_for(args.model, args.tokens + 1, kv_dtype=kv, gpu_layers=0))
+        ids = engine.tokenizer.encode(text.decode())[: args.tokens]
+        t0 = time.perf_counter()
+        losses, split = nll(engine, ids, args.decode)
+        seconds = time.perf_counter() - t0
+        results[kv] = (math.exp(sum(losses) / len(losses)), math.exp(sum(losses[split:]) / len(losses[split:])))
+        native = engine.model.native(engine.cache) is not None
+        print(f"{kv:>12}: ppl {results[kv][0]:.4f} (decode part {results[kv][1]:.4f}), "
+              f"KV {engine.cache.num_bytes / 2**20:.1f} MiB, {seconds:.1f} s, native decode {native}", flush=True)
+        del engine
+    print(f"\nmodel {args.model.name}, compute {plan_for(args.model, 64).dtype}; text {args.text} "
+          f"(sha256 {hashlib.sha256(text).hexdigest()[:16]}), {len(ids)} tokens, last {args.decode} decoded")
+    base = results.get("bfloat16")
+    print("| KV cache | perplexity | vs bf16 | decode part | vs bf16 |\n|---|---|---|---|---|")
+    for kv, (ppl, dec) in results.items():
+        rel = f"{100 * (ppl / base[0] - 1):+.2f}%" if base else "-"
+        rel_d = f"{100 * (dec / base[1] - 1):+.2f}%" if base else "-"
+        print(f"| {kv} | {ppl:.4f} | {rel} | {dec:.4f} | {rel_d} |")
+
+
+if __name__ == "__main__":
+    main()

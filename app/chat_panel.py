@@ -66,7 +66,6 @@ class ChatPanel(QWidget):
         self.stop_button.setToolTip("Stop the reply (Esc)")
         self.stop_button.setShortcut("Esc")
         self.regenerate_button = QPushButton("Regenerate")
-        self.regenerate_button.setToolTip("Write the last reply again (the old one stays: ‹ › on the reply switches)")
         self.completion_button = QPushButton("Completion mode")
         self.completion_button.setCheckable(True)
         self.completion_button.setToolTip("The model continues your text as written, without a chat template: what a "
@@ -159,6 +158,7 @@ class ChatPanel(QWidget):
         """The settings panel's choices: sampling, and the default system prompt for chats without their own."""
         self.settings = settings
         self._show_prompt(self.system_prompt.own)
+        self._update_buttons()  # the Regenerate hint follows the temperature
 
     def _system_prompt_changed(self, own: str | None) -> None:
         if self.conversation_id is None:
@@ -477,3 +477,7 @@ class ChatPanel(QWidget):
         self.stop_button.setEnabled(generating)
         has_question = any(w.message.role == "user" for w in self.view.widgets)
         self.regenerate_button.setEnabled(not generating and bool(self.context_tokens) and has_question)
+        greedy = self._chat_sampling().temperature == 0
+        self.regenerate_button.setToolTip(
+            "Write the last reply again (the old one stays: ‹ › on the reply switches)"
+            + (". At temperature 0 it comes out the same, word for word." if greedy else ""))

@@ -81,7 +81,7 @@ def test_regenerating_at_temperature_0_says_it_repeats_and_offers_a_temperature(
     window.settings_panel.max_tokens.setValue(8)
     chat = window.chat
     first = app_driver.reply(window, lambda: app_driver.send(window, "Say something"))
-    assert not chat.notice.isVisible()
+    assert not chat.notice.isVisible() and "word for word" in chat.regenerate_button.toolTip()
     again = app_driver.reply(window, lambda: qtbot.mouseClick(chat.regenerate_button, Qt.MouseButton.LeftButton))
     assert again.result.text == first.result.text  # word for word
     assert chat.notice.isVisible() and "same word for word" in chat.notice.label.text()

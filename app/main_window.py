@@ -9,6 +9,7 @@ from pathlib import Path
 from PySide6.QtCore import QByteArray, QEvent, Qt, QTimer
 from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QSizePolicy, QSplitter
 
+from stowage.engine.formats.discovery import gguf_models, is_model_dir
 from stowage.engine.formats.gguf import is_gguf_file
 from stowage.engine.planning.report import summary
 
@@ -184,6 +185,11 @@ class MainWindow(QMainWindow):
 
     # -- choosing and inspecting a model ----------------------------------------------------------
     def choose_model(self, model_dir: str) -> None:
+        folder = Path(model_dir)
+        if folder.is_dir() and not is_model_dir(folder) and len(gguf_models(folder)) > 1:
+            # a folder remembered before it held several GGUFs: each is listed and one chosen, never refused
+            self.settings_panel.picker.open_path(model_dir)
+            return
         self.model_dir, self.remote = model_dir, None
         self.remotes.forget()
         self._show_graphs()

@@ -62,6 +62,8 @@ def test_a_folder_of_several_ggufs_lists_every_one_and_opens_the_first(app_drive
     texts = picker_texts(window)
     assert "Other-Model-F32 (F32)" in texts and "Tiny-Chat-Q8_0 (Q8_0)" in texts
     assert window.error_box is None  # nothing refused, no "choose one by passing its .gguf file"
+    window.choose_model(str(gguf_pair))  # the folder itself (remembered from before it held two): the same
+    assert window.model_dir == str(first)  # a file is inspected, never the folder the engine would refuse
     assert "holds 2 GGUF models" in window.settings_panel.picker.info.text() or window.settings_panel.plan.fits
 
 

@@ -61,7 +61,9 @@ class HubDialog(QDialog):
         self._generation = 0
         self._asking = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hub")
         self._cancel: threading.Event | None = None
-        self._relay = _Relay(self)
+        # no parent: a worker still running when the dialog is closed (and deleted) emits into a live object, whose
+        # connections to the dialog's slots went with the dialog
+        self._relay = _Relay()
         self._relay.searched.connect(self._show_hits)
         self._relay.listed.connect(self._show_files)
         self._relay.judged.connect(self._show_verdict)

@@ -88,3 +88,20 @@ def test_the_downloaded_model_is_chosen_in_the_picker(qtbot, app_driver, tiny_mo
                     timeout=TIMEOUT_MS)
     assert window.forecast.info.num_layers == 2
     dialog.close()
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_closing_the_dialog_mid_download_stops_it_quietly(qtbot, server, tmp_path):
+    import threading
+
+    server.slow["Tiny-Q8_0.gguf"] = 0.05
+    dialog = HubDialog(request=PlanRequest(512), budgets=lambda: given_budgets([], 8 * GiB), hub=Hub(server.url))
+    dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+    dialog.show()
+    open_repo(qtbot, dialog)
+    qtbot.mouseClick(dialog.download_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: dialog.bar.value() > 0, timeout=TIMEOUT_MS)
+    dialog.close()  # deleted: the download thread must end without touching it
+    qtbot.waitUntil(lambda: not any(t.name == "hub-download" for t in threading.enumerate()), timeout=TIMEOUT_MS)
+    partial = list((tmp_path / "hf-cache").glob("models--acme--Tiny-GGUF/blobs/*.incomplete"))
+    assert len(partial) == 1 and partial[0].stat().st_size > 0  # kept for the next download to resume

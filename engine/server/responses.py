@@ -120,7 +120,7 @@ class Reply:
         if self.forced is not None:
             forced = ForcedCallStream()
             forced.feed(result.text)
-            call = forced.call(complete=result.finish_reason == "stop")
+            call = forced.call()
             return ("", [call]) if call is not None else (result.text, [])
         if self.auto is not None:
             return parse(self.tools.whole(result), self.tools.format, set(self.tools.names))
@@ -157,8 +157,8 @@ class Reply:
                 out.append(self._call_chunk({"index": i, "id": call_id(), "type": "function",
                                              "function": {"name": c.name, "arguments": c.arguments}}))
             self.num_calls = len(calls)
-        elif self.forced is not None and self.forced_id is not None and result.finish_reason != "stop":
-            tail = self.forced.held()  # cut short (max_tokens): the held character is an argument's, not the call's
+        elif self.forced is not None and self.forced_id is not None and not self.forced.is_complete:
+            tail = self.forced.held()  # cut short: the held character is an argument's, not the call's
             if tail:
                 out.append(self._call_chunk({"index": 0, "function": {"arguments": tail}}))
         return [*out, self.last_chunk(result)]

@@ -177,11 +177,20 @@ class ForcedCallStream:
         at = self.text.find(self.ARGUMENTS)
         return "" if at < 0 else self.text[at + len(self.ARGUMENTS):][self.sent:]
 
-    def call(self, complete: bool = True) -> ToolCall | None:
-        """The call in all the text fed, its arguments the very text streamed (complete: the grammar ended, and
-        the text's last brace closes the call); None before its name is complete."""
+    @property
+    def is_complete(self) -> bool:
+        """The call's JSON is whole (not cut by max_tokens or a stop string): its last brace closes the call."""
+        try:
+            json.loads(self.text)
+        except ValueError:
+            return False
+        return True
+
+    def call(self) -> ToolCall | None:
+        """The call in all the text fed, its arguments the very text streamed (cut short, as far as it got); None
+        before its name is complete."""
         at = self.text.find(self.ARGUMENTS)
         if at < 0:
             return None
         body = self.text[at + len(self.ARGUMENTS):]
-        return ToolCall(json.loads(self.text[len(self.PREFIX):at]), body[:-1] if complete else body)
+        return ToolCall(json.loads(self.text[len(self.PREFIX):at]), body[:-1] if self.is_complete else body)

@@ -238,3 +238,15 @@ def test_auto_calls_after_a_special_token_are_constrained(fmt, call, bad):
     assert not run(["Let me see. ", call[0], call[1].replace("list_models", "rm_rf")])
     assert not run(["Let me see. ", *bad])  # arguments outside the tool's parameters
     assert grammar.auto_call_grammar(parameters, fmt, {}) is None  # markers that are not special tokens: free text
+
+
+def test_a_forced_call_cut_short_streams_the_arguments_it_got(client):
+    """max_tokens ends the call mid-arguments: finish_reason length, and the pieces streamed are what the whole
+    answer holds."""
+    kwargs = dict(model="demo-model", messages=ASK, tools=TOOLS, tool_choice=NAMED, temperature=0, max_tokens=30)
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    assert whole.finish_reason == "length"
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))
+    pieces = "".join(d.function.arguments for c in chunks for d in (c.choices[0].delta.tool_calls or []))
+    assert pieces == whole.message.tool_calls[0].function.arguments and pieces.startswith("{")
+    assert chunks[-1].choices[0].finish_reason == "length"

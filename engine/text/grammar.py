@@ -153,6 +153,7 @@ class Constraint:
         self.is_finished = False  # the grammar is complete and takes no more tokens (only an EOS)
         self._words = np.zeros(((grammar.tokenizer.vocab_size + 31) // 32,), dtype=np.int32)
         # built off the caller's thread (a server's event loop): a large schema takes milliseconds to build
+        self._work = self._start
         self._next: Future = _masks.submit(self._start)
 
     def _start(self) -> None:
@@ -167,7 +168,10 @@ class Constraint:
 
     def disallowed(self) -> torch.Tensor:
         """[num_logits] bool: the tokens the grammar refuses next (all but an EOS once it is complete)."""
-        self._next.result()
+        if self._next.cancel():  # no worker has begun it (the CPUs are busy): do it here rather than wait for one
+            self._work()
+        else:
+            self._next.result()
         # token 32 * w + b is bit b of word w; unpacked from the words inverted, into the tensor's own memory
         refused = np.unpackbits(~self._words.view(np.uint8), count=self.grammar.num_logits, bitorder="little")
         return torch.from_numpy(refused.view(np.bool_))
@@ -177,5 +181,6 @@ class Constraint:
         if not self._matcher.consume_token(token):
             raise InvalidArgumentError(f"the grammar refused token {token}: {self._matcher.get_error():.300}")
         self.is_finished = self._matcher.is_stopped()  # read before the next mask's thread takes the matcher
+        self._work = self._fill
         self._next = _masks.submit(self._fill)  # once complete, the mask holds the EOS tokens alone
 

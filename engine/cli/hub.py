@@ -70,8 +70,8 @@ def run_pull(args, out=None) -> int:
     repo, file = _split(args.repo)
     files = hub.files(repo, revision=args.revision)
     model = files.find(file=args.file or file, quant=args.quant)
-    sys.stderr.write(f"Downloading {repo} {model.name} ({model.quant or model.format}, "
-                     f"{format_bytes(model.size_bytes)})\n")
+    sys.stderr.write(f"{repo} {model.name} ({model.quant or model.format}, {format_bytes(model.size_bytes)}): "
+                     f"{_fit(hub, model)}\nDownloading\n")
     bar = ProgressBar(sys.stderr)
     try:
         path = pull(hub, model, progress=bar, cancel=threading.Event())
@@ -85,13 +85,23 @@ def run_pull(args, out=None) -> int:
     return 0
 
 
-def remote_model(argument: str, hub=None):
-    """The Hub model `owner/name[:file]` names (`stowage plan`): one file's, or the only model of the repository."""
-    from ..hub.client import Hub
+def _fit(hub, model) -> str:
+    """The verdict on this machine at the default context (or the model's maximum where smaller), from the header."""
+    from ..defaults import DEFAULT_CONTEXT
+    from ..errors import HubAccessError, StowageError
+    from ..hub.header import HeaderReader
+    from ..hub.verdict import verdict
+    from ..planning.budgets import detect_budgets
+    from ..planning.plan import PlanRequest
 
-    hub = hub or Hub()
-    repo, file = _split(argument)
-    return hub, hub.files(repo).find(file=file)
+    reader = HeaderReader(hub)
+    try:
+        context_tokens = min(DEFAULT_CONTEXT, reader.model_info(model).max_position_embeddings)
+        return "on this machine, " + verdict(reader, model, PlanRequest(context_tokens), detect_budgets()).text
+    except HubAccessError:
+        raise
+    except StowageError as e:
+        return f"cannot plan it ({e})"
 
 
 def _split(argument: str) -> tuple[str, str | None]:

@@ -48,6 +48,7 @@ def test_pull_by_quant_then_plan_it_locally_and_remotely_alike(hub, capsys, file
     path = captured.out.strip()
     assert open(path, "rb").read() == files["q8"].read_bytes()
     assert "100%" in captured.err and "Ready: stowage chat" in captured.err  # the terminal's progress bar
+    assert "Tiny-Q8_0.gguf (Q8_0, 218.0 KiB): on this machine, fits" in captured.err  # said before downloading
     assert main(["plan", path, "--context", "512", "--json", *PLAN_BUDGETS]) == 0
     local = json.loads(capsys.readouterr().out)
     gets_before = len(hub.requests)

@@ -104,20 +104,14 @@ class QuantizedWeight:
         moved.__dict__ = {**self.__dict__, "raw": self.raw.to(device)}
         return moved
 
-    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None, *, grouped: bool = False) -> torch.Tensor:
-        """x @ W.T (+ bias): [n, in] -> [n, out] in `self.dtype`, dequantizing one tile of rows at a time.
-
-        `grouped`: on the CPU's native kernels, any number of rows, MAX_NATIVE_TOKENS at a time (the rows routed to
-        one expert: re-reading a small matrix per group beats dequantizing it, docs/moe.md)."""
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ W.T (+ bias): [n, in] -> [n, out] in `self.dtype`, dequantizing one tile of rows at a time."""
         if self.raw.device.type == "cuda" and _triton_runs(self.raw.device) \
                 and _triton_quant().supports(self.type_name):
             return _triton_quant().matmul(self.raw, self.type_name, x, bias, self.dtype)  # no tile: read as stored
-        if (x.shape[0] <= MAX_NATIVE_TOKENS or grouped) and self.raw.device.type == "cpu" \
-                and cpu_quant.is_available() and cpu_quant.supports(self.type_name):
-            x32 = x.float()
-            parts = [cpu_quant.matvec(self.raw, self.type_name, x32[i : i + MAX_NATIVE_TOKENS], bias)
-                     for i in range(0, x.shape[0], MAX_NATIVE_TOKENS)]
-            y = parts[0] if len(parts) == 1 else torch.cat(parts)  # [n, out] float32
+        if x.shape[0] <= MAX_NATIVE_TOKENS and self.raw.device.type == "cpu" and cpu_quant.is_available() \
+                and cpu_quant.supports(self.type_name):
+            y = cpu_quant.matvec(self.raw, self.type_name, x.float(), bias)  # [n, out] float32
             return y if self.dtype == torch.float32 else y.to(self.dtype)
         out_features, in_features = self.shape.out_features, self.shape.in_features
         x32 = x.float()

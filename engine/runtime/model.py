@@ -45,13 +45,11 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight) -> torc
     return F.embedding(ids, weight) if isinstance(weight, torch.Tensor) else weight.rows(ids)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None, *,
-           few_rows: bool = False) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     # x: [n, in], weight: [out, in]. The decode step of bf16 weights on the CPU is memory-bound and
     # torch's matrix-vector product reads far below the bandwidth: use our AVX512-BF16 kernel there.
-    # few_rows: an expert's product, over the tokens routed to it (QuantizedWeight.linear's grouped).
     if not isinstance(weight, torch.Tensor):  # GGUF blocks: dequantized tile by tile (kernels/quant_linear.py)
-        return weight.linear(x, bias, grouped=few_rows)
+        return weight.linear(x, bias)
     if bias is not None and bias.dtype != x.dtype:  # GGUF's f32 biases beside bf16 activations
         bias = bias.to(x.dtype)
     if x.shape[0] == 1 and weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16 \
@@ -258,8 +256,8 @@ class Transformer:
         for e in torch.unique(chosen).tolist():  # sorted
             tokens, slot = torch.where(chosen == e)
             xe = x[tokens]
-            y = linear(self.act(linear(xe, experts[f"gate.{e}"], few_rows=True))
-                       * linear(xe, experts[f"up.{e}"], few_rows=True), experts[f"down.{e}"], few_rows=True)
+            y = linear(self.act(linear(xe, experts[f"gate.{e}"])) * linear(xe, experts[f"up.{e}"]),
+                       experts[f"down.{e}"])
             # a token meets an expert once: a gather and add (index_add_ takes ms per call on bf16 CPU tensors)
             out[tokens] += y * weights[tokens, slot, None]
         return out

@@ -40,7 +40,8 @@ from .sampling_form import SamplingForm
 from .serve_switch import ServeSwitch
 from .wheel_guard import guard_wheel
 
-KV_DTYPES = (None, "float16", "bfloat16", "float32", "fp8")  # None: the model's compute dtype
+# None: the model's compute dtype; "q8_0/q4_0": K in q8_0, V in q4_0 (docs/kernels.md)
+KV_DTYPES = (None, "float16", "bfloat16", "float32", "fp8", "q8_0", "q4_0", "q8_0/q4_0")
 SHARES = {0.25: "a quarter of the memory", 0.5: "half the memory", 2.0: "twice the memory", 4.0: "four times the memory"}
 
 
@@ -51,8 +52,12 @@ def kv_dtype_label(info, kv_dtype: str | None) -> str:
         return f"Same as the model ({info.compute_dtype})" if info is not None else "Same as the model"
     if info is None:
         return kv_dtype
-    share = SHARES.get(info.kv_bytes_per_token(kv_dtype) / info.kv_bytes_per_token(None))
-    return f"{kv_dtype} ({share})" if share else kv_dtype
+    try:
+        ratio = info.kv_bytes_per_token(kv_dtype) / info.kv_bytes_per_token(None)
+    except ValueError:  # q8_0 / q4_0 blocks of 32 along a head_dim that is not a multiple of 32
+        return f"{kv_dtype} (not for a head size of {info.config.head_dim})"
+    share = SHARES.get(ratio) or f"{ratio:.0%} of the memory"
+    return f"{kv_dtype} ({share})" if ratio != 1 else kv_dtype
 
 
 class SettingsPanel(QWidget):
@@ -208,7 +213,9 @@ class SettingsPanel(QWidget):
         self.picker.say(f"{c.model_type}, {info.num_layers} layers, {weights}, up to "
                         f"{format_tokens(info.max_position_embeddings)}")
         for index, value in enumerate(KV_DTYPES):
-            self.kv_dtype.setItemText(index, kv_dtype_label(info, value))
+            label = kv_dtype_label(info, value)
+            self.kv_dtype.setItemText(index, label)
+            self.kv_dtype.model().item(index).setEnabled("not for" not in label)
         self.gpu_layers.blockSignals(True)
         self.gpu_layers.setRange(0, info.num_layers)
         self.gpu_layers.blockSignals(False)
@@ -272,7 +279,8 @@ class SettingsPanel(QWidget):
         try:
             self.gpu_auto.setChecked(s.gpu_layers is None)
             self.gpu_layers.setValue(s.gpu_layers or 0)
-            self.kv_dtype.setCurrentIndex(max(0, self.kv_dtype.findData(s.kv_dtype)))
+            index = self.kv_dtype.findData(s.kv_dtype)  # one this model cannot take (disabled): its own dtype
+            self.kv_dtype.setCurrentIndex(index if index > 0 and self.kv_dtype.model().item(index).isEnabled() else 0)
             self.ram_limit.setValue(s.ram_limit_gib or 0.0)
             self.policy.setCurrentIndex(max(0, self.policy.findData(s.overflow_policy)))
             self.cpu_threads.setValue(s.cpu_threads)

@@ -149,6 +149,16 @@ def test_the_kv_cache_labels_are_computed_from_the_models_dtype(panel, forecast)
     if dtype == "float32":
         assert labels[panel.kv_dtype.findData("float16")] == "float16 (half the memory)"
         assert labels[panel.kv_dtype.findData("float32")] == "float32"
+    # ggml blocks: 34 (q8_0) or 18 (q4_0) bytes per 32 values along a head, against 2 or 4 bytes a value; a head
+    # size that is not whole blocks cannot take them (the item is there, greyed)
+    q4 = panel.kv_dtype.findData("q4_0")
+    head_dim = forecast.info.config.head_dim
+    if head_dim % 32:
+        assert labels[q4] == f"q4_0 (not for a head size of {head_dim})"
+        assert not panel.kv_dtype.model().item(q4).isEnabled()
+    else:
+        wide = forecast.info.kv_bytes_per_token(None) / forecast.info.kv_bytes_per_token("float32")
+        assert labels[q4] == f"q4_0 ({18 / 128 / wide:.0%} of the memory)"
 
 
 def test_the_context_note_is_not_cut_and_goes_when_other_settings_change(panel, qtbot):

@@ -49,11 +49,11 @@ class HubDialog(QDialog):
         self.setWindowTitle("Get models from the Hugging Face Hub")
         self.resize(1000, 600)
         from stowage.engine.hub.client import Hub
-        from stowage.engine.hub.header import HeaderReader
+        from stowage.engine.hub.header import HeaderReader, header_cache_dir
         from stowage.engine.planning.budgets import detect_budgets
 
         self.hub = hub or Hub()
-        self.reader = HeaderReader(self.hub)
+        self.reader = HeaderReader(self.hub, header_cache_dir())
         self.request = request or PlanRequest(DEFAULT_CONTEXT)
         self._budgets = budgets or detect_budgets
         self.files = None  # the RepoFiles on screen

@@ -89,12 +89,12 @@ def _fit(hub, model) -> str:
     """The verdict on this machine at the default context (or the model's maximum where smaller), from the header."""
     from ..defaults import DEFAULT_CONTEXT
     from ..errors import HubAccessError, StowageError
-    from ..hub.header import HeaderReader
+    from ..hub.header import HeaderReader, header_cache_dir
     from ..hub.verdict import verdict
     from ..planning.budgets import detect_budgets
     from ..planning.plan import PlanRequest
 
-    reader = HeaderReader(hub)
+    reader = HeaderReader(hub, header_cache_dir())
     try:
         context_tokens = min(DEFAULT_CONTEXT, reader.model_info(model).max_position_embeddings)
         return "on this machine, " + verdict(reader, model, PlanRequest(context_tokens), detect_budgets()).text

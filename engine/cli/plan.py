@@ -170,7 +170,7 @@ def _check_counts(args: argparse.Namespace) -> None:
 def _run_remote_plan(args: argparse.Namespace, out) -> int:
     """A Hub model planned from its headers: one file's plan as for a local one; a repository's, a verdict each."""
     from ..hub.client import Hub
-    from ..hub.header import HeaderReader
+    from ..hub.header import HeaderReader, header_cache_dir
     from ..hub.verdict import verdict
     from .hub import _split
 
@@ -179,7 +179,7 @@ def _run_remote_plan(args: argparse.Namespace, out) -> int:
     files = hub.files(repo)
     if files.gated_note:
         print(f"note: {files.gated_note}", file=sys.stderr)
-    reader, request = HeaderReader(hub), _request(args)
+    reader, request = HeaderReader(hub, header_cache_dir()), _request(args)
     if file is not None or len(files.models) == 1:
         return _print_plan(args, out, reader.model_info(files.find(file=file)), request)
     if args.context_tokens is None:

@@ -60,10 +60,12 @@ class RemoteSource(ModelSource):
 
 
 class HeaderReader:
-    """Reads headers through a Hub, each file's once per process (by its content hash)."""
+    """Reads headers through a Hub: each file's once per process, and once at all where `cache_dir` keeps the bytes
+    read (under the file's content hash: a new revision of the same file costs nothing)."""
 
-    def __init__(self, hub: Hub):
+    def __init__(self, hub: Hub, cache_dir: Path | None = None):
         self.hub = hub
+        self.cache_dir = cache_dir
         self._infos: OrderedDict[tuple, ModelInfo] = OrderedDict()
         self._lock = Lock()
         self.bytes_read = 0  # over the network, for the docs' figures and the tests
@@ -91,11 +93,14 @@ class HeaderReader:
 
     def _gguf_part(self, model: RemoteModel, f: RemoteFile) -> GGUFFile:
         """One file's header (and the tensor data the config is read from), from as few first bytes as parse."""
-        prefix = self._read(model, f, 0, min(FIRST_READ_BYTES, f.size))
+        kept = self._kept(f)
+        prefix = kept if kept is not None else self._read(model, f, 0, min(FIRST_READ_BYTES, f.size))
         while True:
             try:
                 part = GGUFFile(f.path, prefix, f.size)
                 _config_reads(part)
+                if prefix is not kept:
+                    self._keep(f, prefix)
                 return part
             except PrefixTooShort as e:
                 if e.needed_bytes > MAX_HEADER_BYTES:
@@ -108,7 +113,11 @@ class HeaderReader:
 
     def _safetensors_source(self, model: RemoteModel) -> RemoteSource:
         by_name = {f.path: f for f in model.extras}
-        config_raw = self._read_whole(model, by_name["config.json"])
+        config_file = by_name["config.json"]
+        config_raw = self._kept(config_file)
+        if config_raw is None:
+            config_raw = self._read_whole(model, config_file)
+            self._keep(config_file, config_raw)
         try:
             raw = json.loads(config_raw)
         except ValueError as e:
@@ -118,15 +127,45 @@ class HeaderReader:
         config = ModelConfig.from_dict(raw)
         specs: dict = {}
         for f in model.weights:
-            first = self._read(model, f, 0, min(8, f.size))
+            kept = self._kept(f)
+            first = kept[:8] if kept is not None else self._read(model, f, 0, min(8, f.size))
             length = header_length(first, f.path, f.size)
-            for name, spec in parse_header(self._read(model, f, 8, 8 + length), Path(f.path), f.size).items():
+            raw = kept[8 : 8 + length] if kept is not None else self._read(model, f, 8, 8 + length)
+            if kept is None:
+                self._keep(f, first + raw)
+            for name, spec in parse_header(raw, Path(f.path), f.size).items():
                 if name in specs:
                     raise ModelFormatError(f"{f.path}: tensor {name!r} also appears in {specs[name].path.name}")
                 specs[name] = spec
         return RemoteSource(model.repo, config, {f.path: f.size for f in model.weights}, specs=specs)
 
     # -- reading -------------------------------------------------------------------------------------
+
+    def _kept_path(self, f: RemoteFile) -> Path | None:
+        content = f.sha256 or f.blob_id  # a name for the content itself, never a path that changes meaning
+        if self.cache_dir is None or not content or not content.isalnum():
+            return None
+        return self.cache_dir / f"{content}-{f.size}"
+
+    def _kept(self, f: RemoteFile) -> bytes | None:
+        """The first bytes of `f` read before (by this process or an earlier one), if kept."""
+        path = self._kept_path(f)
+        try:
+            return path.read_bytes() if path is not None else None
+        except OSError:
+            return None
+
+    def _keep(self, f: RemoteFile, data: bytes) -> None:
+        path = self._kept_path(f)
+        if path is None:
+            return
+        try:  # written whole, then renamed: a reader never sees half of it
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(path.name + ".tmp")
+            partial.write_bytes(data)
+            partial.replace(path)
+        except OSError:
+            pass  # a cache that cannot be written costs a read next time, nothing more
 
     def _read_whole(self, model: RemoteModel, f: RemoteFile) -> bytes:
         if f.size > MAX_CONFIG_BYTES:
@@ -155,3 +194,15 @@ def _config_reads(part: GGUFFile) -> None:
 
     if ROPE_FREQS in part.tensors:
         part.raw(ROPE_FREQS)
+
+
+def header_cache_dir(env=None) -> Path:
+    """Where the CLI and the app keep headers read: STOWAGE_DATA_DIR/hub-headers, else the user cache folder."""
+    import os
+
+    env = os.environ if env is None else env
+    if env.get("STOWAGE_DATA_DIR"):
+        return Path(env["STOWAGE_DATA_DIR"]) / "hub-headers"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("Stowage", appauthor=False)) / "hub-headers"

@@ -193,6 +193,18 @@ def test_gguf_header_range_grows_until_it_parses(server, monkeypatch):
     assert len(server.requests) == before
 
 
+@pytest.mark.parametrize("repo", ["acme/Tiny-GGUF", "acme/Tiny"])
+def test_headers_kept_on_disk_are_not_read_again(server, tmp_path, repo):
+    hub = Hub(server.url)
+    model = hub.files(repo).models[0]
+    first = HeaderReader(hub, tmp_path / "headers").model_info(model)
+    before = len(server.requests)
+    again = HeaderReader(hub, tmp_path / "headers").model_info(model)  # a later process
+    assert len(server.requests) == before
+    request, budgets = PlanRequest(512), given_budgets([], 8 * GiB)
+    assert plan(again, request, budgets) == plan(first, request, budgets)
+
+
 def test_a_header_that_is_not_a_model_is_a_verdict_not_an_exception(server):
     server.add(Repo("acme/Broken-GGUF", {"Broken-Q8_0.gguf": b"GGUF" + b"\x07\x00\x00\x00" + bytes(64)},
                     tags=("gguf", "llama"), gguf_architecture="llama"))

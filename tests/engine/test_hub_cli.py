@@ -25,6 +25,7 @@ def files(tmp_path_factory):
 @pytest.fixture
 def hub(files, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setenv("STOWAGE_DATA_DIR", str(tmp_path / "data"))  # headers read are kept there
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "no-token"))
     monkeypatch.setattr(header, "FIRST_READ_BYTES", 16 << 10)

@@ -149,3 +149,38 @@ def test_a_router_that_disagrees_with_num_experts_is_named(good, tmp_path):
 def test_more_active_experts_than_experts_is_refused(good, tmp_path):
     text = refused(edited(good, tmp_path, num_experts_per_tok=9))
     assert "num_experts_per_tok (9)" in text and "8 experts" in text
+
+
+# -- config.json as transformers reads it --
+
+QWEN3_MOE = {"model_type": "qwen3_moe", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 96,
+             "moe_intermediate_size": 64, "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2}
+
+
+def test_qwen3_moe_dense_layers_follow_decoder_sparse_step_and_mlp_only_layers():
+    from stowage.engine.formats.config import ModelConfig
+
+    config = ModelConfig.from_dict(QWEN3_MOE | {"decoder_sparse_step": 2, "mlp_only_layers": [3]})
+    # Qwen3MoeDecoderLayer: experts where (i + 1) % step == 0 and i not in mlp_only_layers
+    assert config.dense_layers == (0, 2, 3, 4) and [config.is_moe_layer(i) for i in range(6)] == \
+        [False, True, False, False, False, True]
+    assert ModelConfig.from_dict(QWEN3_MOE | {"num_local_experts": 16, "num_experts": 8}).num_experts == 8
+    windows = ModelConfig.from_dict(QWEN3_MOE | {"use_sliding_window": True, "sliding_window": 128}).layer_windows
+    assert windows == (128,) * 6
+    mixtral = ModelConfig.from_dict(QWEN3_MOE | {"model_type": "mixtral", "num_local_experts": 8,
+                                                 "sliding_window": 256})
+    assert mixtral.expert_intermediate_size == 96 and mixtral.norm_topk_prob and mixtral.layer_windows == (256,) * 6
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"decoder_sparse_step": 0}, "decoder_sparse_step must be a positive integer"),
+    ({"mlp_only_layers": [6]}, "mlp_only_layers must list layer indices below 6"),
+    ({"num_experts_per_tok": 0}, "num_experts_per_tok (0)"),
+])
+def test_a_bad_experts_config_is_named(bad, message):
+    from stowage.engine.formats.config import ModelConfig
+
+    with pytest.raises(ModelFormatError) as e:
+        ModelConfig.from_dict(QWEN3_MOE | bad)
+    assert message in str(e.value)

@@ -135,6 +135,21 @@ class ModelInfo:
         return (sum(self.layer_bytes(dtype)) + sum(self.expert_bytes(dtype)) + self.embed.nbytes(dtype)
                 + self.norm.nbytes(dtype) + head)
 
+    @property
+    def num_parameters(self) -> int:
+        """Every weight the model reads, counted once (a tied head is the embedding)."""
+        groups = [*self.layers, *self.experts, self.embed, self.norm] + ([] if self.tied_embeddings else [self.lm_head])
+        return sum(n for g in groups for _, n, _ in g.by_dtype)
+
+    @property
+    def num_active_parameters(self) -> int:
+        """What a model card calls active: num_parameters with each layer's experts counted at num_experts_per_tok of
+        num_experts (the same for a dense model)."""
+        config = self.config
+        experts = sum(n for g in self.experts for _, n, _ in g.by_dtype)
+        return self.num_parameters - experts + (experts * config.num_experts_per_tok // config.num_experts
+                                                if config.is_moe else experts)
+
     def kv_spec(self, kv_dtype_name: str | None = None, block_size: int = BLOCK_SIZE) -> CacheSpec:
         """One layer's cache shape; kv_dtype None means the compute dtype ("K/V": K's and V's apart)."""
         k, v = kv_dtypes(kv_dtype_name or self.compute_dtype)

@@ -164,3 +164,11 @@ def test_the_routed_mlp_workspace_by_hand(info):
     p = plan(info, PlanRequest(4096, cpu_expert_layers=48), given_budgets([24 * GiB], 64 * GiB))
     assert p.device("cpu").layers == () and p.device("cpu").experts == tuple(range(48))
     assert p.device("cpu").workspace.activations_bytes >= 11_198_464
+
+
+def test_parameters_and_active_parameters_by_hand(info):
+    # per layer: q, k, v, o 18,874,368; four norms 4,352; the router 262,144; experts 3 x 128 x 768 x 2048
+    attention, experts = 18_874_368 + 4_352 + 262_144, 603_979_776
+    embed = 32768 * 2048  # and the untied head as much; the final norm 2048
+    assert info.num_parameters == 48 * (attention + experts) + 2 * embed + 2048 == 30_044_010_496
+    assert info.num_active_parameters == 48 * (attention + experts // 16) + 2 * embed + 2048

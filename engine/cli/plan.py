@@ -12,7 +12,7 @@ from stowage.kernels import cpu_decode
 
 from ..defaults import BLOCK_SIZE, PREFILL_CHUNK
 from ..dtypes import COMPUTE, KV, KV_ALIASES, kv_name
-from ..errors import InvalidArgumentError, StowageError
+from ..errors import HubError, InvalidArgumentError, StowageError
 from ..units import format_bytes, parse_size
 from ..planning.budgets import Budgets, detect_disk, detect_gpus, detect_ram, gpu_budget, ram_budget
 from ..planning.inspect import inspect
@@ -176,7 +176,10 @@ def _run_remote_plan(args: argparse.Namespace, out) -> int:
 
     hub = Hub()
     repo, file = _split(str(args.model_dir))
-    files = hub.files(repo)
+    try:
+        files = hub.files(repo)
+    except HubError as e:  # perhaps a local path mistyped: say both
+        raise HubError(f"{args.model_dir} is no file or folder here; as a Hugging Face repository: {e}") from e
     if files.gated_note:
         print(f"note: {files.gated_note}", file=sys.stderr)
     reader, request = HeaderReader(hub, header_cache_dir()), _request(args)

@@ -79,4 +79,5 @@ def test_missing_repository_is_one_line(hub, capsys):
     assert main(["pull", "acme/Nothing"]) == 2
     assert "no repository 'acme/Nothing'" in capsys.readouterr().err
     assert main(["plan", "acme/Nothing:x.gguf", "--context", "64"]) == 2
-    assert "no repository 'acme/Nothing'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "acme/Nothing:x.gguf is no file or folder here; as a Hugging Face repository: no repository" in err

@@ -110,7 +110,9 @@ def _fetch(hub: Hub, model: RemoteModel, f: RemoteFile, storage: Path, meter: "_
         raise HubError(f"{hub.endpoint} did not say which version {model.repo}/{f.path} is (no ETag or X-Repo-Commit "
                        "header); is HF_ENDPOINT a Hugging Face Hub?")
     blob = storage / "blobs" / meta.etag
-    if not blob.is_file():
+    if blob.is_file():  # the same content under another name or revision: nothing to fetch
+        meter.start_file(f.path, meta.size if meta.size is not None else f.size)
+    else:
         partial = partial_path(storage, meta.etag)
         partial.parent.mkdir(parents=True, exist_ok=True)
         size = meta.size if meta.size is not None else f.size
@@ -138,6 +140,7 @@ def _stream(url: str, out, done: int, size: int, headers: dict, meter: "_Meter",
     time: a cancel could wait that long, and a drop lose as much)."""
     failures = 0
     while done < size:
+        meter.check()  # also between tries, while no byte comes
         request = headers | {"Accept-Encoding": "identity"} | ({"Range": f"bytes={done}-"} if done else {})
         try:
             with get_session().stream("GET", url, headers=request, follow_redirects=True,
@@ -217,9 +220,13 @@ class _Meter:
         self._start_done += already  # resumed bytes are not part of the rate
         self.report(force=True)
 
-    def add(self, num_bytes: int) -> None:
+    def check(self) -> None:
+        """DownloadCancelled once the cancel is set."""
         if self.cancel is not None and self.cancel.is_set():
             raise DownloadCancelled(f"download of {self.file} cancelled; pull again to resume it")
+
+    def add(self, num_bytes: int) -> None:
+        self.check()
         self.done += num_bytes
         self.report()
 

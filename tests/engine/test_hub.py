@@ -335,3 +335,15 @@ def test_real_size_headers_verdicts_equal_local_plans(server, tmp_path, monkeypa
         assert reader.bytes_read <= 2 * headers  # the headers (a range at most twice as long as needed), no data
     ranges = [r for _, p, r, _ in server.requests if p.startswith("/cdn-lfs/") and r and r.startswith("bytes=")]
     assert ranges[:3] == ["bytes=0-1048575", "bytes=1048576-2097151", "bytes=2097152-4194303"]  # grown, twice
+
+
+def test_content_already_in_the_cache_is_linked_not_fetched(server, models):
+    server.add(Repo("acme/Twins-GGUF", {"A-Q8_0.gguf": models["q8"], "B-Q8_0.gguf": models["q8"]}, tags=("gguf",)))
+    hub = Hub(server.url)
+    files = hub.files("acme/Twins-GGUF")
+    pull(hub, files.find(file="A-Q8_0.gguf"))
+    before, seen = len(server.requests), []
+    path = pull(hub, files.find(file="B-Q8_0.gguf"), progress=seen.append)
+    assert path.read_bytes() == models["q8"].read_bytes()
+    assert not [p for method, p, _, _ in server.requests[before:] if method == "GET" and p.startswith("/cdn-lfs/")]
+    assert seen[-1].done_bytes == seen[-1].total_bytes  # counted as done, not left at 0 %

@@ -1,5 +1,5 @@
 """Model configuration read from a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 text,
-Qwen3-MoE, Mixtral), every value checked.
+Qwen3-MoE, Qwen2-MoE, Mixtral), every value checked.
 
 Types are checked where config.json is read (`from_dict`, through engine/formats/config_values.py), ranges in
 `__post_init__`; the file itself is read by engine/formats/json_file.py, RoPE parameters by engine/formats/rope_config.py.
@@ -27,12 +27,13 @@ SUPPORTED = {
     "qwen2": ("Qwen2ForCausalLM",),
     "qwen3": ("Qwen3ForCausalLM",),
     "qwen3_moe": ("Qwen3MoeForCausalLM",),
+    "qwen2_moe": ("Qwen2MoeForCausalLM",),
     "mixtral": ("MixtralForCausalLM",),
     "gemma2": ("Gemma2ForCausalLM",),
     "gemma3_text": ("Gemma3ForCausalLM",),
 }
 _GEMMA = ("gemma2", "gemma3_text")
-MOE = ("qwen3_moe", "mixtral")  # the model types whose layers route through experts (docs/moe.md)
+MOE = ("qwen3_moe", "qwen2_moe", "mixtral")  # the model types whose layers route through experts (docs/moe.md)
 # transformers' defaults for keys a Gemma config.json may leave out (Gemma2Config, Gemma3TextConfig)
 _GEMMA_DEFAULTS = {
     "gemma2": dict(query_pre_attn_scalar=256, final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
@@ -88,6 +89,7 @@ class ModelConfig:
     expert_intermediate_size: int = 0
     norm_topk_prob: bool = False
     dense_layers: tuple[int, ...] = ()  # layers of an MoE model that keep a dense MLP of intermediate_size
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: an MLP every token runs beside its experts (0: none)
     # config.json keys that were absent, with how their value was derived (the layout's errors quote it)
     implied: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -197,8 +199,9 @@ class ModelConfig:
                                          _GEMMA_DEFAULTS.get(model_type, {}).get("max_position_embeddings", 4096)),
             # Gemma ties the head unless told otherwise (transformers' default for it)
             tie_word_embeddings=get_bool(raw, "tie_word_embeddings", model_type in _GEMMA),
-            qkv_bias=model_type == "qwen2" or attention_bias,
-            o_bias=model_type != "qwen2" and attention_bias,
+            qkv_bias=get_bool(raw, "qkv_bias", True) if model_type == "qwen2_moe"
+            else model_type == "qwen2" or attention_bias,
+            o_bias=model_type not in ("qwen2", "qwen2_moe") and attention_bias,
             mlp_bias=get_bool(raw, "mlp_bias"),
             qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
             torch_dtype=_str(raw.get("torch_dtype") or raw.get("dtype")),
@@ -270,8 +273,11 @@ def _layer_windows(raw: dict, model_type: str, num_layers: int) -> tuple[int | N
     if model_type in ("mistral", "mixtral"):  # sliding_window (null: none) on every layer, layer_types ignored
         window = _window(raw, None)
         return (window,) * num_layers if window is not None else ()
-    if model_type in ("qwen2", "qwen3", "qwen3_moe") and not get_bool(raw, "use_sliding_window"):
+    if model_type in ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe") and not get_bool(raw, "use_sliding_window"):
         return ()
+    if model_type == "qwen2_moe":
+        raise UnsupportedModelError("config.json: use_sliding_window in a Qwen2-MoE model is not supported (no "
+                                    "released one sets it)")
     if model_type == "qwen3_moe":  # Qwen3MoeConfig: the window (default 4096) on every layer
         return (_window(raw, 4096),) * num_layers
     window = _window(raw, _GEMMA_DEFAULTS.get(model_type, {}).get("sliding_window"))
@@ -295,12 +301,17 @@ def _layer_windows(raw: dict, model_type: str, num_layers: int) -> tuple[int | N
     return tuple(window if t == "sliding_attention" else None for t in types)
 
 
+# transformers' num_experts and num_experts_per_tok when config.json leaves them out
+_MOE_DEFAULTS = {"qwen3_moe": (128, 8), "qwen2_moe": (60, 4), "mixtral": (8, 2)}
+
+
 def _moe_fields(raw: dict, model_type: str, num_layers: int) -> dict:
     """The experts of a Qwen3-MoE or Mixtral config, read as transformers reads them (docs/moe.md)."""
-    key = "num_experts" if "num_experts" in raw else "num_local_experts"  # transformers 5 writes the second
-    num_experts = get_int(raw, key, 128 if model_type == "qwen3_moe" else 8)
+    # Qwen3-MoE: transformers 5 writes num_local_experts for num_experts; Qwen2-MoE reads num_experts alone
+    key = "num_experts" if "num_experts" in raw or model_type == "qwen2_moe" else "num_local_experts"
+    num_experts = get_int(raw, key, _MOE_DEFAULTS[model_type][0])
     fields = dict(num_experts=num_experts,
-                  num_experts_per_tok=get_int(raw, "num_experts_per_tok", 8 if model_type == "qwen3_moe" else 2))
+                  num_experts_per_tok=get_int(raw, "num_experts_per_tok", _MOE_DEFAULTS[model_type][1]))
     if model_type == "mixtral":  # every layer routes; the experts are intermediate_size wide; weights renormalized
         return fields | dict(expert_intermediate_size=get_int(raw, "intermediate_size"), norm_topk_prob=True)
     step = get_int(raw, "decoder_sparse_step", 1)
@@ -311,6 +322,8 @@ def _moe_fields(raw: dict, model_type: str, num_layers: int) -> dict:
         raise ModelFormatError(f"config.json: mlp_only_layers must list layer indices below {num_layers}, "
                                f"got {only!r:.80}")
     dense = tuple(i for i in range(num_layers) if i in only or (i + 1) % step)
+    if model_type == "qwen2_moe":
+        fields["shared_expert_intermediate_size"] = get_int(raw, "shared_expert_intermediate_size", 5632)
     return fields | dict(expert_intermediate_size=get_int(raw, "moe_intermediate_size"),
                          norm_topk_prob=get_bool(raw, "norm_topk_prob"), dense_layers=dense)
 

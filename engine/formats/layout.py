@@ -65,6 +65,9 @@ def layer_tensor_names(config: ModelConfig, index: int) -> dict[str, str]:
     }
     if config.is_moe_layer(index):
         names["router"] = _moe_block(config, index) + "gate.weight"
+        if config.shared_expert_intermediate_size:  # Qwen2-MoE: beside the experts, gated per token
+            names |= {f"shared_{x}": p + f"mlp.shared_expert.{x}_proj.weight" for x in ("gate", "up", "down")}
+            names["shared_expert_gate"] = p + "mlp.shared_expert_gate.weight"
     else:
         names |= {"gate": p + "mlp.gate_proj.weight", "up": p + "mlp.up_proj.weight",
                   "down": p + "mlp.down_proj.weight"}
@@ -206,6 +209,7 @@ def _expected_shapes(config: ModelConfig) -> dict[str, tuple[_Dim, ...]]:
     experts = _Dim(config.num_experts, "num_experts")
     einter = _Dim(config.expert_intermediate_size,
                   "intermediate_size" if config.model_type == "mixtral" else "moe_intermediate_size")
+    shared = _Dim(config.shared_expert_intermediate_size, "shared_expert_intermediate_size")
     hidden = _Dim(config.hidden_size, "hidden_size")
     q = _Dim(config.num_heads * config.head_dim, "num_attention_heads*head_dim")
     kv = _Dim(config.num_kv_heads * config.head_dim, "num_key_value_heads*head_dim")
@@ -220,6 +224,8 @@ def _expected_shapes(config: ModelConfig) -> dict[str, tuple[_Dim, ...]]:
         "gate_bias": (inter,), "up_bias": (inter,), "down_bias": (hidden,),
         "q_norm": (head_dim,), "k_norm": (head_dim,),
         "router": (experts, hidden),
+        "shared_gate": (shared, hidden), "shared_up": (shared, hidden), "shared_down": (hidden, shared),
+        "shared_expert_gate": (_Dim(1, "1"), hidden),
         "expert_gate": (einter, hidden), "expert_up": (einter, hidden), "expert_down": (hidden, einter),
         "experts_gate": (experts, einter, hidden), "experts_up": (experts, einter, hidden),
         "experts_down": (experts, hidden, einter),
@@ -231,7 +237,8 @@ def _config_values(config: ModelConfig, formulas: list[str]) -> str:
     values = {"hidden_size": config.hidden_size, "num_attention_heads": config.num_heads,
               "num_key_value_heads": config.num_kv_heads, "head_dim": config.head_dim,
               "intermediate_size": config.intermediate_size, "vocab_size": config.vocab_size,
-              "num_experts": config.num_experts, "moe_intermediate_size": config.expert_intermediate_size}
+              "num_experts": config.num_experts, "moe_intermediate_size": config.expert_intermediate_size,
+              "shared_expert_intermediate_size": config.shared_expert_intermediate_size, "1": 1}
     names = dict.fromkeys(n for f in formulas for n in f.split("*"))
     return ", ".join(f"{n}={values[n]}" + (f" (not in config.json: {config.implied[n]})" if n in config.implied else "")
                      for n in names)

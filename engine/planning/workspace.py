@@ -86,7 +86,10 @@ def expert_activation_bytes(config: ModelConfig, *, chunk: int, dtype: torch.dty
     c, a, h = chunk, dtype.itemsize, config.hidden_size
     router = c * config.num_experts * (a + 4) + c * config.num_experts_per_tok * (4 + 8 + a)
     expert = 2 * c * h * a + 3 * c * config.expert_intermediate_size * a + c * h * a
-    return router + c * h * a + expert
+    # Qwen2-MoE's shared expert: its gate, up and product, its output and gate, before it joins the sum
+    shared = 3 * c * config.shared_expert_intermediate_size * a + c * h * a + 2 * c * a \
+        if config.shared_expert_intermediate_size else 0
+    return router + c * h * a + expert + shared
 
 
 def rope_rows(context_tokens: int) -> int:

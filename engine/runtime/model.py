@@ -233,6 +233,9 @@ class Transformer:
             x = norm(h, w["post_norm"], cfg.rms_norm_eps)
         if self.experts[i] is not None:
             mlp = self.moe(x, w["router"], self.experts[i]).to(h.device)
+            if "shared_gate" in w.tensors:  # Qwen2-MoE's shared expert, gated per token by a sigmoid
+                shared = linear(self.act(linear(x, w["shared_gate"])) * linear(x, w["shared_up"]), w["shared_down"])
+                mlp = mlp + torch.sigmoid(linear(x, w["shared_expert_gate"])) * shared
         else:
             gate = self.act(linear(x, w["gate"], w.get("gate_bias")))
             mlp = linear(gate * linear(x, w["up"], w.get("up_bias")), w["down"], w.get("down_bias"))

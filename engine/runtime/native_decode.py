@@ -91,7 +91,8 @@ class NativeDecode:
     @classmethod
     def _build(cls, lib, transformer, cache) -> "NativeDecode":
         cfg, layers = transformer.config, transformer.layers
-        if cfg.is_moe and (cfg.num_experts_per_tok > cpu_decode.MAX_TOPK or cfg.expert_intermediate_size % 32):
+        if cfg.is_moe and (cfg.num_experts_per_tok > cpu_decode.MAX_TOPK or cfg.expert_intermediate_size % 32
+                           or cfg.shared_expert_intermediate_size):  # decode_layer.c has no shared expert
             raise Unsupported("experts")
         if cfg.hidden_act not in ACTS or cfg.head_dim > MAX_HEAD_DIM or cfg.head_dim % 2 \
                 or cfg.num_heads // cfg.num_kv_heads > MAX_GROUP \

@@ -8,7 +8,7 @@ import torch
 
 from factory import _tokenizer_object, save_tokenizer
 
-ARCHS = {"qwen3_moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig"}
+ARCHS = {"qwen3_moe": "Qwen3MoeConfig", "qwen2_moe": "Qwen2MoeConfig", "mixtral": "MixtralConfig"}
 
 
 def make_moe_model(model_dir: Path, arch: str = "qwen3_moe", *, dtype=torch.float32, seed: int = 0,
@@ -27,6 +27,8 @@ def make_moe_model(model_dir: Path, arch: str = "qwen3_moe", *, dtype=torch.floa
     )
     if arch == "mixtral":
         kwargs["intermediate_size"] = kwargs.pop("moe_intermediate_size")
+    if arch == "qwen2_moe":  # Qwen2MoeConfig reads num_experts (and a shared expert beside them)
+        kwargs |= {"num_experts": kwargs.pop("num_local_experts"), "shared_expert_intermediate_size": 64}
     kwargs.update(overrides)
     config = getattr(transformers, ARCHS[arch])(**kwargs)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()

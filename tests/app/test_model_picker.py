@@ -137,6 +137,8 @@ def test_models_added_where_stowage_looks_appear_without_a_restart(app_driver, t
     from stowage.app.main_window import MainWindow
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    lmstudio = tmp_path / "home" / ".lmstudio" / "models"
+    lmstudio.mkdir(parents=True)
     hub = tmp_path / "hf-cache"  # conftest's HF_HUB_CACHE
     hub.mkdir(exist_ok=True)
     window = MainWindow()
@@ -157,3 +159,11 @@ def test_models_added_where_stowage_looks_appear_without_a_restart(app_driver, t
     os.rename(tmp_path / "download", snapshot)  # a download into the Hugging Face cache finished
     qtbot.waitUntil(lambda: combo.findData(str(snapshot)) > 0, timeout=10_000)
     assert "someone/fresh (HF cache)" in picker_texts(window)
+
+    from gguf_factory import write_gguf
+
+    publisher = tmp_path / "publisher"
+    (publisher / "Tiny-GGUF").mkdir(parents=True)
+    write_gguf(tiny_model_dir, publisher / "Tiny-GGUF" / "Tiny-Q8_0.gguf", "q8_0")
+    os.rename(publisher, lmstudio / "publisher")  # LM Studio downloaded a model
+    qtbot.waitUntil(lambda: "publisher/Tiny-GGUF/Tiny-Q8_0 (Q8_0, LM Studio)" in picker_texts(window), timeout=10_000)

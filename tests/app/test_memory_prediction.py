@@ -15,6 +15,9 @@ def test_predicted_and_measured_ram_cover_the_engine_process_from_load_on(app_dr
         graph.update_now()
     assert np.isnan(graph.process_predicted.values()).all()  # a plan alone predicts nothing: no Load yet
     before = graph.process_predicted.num_values
+    if window.stats.gpus:  # RAM alone: a CUDA context's host memory is no part of a plan
+        window.settings_panel.gpu_auto.setChecked(False)
+        window.settings_panel.gpu_layers.setValue(0)
 
     app_driver.load(window)
     child = psutil.Process(window.stats.pid)

@@ -282,7 +282,7 @@ def _tools(body: dict) -> Tools | None:
         and isinstance(choice.get("function"), dict) else None
     if named not in parameters:
         raise _bad("tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
-                                  f"\"function\": {{\"name\": ...}}}}}} naming one of the tools; got {choice!r:.80}")
+                                  f"\"function\": {{\"name\": ...}}}} naming one of the tools; got {choice!r:.80}")
     return Tools(tuple(specs), parameters, named)
 
 

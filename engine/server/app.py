@@ -242,7 +242,8 @@ class _Api:
                            code="not_found")
 
     async def chat_completions(self, request: Request):
-        req = parse_chat(await self._body(request))
+        # off the loop: a JSON schema or a tool's parameters are compiled (llguidance) while they are checked
+        req = await run_in_threadpool(parse_chat, await self._body(request))
         served = self._served()
         self._check_model(served, req.model)
         tokenizer = served.engine.tokenizer
@@ -252,7 +253,7 @@ class _Api:
         return await self._complete(request, served, req, ids, chat=True)
 
     async def completions(self, request: Request):
-        req = parse_completion(await self._body(request))
+        req = await run_in_threadpool(parse_completion, await self._body(request))
         served = self._served()
         self._check_model(served, req.model)
         if isinstance(req.prompt, str):

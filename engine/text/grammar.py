@@ -130,7 +130,7 @@ class Grammar:
 
 
 _tokenizers: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
-_tokenizers_lock = threading.Lock()  # requests bind on worker threads: one builds a model's view (~0.5 s at 150k)
+_tokenizers_lock = threading.Lock()  # requests bind on worker threads: one builds a model's view, once
 
 
 def bind(grammar: str, tokenizer, num_logits: int, eos_ids) -> Grammar:

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/moe_bench.py [--layers 12] [--threads 2] [--runs 3] [--workdir /tmp/moe-bench]
     .venv/bin/python bench/moe_bench.py --mode experts
+    .venv/bin/python bench/moe_bench.py --mode grouped-prefill
 
 
 A Qwen3-30B-A3B-shaped `qwen3moe` file scaled to --layers layers (hidden 2048, 32/4 heads of 128, 48 experts of
@@ -13,6 +14,10 @@ this machine lacks: docs/moe.md says what is left.
 `--mode experts`: one expert's product (768 x 2048 Q4_K, random blocks) over 16, 32 and 85 routed rows, the
 float32 tile path against the native kernels 8 rows at a time (QuantizedWeight.linear on slices of 8 rows); ms
 per matrix, best of 3 passes over 8 matrices.
+
+`--mode grouped-prefill`: the same choice inside a whole 256-token prefill of the --layers file, in one process
+after a warm-up pass (the first pass pages the file in): the experts' products on tiles, as the engine runs them,
+against 8 rows at a time on the native kernels, alternating, 3 passes each; tok/s of each pass.
 """
 
 from __future__ import annotations
@@ -111,9 +116,44 @@ def experts_mode(threads: int) -> dict:
     return out
 
 
+def grouped_prefill_mode(path: Path, threads: int) -> dict:
+    import torch
+    from factory import cpu_plan
+
+    from stowage.engine.runtime import model
+    from stowage.engine.runtime.engine import Engine
+    from stowage.engine.runtime.kv_cache import Sequence
+    from stowage.kernels.quant_linear import QuantizedWeight
+
+    common.set_threads(threads)
+    engine = Engine.load(path, cpu_plan(path, 1024))
+    ids = [(i * 7919 + 13) % 150000 + 10 for i in range(256)]
+    tiles = model.linear
+    expert_shapes = {(SHAPE["moe_intermediate_size"], SHAPE["hidden_size"]),
+                     (SHAPE["hidden_size"], SHAPE["moe_intermediate_size"])}
+
+    def by_8(x, w, bias=None):
+        if isinstance(w, QuantizedWeight) and x.shape[0] > 8 and \
+                (w.shape.out_features, w.shape.in_features) in expert_shapes:
+            return torch.cat([tiles(x[i : i + 8], w, bias) for i in range(0, x.shape[0], 8)])
+        return tiles(x, w, bias)
+
+    out: dict = {"tiles_tok_s": [], "native_by_8_tok_s": []}
+    for mode in ("warm-up", *("native_by_8_tok_s", "tiles_tok_s") * 3):
+        model.linear = by_8 if mode == "native_by_8_tok_s" else tiles
+        seq = Sequence()
+        start = time.perf_counter()
+        engine.model.forward(ids, seq, engine.cache)
+        if mode in out:
+            out[mode].append(round(len(ids) / (time.perf_counter() - start), 1))
+        engine.cache.release(seq)
+    model.linear = tiles
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=("model", "experts"), default="model")
+    p.add_argument("--mode", choices=("model", "experts", "grouped-prefill"), default="model")
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--runs", type=int, default=3)
@@ -131,6 +171,10 @@ def main() -> None:
     path = args.workdir / f"qwen3moe-{args.layers}l-q4_k.gguf"
     if not path.exists():
         write_model(path, args.layers)
+    if args.mode == "grouped-prefill":
+        print(json.dumps(grouped_prefill_mode(path, args.threads) | {"threads": args.threads,
+                                                                      "load": common.load_average()}))
+        return
     runs = [common.run_worker(HERE, ["--worker", str(path), "--threads", str(args.threads)], threads=args.threads)
             for _ in range(args.runs)]
     result = common.medians(runs)

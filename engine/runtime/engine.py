@@ -108,10 +108,12 @@ class Engine:
         shared = embed if layout.tied and plan.head_device == plan.embed_device else None
         head = place(checkpoint, layout.head_names(), devices[plan.head_device], dtype, plan.head_device, shared,
                      converted=converted)
-        layers = load_layers(checkpoint, layout.layers, layer_devices, plan.layer_devices, dtype, report,
-                             is_cancelled, converted)
+        # progress by bytes: a model of experts is mostly its experts, placed after the layers
+        share = 1 - sum(d.expert_bytes for d in plan.devices) / max(1, sum(d.weights_bytes for d in plan.devices))
+        layers = load_layers(checkpoint, layout.layers, layer_devices, plan.layer_devices, dtype,
+                             lambda f, message: report(f * share, message), is_cancelled, converted)
         experts = load_experts(checkpoint, layout, [devices[d] for d in expert_devices], expert_devices, dtype,
-                               is_cancelled, converted)
+                               lambda f, message: report(share + f * (1 - share), message), is_cancelled, converted)
         model = Transformer(config, embed, head, layers, cache.context_tokens, qk_order=source.qk_order,
                             experts=experts)
         # The objects a load leaves (tokenizer tables, tensor records) live as long as the model: out of the

@@ -110,7 +110,7 @@ def load_layers(
 
 
 def load_experts(checkpoint, layout, expert_devices: list[torch.device], labels: tuple[str, ...], dtype: torch.dtype,
-                 is_cancelled: Callable[[], bool] = lambda: False,
+                 progress: Callable[[float, str], None] | None = None, is_cancelled: Callable[[], bool] = lambda: False,
                  converted: Collection[str] = frozenset()) -> list[TensorSet | None]:
     """Each layer's experts on the plan's device for them (Plan.expert_devices); None for a layer without experts."""
     out: list[TensorSet | None] = []
@@ -120,4 +120,6 @@ def load_experts(checkpoint, layout, expert_devices: list[torch.device], labels:
         out.append(place_experts(checkpoint, names, expert_devices[i], dtype, label=labels[i],
                                  fused=layout.fused_experts, num_experts=layout.config.num_experts,
                                  converted=converted) if names else None)
+        if progress and names:
+            progress((i + 1) / layout.num_layers, f"experts of layer {i + 1}/{layout.num_layers} on {expert_devices[i]}")
     return out

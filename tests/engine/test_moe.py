@@ -94,6 +94,19 @@ def test_the_native_decode_step_routes_as_the_torch_path(model_dir):
         assert (ours - theirs).abs().max().item() <= 1e-4
 
 
+def test_load_progress_runs_through_the_experts_by_bytes(model_dir):
+    seen = []
+    plan = cpu_plan(model_dir, 64)
+    Engine.load(model_dir, plan, progress=lambda fraction, message: seen.append((fraction, message)))
+    fractions = [f for f, _ in seen]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    # the layers' share of the bar is their share of the bytes; the experts fill the rest
+    cpu = plan.device("cpu")
+    last_layer = max(f for f, m in seen if m.startswith("layer "))
+    assert last_layer == pytest.approx(1 - cpu.expert_bytes / cpu.weights_bytes)
+    assert any(m.startswith("experts of layer 3/3") for _, m in seen)
+
+
 def test_the_load_maps_what_the_plan_counted(model_dir):
     info = inspect(model_dir)
     assert sum(info.expert_bytes()) > sum(info.layer_bytes())  # most of an MoE model is its experts

@@ -41,7 +41,7 @@ from ..runtime.rope import inverse_frequencies
 # general.architecture -> the model_type engine/formats/config.py builds (Mistral files say "llama")
 # (a llama file with experts is Mixtral's: config_from_gguf)
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text",
-                 "qwen3moe": "qwen3_moe"}
+                 "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}
 PERMUTED_QK = frozenset({"llama"})  # architectures whose Q/K rows llama.cpp's converter permutes
 GEMMA = frozenset({"gemma2", "gemma3"})
 ROPE_FREQS = "rope_freqs.weight"
@@ -57,14 +57,17 @@ _HF_GLOBAL = {hf: gguf for gguf, hf in _GLOBAL.items()}
 
 
 # The router and the 3-D experts (docs/moe.md): under the block engine/formats/layout.py reads them from
-_MOE_BLOCK = {"llama": "block_sparse_moe", "qwen3moe": "mlp"}
+_MOE_BLOCK = {"llama": "block_sparse_moe", "qwen3moe": "mlp", "qwen2moe": "mlp"}
+_SHARED_EXPERT = {"ffn_gate_inp_shexp": "mlp.shared_expert_gate", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+                  "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj"}
 
 
 def _layer_names(arch: str) -> dict[str, str]:
     if arch in _MOE_BLOCK:
         block = _MOE_BLOCK[arch]
         return _LAYER | {"ffn_gate_inp": f"{block}.gate", "ffn_gate_exps": f"{block}.experts.gate_proj",
-                         "ffn_up_exps": f"{block}.experts.up_proj", "ffn_down_exps": f"{block}.experts.down_proj"}
+                         "ffn_up_exps": f"{block}.experts.up_proj", "ffn_down_exps": f"{block}.experts.down_proj"} \
+            | (_SHARED_EXPERT if arch == "qwen2moe" else {})
     return _GEMMA_LAYER if arch in GEMMA else _LAYER
 
 
@@ -160,7 +163,7 @@ class GGUFModel:
         self.architecture = self.metadata.get("general.architecture")
         self.config = config_from_gguf(self.file, self.name)
         # tensors the engine has no name for (rope_freqs.weight, ...) keep theirs: the layout lists them as unused
-        self.specs: dict[str, GGUFTensor] = {hf_name(n, self.architecture) or n: t
+        self.specs: dict[str, GGUFTensor] = {hf_name(n, self.architecture) or n: _as_hf(t)
                                              for n, t in self.file.tensors.items()}
         self.files = [part.path for part in self.file.parts]
         self._check_complete()
@@ -216,7 +219,7 @@ class GGUFWeights:
         if FORMATS[spec.type_name].dtype is None:
             raise ModelFormatError(f"{self.model.name}: tensor {spec.name!r} is {spec.type_name.upper()} but has "
                                    f"{len(spec.shape)} dimensions; Stowage computes on quantized matrices only")
-        return _torch_view(raw, spec.type_name)
+        return _torch_view(raw, spec.type_name).reshape(spec.shape)  # [hidden] read as [1, hidden]: _as_hf
 
     def expert(self, name: str, index: int) -> torch.Tensor | QuantizedWeight:
         """Expert `index` of the 3-D expert tensor `name` ([num_experts, out, in]): its [out, in] slice of the map,
@@ -233,6 +236,14 @@ class GGUFWeights:
 
     def close(self) -> None:
         pass  # the maps close with the GGUFFile objects, once nothing holds a view of them
+
+
+def _as_hf(tensor: GGUFTensor) -> GGUFTensor:
+    """The tensor in Hugging Face's shape: llama.cpp keeps Qwen2-MoE's shared expert gate as a vector [hidden],
+    transformers as a [1, hidden] linear weight."""
+    if tensor.name.endswith("ffn_gate_inp_shexp.weight") and len(tensor.shape) == 1:
+        return dataclasses.replace(tensor, shape=(1, *tensor.shape))
+    return tensor
 
 
 def _torch_view(raw: np.ndarray, type_name: str) -> torch.Tensor:
@@ -290,13 +301,14 @@ def config_from_gguf(file: GGUFCheckpoint, name: str) -> ModelConfig:
         "max_position_embeddings": key.int("context_length"),
         "tie_word_embeddings": "output.weight" not in tensors,
         "attention_bias": arch == "llama" and "blk.0.attn_q.bias" in tensors,
+        "qkv_bias": "blk.0.attn_q.bias" in tensors,  # Qwen2-MoE's (the others' follow from the model type)
         "mlp_bias": "blk.0.ffn_gate.bias" in tensors,
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         # end of generation: the eos token, and the end-of-turn / end-of-message tokens chat models stop at
         "eos_token_id": [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                                             "tokenizer.ggml.eom_token_id") if type(meta.get(k)) is int],
     }
-    if arch == "qwen3moe" or key.is_set("expert_count"):  # some dense llama files say expert_count = 0
+    if arch in ("qwen3moe", "qwen2moe") or key.is_set("expert_count"):  # dense llama files may say 0 experts
         raw |= _moe_keys(key)
     if arch not in GEMMA:
         return ModelConfig.from_dict(raw)
@@ -308,13 +320,16 @@ def config_from_gguf(file: GGUFCheckpoint, name: str) -> ModelConfig:
 
 def _moe_keys(key: "_Keys") -> dict:
     """A file of experts as config.json says it (docs/moe.md): a llama one is Mixtral's. llama.cpp renormalizes the
-    top-k weights of both (build_moe_ffn's norm_w) unless the file says otherwise (expert_weights_norm)."""
-    norm = key.meta.get(f"{key.arch}.expert_weights_norm", True)
+    top-k weights of Mixtral and Qwen3-MoE, not Qwen2-MoE's (build_moe_ffn's norm_w), unless the file says
+    otherwise (expert_weights_norm)."""
+    norm = key.meta.get(f"{key.arch}.expert_weights_norm", key.arch != "qwen2moe")
     out = {"num_experts": key.int("expert_count"), "num_experts_per_tok": key.int("expert_used_count"),
-           "norm_topk_prob": norm if isinstance(norm, bool) else True}
+           "norm_topk_prob": norm if isinstance(norm, bool) else key.arch != "qwen2moe"}
     if key.arch == "llama":  # Mixtral: the experts are feed_forward_length wide
         return out | {"model_type": "mixtral"}
-    # Qwen3-MoE: every layer routes (llama.cpp's qwen3moe has no dense layers)
+    if key.arch == "qwen2moe":
+        out["shared_expert_intermediate_size"] = key.int("expert_shared_feed_forward_length")
+    # every layer routes (llama.cpp's qwen3moe and qwen2moe have no dense layers)
     return out | {"moe_intermediate_size": key.int("expert_feed_forward_length")}
 
 

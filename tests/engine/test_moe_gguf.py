@@ -25,7 +25,7 @@ from stowage.kernels import quant_linear  # noqa: E402
 from stowage.kernels.quant_linear import QuantizedWeight  # noqa: E402
 
 PROMPT = "Stowage plans memory: weights, KV cache, workspace and headroom. Pick a context size with the slider;"
-ARCHS = ("qwen3_moe", "mixtral")
+ARCHS = ("qwen3_moe", "mixtral", "qwen2_moe")
 QTYPES = ("f32", "f16", "q8_0")
 
 
@@ -56,7 +56,8 @@ def test_config_from_metadata_is_the_config_json(files, models, arch):
     ours, theirs = read_config(files[arch, "f32"][0]), ModelConfig.from_dir(models[arch])
     assert ours.model_type == arch
     same = ("num_experts", "num_experts_per_tok", "expert_intermediate_size", "norm_topk_prob", "dense_layers",
-            "hidden_size", "num_heads", "num_kv_heads", "head_dim", "qk_norm")
+            "shared_expert_intermediate_size", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "qk_norm",
+            "qkv_bias")
     assert {f: getattr(ours, f) for f in same} == {f: getattr(theirs, f) for f in same}
 
 

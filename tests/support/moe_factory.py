@@ -43,14 +43,17 @@ def make_moe_model(model_dir: Path, arch: str = "qwen3_moe", *, dtype=torch.floa
 
 # -- GGUF, as llama.cpp's convert_hf_to_gguf.py writes these models ------------------------------------------------
 
-GGUF_ARCH = {"qwen3_moe": "qwen3moe", "mixtral": "llama"}  # Mixtral converts as a llama file with experts
-ROUTER = {"qwen3_moe": "mlp.gate", "mixtral": "block_sparse_moe.gate"}
+GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama"}  # Mixtral: llama with experts
 EXPERT = {"qwen3_moe": {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"},
+          "qwen2_moe": {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"},
           "mixtral": {"w1": "gate", "w3": "up", "w2": "down"}}
+SHARED = {"shared_expert.gate_proj": "ffn_gate_shexp", "shared_expert.up_proj": "ffn_up_shexp",
+          "shared_expert.down_proj": "ffn_down_shexp"}  # Qwen2-MoE's shared expert
 
 
 def _router(name: str) -> bool:
-    return name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight"))
+    """The routers, and Qwen2-MoE's shared expert gate: kept in f32 (llama.cpp's converter and quantizer)."""
+    return name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.shared_expert_gate.weight"))
 
 
 def gguf_stored(qtype: str, name: str, t: torch.Tensor) -> bool:
@@ -102,8 +105,11 @@ def write_moe_gguf(model_dir: Path, path: Path, qtype: str = "f32", *, drop: tup
     w.add_value_length(head_dim)
     w.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
     w.add_rope_dimension_count(head_dim)
-    w.add_expert_count(config["num_local_experts"])
+    w.add_expert_count(config["num_experts"] if model_type == "qwen2_moe" else config["num_local_experts"])
     w.add_expert_used_count(config["num_experts_per_tok"])
+    if model_type == "qwen2_moe":
+        w.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        w.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
     if model_type == "qwen3_moe":
         w.add_expert_feed_forward_length(config["moe_intermediate_size"])
         if not config.get("norm_topk_prob") and weights_norm_key:
@@ -132,8 +138,14 @@ def write_moe_gguf(model_dir: Path, path: Path, qtype: str = "f32", *, drop: tup
         if ".experts." in name:  # model.layers.L.<block>.experts.E.<proj>.weight
             experts.setdefault((int(parts[2]), EXPERT[model_type][parts[-2]]), {})[int(parts[-3])] = t
             continue
+        if name.endswith("mlp.shared_expert_gate.weight"):  # llama.cpp's is a vector [hidden]
+            add(f"blk.{parts[2]}.ffn_gate_inp_shexp.weight", t.reshape(-1), False)
+            continue
         if _router(name):
             add(f"blk.{parts[2]}.ffn_gate_inp.weight", t, False)
+            continue
+        if ".shared_expert." in name:
+            add(f"blk.{parts[2]}.{SHARED[parts[-3] + '.' + parts[-2]]}.weight", t, gguf_stored(qtype, name, t))
             continue
         if arch == "llama" and name.endswith("q_proj.weight"):
             t = permute(t, heads)

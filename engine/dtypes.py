@@ -55,7 +55,8 @@ def kv_dtypes(name: str) -> tuple[torch.dtype, torch.dtype]:
 
 
 def kv_name(name: str) -> str:
-    """A KV dtype as the user typed it ("bf16", "q8_0/q8_0", "auto/q4_0" is not one) in its one spelling."""
+    """A KV dtype as a user types it, aliases included, in its one spelling: "bf16/q4_0" -> "bfloat16/q4_0",
+    "q8_0/q8_0" -> "q8_0". Raises ValueError naming the choices ("auto" is the CLI's, not a dtype)."""
     k, _, v = name.partition("/")
     k, v = KV_ALIASES.get(k, k), KV_ALIASES.get(v or k, v or k)
     kv_dtypes(f"{k}/{v}")  # raises ValueError naming the choices

@@ -45,9 +45,9 @@ static void on_sigbus(int sig, siginfo_t *info, void *context) {
             return;
         }
     }
-    (void)sig;
-    sigaction(SIGBUS, &previous, NULL); /* not ours: the access faults again, under the handler that was there */
+    sigaction(SIGBUS, &previous, NULL); /* not ours (a fault elsewhere, or kill -BUS): the handler that was there */
     installed = 0;
+    raise(sig);
 }
 
 /* Install the handler unless it is the current one (faulthandler, enabled later, would have replaced it). */

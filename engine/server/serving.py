@@ -149,7 +149,7 @@ class Serving:
         served.scheduler.on_broken = lambda e: self._unload_broken(served, e)
 
     def _unload_broken(self, served: Served, e: WeightsChangedError) -> None:
-        """On the scheduler's thread, once its requests have ended with e: say so in one line, stop serving the
+        """On the scheduler's thread, before its requests end with e: say so in one line, stop serving the
         model, and free it on a thread of its own (closing joins the scheduler's thread). The server goes on."""
         log.warning("%s unloaded: %s", served.name, e)
         with self._lock:

@@ -140,8 +140,8 @@ class Scheduler:
 
     def __init__(self, engine, *, max_running: int, max_waiting: int,
                  on_broken: Callable[[WeightsChangedError], None] | None = None):
-        """on_broken: called once, on the stepping thread, when a weights file changed under the model: every open
-        request has then ended with that error, and every later submit raises it (the server unloads the model)."""
+        """on_broken: called once, on the stepping thread, when a weights file changed under the model, just before
+        every open request ends with that error; every later submit raises it (the server unloads the model)."""
         self.engine = engine
         self.on_broken = on_broken
         self.broken: WeightsChangedError | None = None
@@ -302,11 +302,11 @@ class Scheduler:
         with self._cond:
             self.broken = e
             waiting, self._waiting = list(self._waiting), deque()
+        if self.on_broken is not None:  # first, so whoever reads the error event finds the model already unloaded
+            self.on_broken(e)
         for r in [*self._running, *waiting]:
             r.next_token = None
             self._answer(r, e)
-        if self.on_broken is not None:
-            self.on_broken(e)
 
     def _answer(self, request: _Request, last: object) -> None:
         """Send the last event and let the request go: its blocks stay cached if it finished, else are freed."""

@@ -11,7 +11,7 @@ import math
 import re
 from dataclasses import dataclass, field, replace
 
-from ..dtypes import COMPUTE, KV
+from ..dtypes import COMPUTE, KV, kv_name
 from ..errors import InvalidArgumentError
 from ..runtime.sampler import MAX_SEED, MAX_STOP_CHARS, MAX_STOPS, SamplingParams
 from ..text import grammar
@@ -159,11 +159,21 @@ def parse_load(body: dict) -> LoadRequest:
         raise _bad("model", "model must be the id of a model this machine lists (GET /stowage/models)")
     counts = {key: _number(body, key, None, lambda v: v >= 1, "an integer >= 1", integer=True)
               for key in ("context_tokens", "parallel")}
-    for key, names in (("dtype", COMPUTE), ("kv_dtype", KV)):
-        value = body.get(key)
-        if value is not None and not (isinstance(value, str) and value in names):
-            raise _bad(key, f"{key} must be one of {', '.join(names)}; got {value!r:.40}")
-    return LoadRequest(model, **counts, dtype=body.get("dtype"), kv_dtype=body.get("kv_dtype"))
+    dtype, kv = body.get("dtype"), body.get("kv_dtype")
+    if dtype is not None and not (isinstance(dtype, str) and dtype in COMPUTE):
+        raise _bad("dtype", f"dtype must be one of {', '.join(COMPUTE)}; got {dtype!r:.40}")
+    if kv is not None:  # one type for K and V, or two as "K/V" ("q8_0/q4_0"), aliases as the CLI takes them
+        kv = _kv_name(kv)
+    return LoadRequest(model, **counts, dtype=dtype, kv_dtype=kv)
+
+
+def _kv_name(value: object) -> str:
+    try:
+        if isinstance(value, str) and value != "auto":
+            return kv_name(value)
+    except ValueError:
+        pass
+    raise _bad("kv_dtype", f"kv_dtype must be one of {', '.join(KV)}, or K/V such as q8_0/q4_0; got {value!r:.40}")
 
 
 def _check_fields(body: dict, known: set[str]) -> None:

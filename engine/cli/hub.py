@@ -74,7 +74,7 @@ def run_pull(args, out=None) -> int:
                      f"{_fit(hub, model)}\nDownloading\n")
     bar = ProgressBar(sys.stderr)
     try:
-        path = pull(hub, model, progress=bar, cancel=threading.Event())
+        path = pull(hub, model, ref=args.revision or "main", progress=bar, cancel=threading.Event())
     except KeyboardInterrupt:
         bar.end()
         sys.stderr.write("stowage: download interrupted; run the same pull again to resume it\n")

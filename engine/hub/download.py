@@ -5,13 +5,14 @@ Each file streams through huggingface_hub's HTTP session into blobs/<etag>.incom
 request after a dropped connection, and by a later pull after a cancel or a restart; then it is checked against
 the Hub's SHA-256 (its git blob id for a small file) before it becomes a blob. A part of a model is never visible
 as a model: files land in the snapshot only when whole, a split GGUF's first part and a safetensors model's
-config.json last, and refs/main is written at the end. Free disk space is checked before the first byte.
+config.json last, and refs/<branch> is written at the end. Free disk space is checked before the first byte.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ MIN_FREE_BYTES = 1 << 30  # left free on the disk after a download
 PROGRESS_INTERVAL_S = 0.1
 MAX_RETRIES = 5  # dropped connections in a row, without a byte between them
 _HASH_CHUNK = 8 << 20
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 @dataclass(frozen=True)
@@ -59,9 +61,10 @@ def model_path(model: RemoteModel, cache_dir: Path | None = None, commit: str | 
     return snapshot / model.name if model.format == "gguf" else snapshot
 
 
-def pull(hub: Hub, model: RemoteModel, *, cache_dir: Path | None = None,
+def pull(hub: Hub, model: RemoteModel, *, ref: str | None = "main", cache_dir: Path | None = None,
          progress: Callable[[DownloadProgress], None] | None = None, cancel: Event | None = None) -> Path:
-    """Download every file of `model` not in the cache yet; the path to open. DownloadCancelled when `cancel` is
+    """Download every file of `model` not in the cache yet; the path to open. `ref` is the branch or tag the user
+    asked for, filed as refs/<ref> (as huggingface_hub does; none for a commit). DownloadCancelled when `cancel` is
     set (what was fetched stays, and the next pull resumes it); HubError with a sentence on any other failure."""
     cache_dir = cache_dir or hub_cache_dir()
     storage = cache_dir / repo_folder_name(repo_id=model.repo, repo_type="model")
@@ -76,9 +79,10 @@ def pull(hub: Hub, model: RemoteModel, *, cache_dir: Path | None = None,
     commit = model.revision
     for f in todo:  # the commit each file's HEAD names (the listing's, unless a branch moved since)
         commit = _fetch(hub, model, f, storage, meter)
-    ref = storage / "refs" / "main"
-    ref.parent.mkdir(parents=True, exist_ok=True)
-    ref.write_text(commit)
+    if ref is not None and ref != commit and not _COMMIT.fullmatch(ref) and ".." not in Path(ref).parts:
+        ref_file = storage / "refs" / ref
+        ref_file.parent.mkdir(parents=True, exist_ok=True)
+        ref_file.write_text(commit)
     meter.report(force=True)
     return model_path(model, cache_dir, commit)
 

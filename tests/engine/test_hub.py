@@ -54,7 +54,8 @@ def server(models, tmp_path, monkeypatch):
     with HubServer(tokens={TOKEN}) as hub:
         hub.add(Repo("acme/Tiny-GGUF", {"Tiny-Q8_0.gguf": models["q8"], "Tiny-F16.gguf": models["f16"],
                                         "mmproj-Tiny-F16.gguf": models["f16"], "README.md": b"# Tiny\n"},
-                     tags=("gguf", "llama", "text-generation"), gguf_architecture="llama", downloads=50))
+                     tags=("gguf", "llama", "text-generation"), gguf_architecture="llama", downloads=50,
+                     branches=("v2",)))
         hub.add(Repo("acme/Tiny", {p.name: p for p in models["st"].iterdir()},
                      tags=("transformers", "safetensors", "llama"), model_type="llama", downloads=40,
                      safetensors_parameters={"F32": 200_000}))
@@ -227,6 +228,20 @@ def test_pull_resumes_after_a_dropped_connection(server, tmp_path, models):
     assert gets == [None, "bytes=50000-"]  # the second asked only for the rest
     assert seen[-1].done_bytes == seen[-1].total_bytes == model.size_bytes
     assert listed(tmp_path) == ["acme/Tiny-GGUF/Tiny-Q8_0"]
+
+
+def test_pull_files_the_branch_asked_for_and_no_ref_for_a_commit(server, tmp_path):
+    # before: every pull wrote refs/main, so pulling a branch pointed `main` at the branch's files
+    hub = Hub(server.url)
+    model = hub.files("acme/Tiny-GGUF", revision="v2").find(quant="Q8_0")
+    refs = tmp_path / "hf-cache" / "models--acme--Tiny-GGUF" / "refs"
+    path = pull(hub, model, ref="v2")
+    assert (refs / "v2").read_text() == model.revision and not (refs / "main").exists()
+    assert path.parent.name == model.revision
+    pull(hub, model, ref=model.revision)
+    pull(hub, model, ref="../../escape")
+    assert sorted(p.name for p in refs.iterdir()) == ["v2"]
+    assert not (tmp_path / "escape").exists()
 
 
 def test_a_cancelled_pull_resumes_where_it_stopped_and_is_never_listed(server, tmp_path, models):

@@ -47,6 +47,7 @@ class Repo:
     gguf_architecture: str | None = None
     model_type: str | None = None
     safetensors_parameters: dict[str, int] | None = None
+    branches: tuple[str, ...] = ()  # names besides main that resolve to this commit
 
     def __post_init__(self):
         self.sha = self.sha or hashlib.sha1(self.id.encode()).hexdigest()
@@ -242,7 +243,7 @@ def _handler(hub: HubServer):
             return repo
 
         def _revision_ok(self, repo: Repo, rev: str | None) -> bool:
-            if rev in (None, "main", repo.sha):
+            if rev in (None, "main", repo.sha, *repo.branches):
                 return True
             self._error(404, "RevisionNotFound", "Invalid rev id: " + rev)
             return False

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from . import attention_ops, cpu_quant, reference
-from .quants import FORMATS, dequantize, dequantize_rows
+from .quants import FORMATS, dequantize, dequantize_mxfp4_split, dequantize_rows
 
 # Weights dequantized per tile: 4 MiB of float32, big enough that the per-tile Python cost is small
 # against the work (smaller tiles were slower: docs/kernels.md), small enough to stay in cache-ish sizes.
@@ -36,7 +36,7 @@ MAX_NATIVE_TOKENS = 8
 # temporaries of the vectorized unpacking. Measured on the peak RSS of a 16M-weight tile
 # (tests/kernels/test_quant_linear.py checks these bound it), rounded up.
 DEQUANT_PEAK_BYTES = {"f32": 0.0, "f16": 4.0, "bf16": 4.0, "q8_0": 8.5, "q4_0": 8.5, "q4_1": 8.5, "q5_0": 8.5,
-                      "q5_1": 8.5, "q4_k": 10.0, "q5_k": 12.0, "q6_k": 10.5}
+                      "q5_1": 8.5, "q4_k": 10.0, "q5_k": 12.0, "q6_k": 10.5, "mxfp4": 8.5}
 
 
 @dataclass(frozen=True)
@@ -159,3 +159,54 @@ def _as_bytes(raw: np.ndarray | torch.Tensor) -> torch.Tensor:
             raw = torch.from_numpy(np.ascontiguousarray(raw))
     raw = raw.contiguous()
     return raw.view(torch.uint8) if raw.dtype != torch.uint8 else raw
+
+
+class Mxfp4Weight:
+    """A [out, in] MXFP4 weight as gpt-oss's Hugging Face checkpoints store it: codes [out, in / 32, 16] and scales
+    [out, in / 32] in two tensors (kernels/quants.py dequantize_mxfp4_split), both kept as stored (views of the
+    map). Products dequantize a tile of rows at a time into float32, as QuantizedWeight's tile path does."""
+
+    def __init__(self, blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype):
+        if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8 or blocks.dim() != 3 or blocks.shape[-1] != 16 \
+                or tuple(scales.shape) != tuple(blocks.shape[:2]):
+            raise ValueError(f"MXFP4 blocks [out, groups, 16] and scales [out, groups] of uint8, got "
+                             f"{blocks.dtype} {list(blocks.shape)} and {scales.dtype} {list(scales.shape)}")
+        self.blocks, self.scales, self.dtype = blocks, scales, dtype
+        self.type_name = "mxfp4"
+        self.shape = MatrixShape("mxfp4", blocks.shape[0], blocks.shape[1] * 32)
+
+    @property
+    def device(self) -> torch.device:
+        return self.blocks.device
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.numel() + self.scales.numel()
+
+    def data_ptr(self) -> int:
+        return self.blocks.data_ptr()
+
+    def to(self, device: torch.device) -> "Mxfp4Weight":
+        return Mxfp4Weight(self.blocks.to(device), self.scales.to(device), self.dtype)
+
+    def dequantize(self, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """Rows [start, end) as float32 [rows, in]."""
+        return dequantize_mxfp4_split(self.blocks[start:end], self.scales[start:end])
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ W.T (+ bias): [n, in] -> [n, out] in `self.dtype`, a tile of rows dequantized at a time."""
+        out_features = self.shape.out_features
+        x32 = x.float()
+        acc = torch.empty(out_features, x.shape[0], dtype=torch.float32, device=x.device)  # [out, n]
+        step = self.shape.tile_rows
+        for start in range(0, out_features, step):
+            end = min(start + step, out_features)
+            torch.mm(self.dequantize(start, end), x32.t(), out=acc[start:end])
+        y = acc.t()
+        if bias is not None:
+            y = y + bias.float()
+        out = torch.empty(y.shape, dtype=self.dtype, device=x.device)
+        return out.copy_(y)
+
+    def __repr__(self) -> str:
+        return f"Mxfp4Weight([{self.shape.out_features}, {self.shape.in_features}], {self.dtype}, {self.device})"

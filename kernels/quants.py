@@ -1,4 +1,4 @@
-"""ggml's block formats (Q8_0, Q4_K, ...): their sizes, and dequantization to float32 in vectorized torch.
+"""ggml's block formats (Q8_0, Q4_K, MXFP4, ...): their sizes, and dequantization to float32 in vectorized torch.
 
 Each format stores a row as whole blocks; a block packs `elems_per_block` weights with its scales in
 `bytes_per_block` bytes. The layouts follow llama.cpp (ggml/src/ggml-common.h, dequantize_row_* in
@@ -45,7 +45,11 @@ FORMATS: dict[str, BlockFormat] = {
     "q4_k": BlockFormat(QK_K, 2 + 2 + 12 + QK_K // 2),  # d, dmin, 8 x (6-bit scale, 6-bit min), qs
     "q5_k": BlockFormat(QK_K, 2 + 2 + 12 + QK_K // 8 + QK_K // 2),  # d, dmin, scales, qh, qs
     "q6_k": BlockFormat(QK_K, QK_K // 2 + QK_K // 4 + QK_K // 16 + 2),  # ql, qh, int8 scales[16], d
+    "mxfp4": BlockFormat(32, 1 + 16),  # e: E8M0 scale, qs: 32 E2M1 codes (weight j low nibble, j + 16 high)
 }
+# E2M1's values doubled (ggml's kvalues_mxfp4): code c is sign (bit 3), then 0, 0.5, 1, 1.5, 2, 3, 4, 6; the E8M0
+# scale e is 2^(e - 127), so a weight is kvalues[c] * 2^(e - 128) (ggml_e8m0_to_fp32_half)
+MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
 def dequantize(raw: np.ndarray | torch.Tensor, type_name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -176,5 +180,29 @@ def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
     return (d * q).reshape(n, QK_K)
 
 
-_DEQUANTIZE = {"q8_0": _q8_0, "q4_0": _q4_0, "q4_1": _q4_1, "q5_0": _q5_0, "q5_1": _q5_1,
+def _mxfp4_scale(e: torch.Tensor) -> torch.Tensor:
+    """2^(e - 128) of uint8 exponents e (e = 0 and 1 are subnormal in float32, as in ggml), float32 of e's shape."""
+    return torch.ldexp(torch.ones(e.shape, dtype=torch.float32, device=e.device), e.to(torch.int32) - 128)
+
+
+def _mxfp4_codes(codes: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(MXFP4_VALUES, dtype=torch.float32, device=codes.device)[codes.long()]
+
+
+def _mxfp4(blocks: torch.Tensor) -> torch.Tensor:
+    # ggml's block: weights 0..15 in the low nibbles of qs, 16..31 in the high ones
+    return _mxfp4_codes(_nibbles(blocks[:, 1:], 1)) * _mxfp4_scale(blocks[:, :1])
+
+
+def dequantize_mxfp4_split(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """MXFP4 as OpenAI's gpt-oss checkpoints store it (transformers' integrations/mxfp4.py): codes [..., G, 16] and
+    E8M0 scales [..., G] apart, weight 2j of a group in byte j's low nibble and 2j + 1 in its high one.
+    -> float32 [..., G * 32]."""
+    low, high = blocks & 0x0F, blocks >> 4
+    codes = torch.stack([low, high], dim=-1).reshape(*blocks.shape[:-1], 32)  # [..., G, 32]
+    out = _mxfp4_codes(codes) * _mxfp4_scale(scales).unsqueeze(-1)
+    return out.reshape(*blocks.shape[:-2], blocks.shape[-2] * 32)
+
+
+_DEQUANTIZE = {"mxfp4": _mxfp4, "q8_0": _q8_0, "q4_0": _q4_0, "q4_1": _q4_1, "q5_0": _q5_0, "q5_1": _q5_1,
                "q4_k": _q4_k, "q5_k": _q5_k, "q6_k": _q6_k}

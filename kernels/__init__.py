@@ -25,9 +25,12 @@ def forced_reference() -> bool:
     return os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0")
 
 
-def attention_ops(device: torch.device | str) -> ModuleType:
-    """The attention implementation that runs on `device` (also asked when planning for a GPU not present)."""
+def attention_ops(device: torch.device | str, *, sinks: bool = False) -> ModuleType:
+    """The attention implementation that runs on `device` (also asked when planning for a GPU not present).
+    Attention sinks (gpt-oss) run in the reference alone: the native and Triton kernels have none yet."""
     device = torch.device(device)
+    if sinks:
+        return reference
     if device.type == "cpu":  # the cache read in place in C where the native library is, else the reference
         return cpu_attention if cpu_decode.current() is not None else reference
     if device.type != "cuda" or forced_reference():

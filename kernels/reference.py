@@ -12,6 +12,7 @@ A slot is block_id * block_size + offset. fp8 caches store value / scale; reads 
 `window` (sliding-window layers): a query at position p sees keys p - window + 1 .. p, and only the blocks
 that range reaches are gathered, so older blocks are never read (a cache may have recycled them).
 `softcap` (Gemma 2): scores become softcap * tanh(scores / softcap) before the mask and the softmax.
+`sinks` (gpt-oss): a logit per query head, [num_heads] fp32, that joins each softmax's denominator and no value.
 """
 
 from __future__ import annotations
@@ -86,12 +87,13 @@ def decode_attention(
     *,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """One new query token per sequence attends to its cached context (the last `window` tokens when set)."""
     out = torch.empty_like(query)
     for i, n in enumerate(context_lens.tolist()):
         out[i : i + 1] = prefill_attention(query[i : i + 1], k_cache, v_cache, block_tables[i], n - 1, scale,
-                                           k_scale, v_scale, window=window, softcap=softcap)
+                                           k_scale, v_scale, window=window, softcap=softcap, sinks=sinks)
     return out
 
 
@@ -107,11 +109,12 @@ def prefill_attention(
     *,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_new, num_heads, head_dim]
     """A chunk of new tokens (their K/V already written) attends causally to the cache (its last `window` tokens)."""
     if window is not None:
         return _window_attention(query, k_cache, v_cache, block_table, start_pos, scale, k_scale, v_scale,
-                                 window, softcap)
+                                 window, softcap, sinks)
     n, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     group, ctx = num_heads // num_kv_heads, start_pos + n
@@ -136,11 +139,12 @@ def prefill_attention(
         per_token[..., first + tile :].fill_(float("-inf"))
         band = per_token[..., first : first + tile]
         band.masked_fill_(causal[..., : band.shape[-1]], float("-inf"))
-        _tile_output(scores, values, o, out[i0 : i0 + t])
+        _tile_output(scores, values, o, out[i0 : i0 + t], sinks)
     return out
 
 
-def _window_attention(query, k_cache, v_cache, block_table, start_pos, scale, k_scale, v_scale, window, softcap):
+def _window_attention(query, k_cache, v_cache, block_table, start_pos, scale, k_scale, v_scale, window, softcap,
+                      sinks):
     # Keys from the first block the window of the chunk's first query reaches: `lo` is that block's first position.
     n, num_heads, head_dim = query.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
@@ -168,7 +172,7 @@ def _window_attention(query, k_cache, v_cache, block_table, start_pos, scale, k_
         hidden[t:] = key_pos != lo
         scores.view(num_kv_heads, tile, group, span).masked_fill_(hidden[None, :, None, :], float("-inf"))
         del hidden
-        _tile_output(scores, values, o, out[i0 : i0 + t])
+        _tile_output(scores, values, o, out[i0 : i0 + t], sinks)
     return out
 
 
@@ -195,13 +199,22 @@ def _tile_scores(query: torch.Tensor, q: torch.Tensor, keys_t: torch.Tensor, sco
         scores.div_(softcap).tanh_().mul_(softcap)
 
 
-def _tile_output(scores: torch.Tensor, values: torch.Tensor, o: torch.Tensor, out: torch.Tensor) -> None:
-    """Masked scores -> softmax in place -> attention output of the tile's queries, written into `out` ([t, H, D])."""
+def _tile_output(scores: torch.Tensor, values: torch.Tensor, o: torch.Tensor, out: torch.Tensor,
+                 sinks: torch.Tensor | None = None) -> None:
+    """Masked scores -> softmax in place -> attention output of the tile's queries, written into `out` ([t, H, D]).
+    `sinks` [num_heads]: each head's logit joins its softmax (the max and the denominator), adding no value."""
     t, num_heads, head_dim = out.shape
     num_kv_heads = o.shape[0]
     group = num_heads // num_kv_heads
-    scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
+    peak = scores.amax(dim=-1, keepdim=True)  # [KVH, rows, 1]
+    if sinks is not None:  # rows are (token, head in group) per KV head
+        sink = sinks.to(scores.device, ACC_DTYPE).view(num_kv_heads, 1, group).expand(
+            num_kv_heads, scores.shape[1] // group, group).reshape(num_kv_heads, -1, 1)
+        peak = torch.maximum(peak, sink)
+    scores.sub_(peak).exp_()
     total = scores.sum(dim=-1, keepdim=True)
+    if sinks is not None:
+        total += (sink - peak).exp_()
     torch.bmm(scores, values, out=o)
     o.div_(total)
     out.view(t, num_kv_heads, group, head_dim).copy_(o[:, : t * group].view(num_kv_heads, t, group, head_dim).transpose(0, 1))
@@ -215,10 +228,11 @@ def query_tile(num_new: int, context_tokens: int, num_heads: int) -> int:
 
 def workspace_bytes(*, num_tokens: int, context_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int,
                     dtype: torch.dtype, cache_dtype: torch.dtype, block_size: int, num_seqs: int = 1,
-                    window: int | None = None, softcap: float | None = None) -> int:
+                    window: int | None = None, softcap: float | None = None, sinks: bool = False) -> int:
     """Peak bytes one attention call allocates (its output included): `num_tokens` new tokens of one sequence
     against `context_tokens` (prefill), or one token for each of `num_seqs` sequences (decode, num_tokens=1);
-    with a sliding `window`, against the keys that window reaches (window_span). `softcap` works in place."""
+    with a sliding `window`, against the keys that window reaches (window_span). `softcap` works in place;
+    `sinks` adds three fp32 values per query row (the sinks spread over the rows, the new maxima, their exp)."""
     n, c, f = min(num_tokens, context_tokens), cache_dtype.itemsize, ACC_DTYPE.itemsize
     ctx = window_span(n, context_tokens, window, block_size)
     rows = -(-ctx // block_size) * block_size * num_kv_heads * head_dim  # one gathered K (or V), whole blocks
@@ -232,6 +246,8 @@ def workspace_bytes(*, num_tokens: int, context_tokens: int, num_heads: int, num
     tile = t * num_heads * ctx * f + 2 * t * num_heads * head_dim * f + 2 * t * num_heads * f + t * t
     if window is not None:  # the key positions (int64) and the tile's mask with its two comparisons (bool)
         tile += 8 * ctx + 3 * t * ctx
+    if sinks:
+        tile += 3 * t * num_heads * f
     return out + max(kv // 2 + gather_peak, kv + tile)
 
 

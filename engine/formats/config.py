@@ -1,5 +1,5 @@
 """Model configuration read from a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 text,
-Qwen3-MoE, Qwen2-MoE, Mixtral), every value checked.
+Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss), every value checked.
 
 Types are checked where config.json is read (`from_dict`, through engine/formats/config_values.py), ranges in
 `__post_init__`; the file itself is read by engine/formats/json_file.py, RoPE parameters by engine/formats/rope_config.py.
@@ -29,11 +29,12 @@ SUPPORTED = {
     "qwen3_moe": ("Qwen3MoeForCausalLM",),
     "qwen2_moe": ("Qwen2MoeForCausalLM",),
     "mixtral": ("MixtralForCausalLM",),
+    "gpt_oss": ("GptOssForCausalLM",),
     "gemma2": ("Gemma2ForCausalLM",),
     "gemma3_text": ("Gemma3ForCausalLM",),
 }
 _GEMMA = ("gemma2", "gemma3_text")
-MOE = ("qwen3_moe", "qwen2_moe", "mixtral")  # the model types whose layers route through experts (docs/moe.md)
+MOE = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss")  # the model types whose layers route through experts (docs/moe.md)
 # transformers' defaults for keys a Gemma config.json may leave out (Gemma2Config, Gemma3TextConfig)
 _GEMMA_DEFAULTS = {
     "gemma2": dict(query_pre_attn_scalar=256, final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
@@ -44,7 +45,11 @@ _GEMMA_DEFAULTS = {
 # The activations the MLP computes (Gemma: "gelu_pytorch_tanh", GELU with the tanh approximation).
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # transformers' head_dim when config.json has none: hidden_size // num_attention_heads, except Qwen3Config's 128.
-_DEFAULT_HEAD_DIM = {"qwen3": 128, "gemma2": 256, "gemma3_text": 256}
+_DEFAULT_HEAD_DIM = {"qwen3": 128, "gemma2": 256, "gemma3_text": 256, "gpt_oss": 64}
+# GptOssConfig's defaults for what a config.json may leave out (transformers' configuration_gpt_oss.py)
+_GPT_OSS_DEFAULTS = dict(rope_theta=150000.0, sliding_window=128, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                         rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                          "truncate": False, "original_max_position_embeddings": 4096})
 MAX_LAYERS = 65_536  # far more than any model has (Llama 3.1 405B: 126)
 MAX_WINDOW = 2**31 - 1  # tokens; past any context a model is planned for
 MAX_EOS_TOKEN_IDS = 256  # end-of-reply ids one file lists; real models list 1 to 4 (Llama 3.1: 3)
@@ -90,6 +95,14 @@ class ModelConfig:
     norm_topk_prob: bool = False
     dense_layers: tuple[int, ...] = ()  # layers of an MoE model that keep a dense MLP of intermediate_size
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: an MLP every token runs beside its experts (0: none)
+    # gpt-oss (docs/moe.md): a learned logit per head that joins every softmax of its scores ("attention sinks");
+    # biases on the router and the experts; softmax over the top-k router logits only; its clamped SwiGLU:
+    # (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = clamp(gate, max=limit)
+    attention_sinks: bool = False
+    moe_bias: bool = False
+    softmax_after_topk: bool = False
+    swiglu_limit: float | None = None  # None: the plain activation
+    swiglu_alpha: float = 1.702
     # config.json keys that were absent, with how their value was derived (the layout's errors quote it)
     implied: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -118,6 +131,11 @@ class ModelConfig:
         for w in self.layer_windows:
             require(w is None or (isinstance(w, int) and not isinstance(w, bool) and w > 0),
                      f"sliding_window must be a positive integer, got {w!r}")
+        if self.swiglu_limit is not None:
+            require(math.isfinite(self.swiglu_limit) and self.swiglu_limit > 0
+                    and math.isfinite(self.swiglu_alpha) and self.swiglu_alpha > 0,
+                    f"swiglu_limit and swiglu_alpha must be positive numbers, got {self.swiglu_limit!r} and "
+                    f"{self.swiglu_alpha!r}")
         if self.num_experts:
             require(self.num_experts_per_tok > 0 and self.expert_intermediate_size > 0,
                      f"num_experts_per_tok ({self.num_experts_per_tok}) and the experts' intermediate size "
@@ -184,6 +202,8 @@ class ModelConfig:
             raise ModelFormatError(f"config.json: num_hidden_layers={num_layers} is more than any model has "
                                    f"(at most {MAX_LAYERS:,} here); the config is corrupt")
         gemma = _gemma_fields(raw, model_type, hidden) if model_type in _GEMMA else {}
+        if model_type == "gpt_oss":
+            raw = _gpt_oss_defaults(raw)
         return cls(
             model_type=model_type,
             vocab_size=get_int(raw, "vocab_size"),
@@ -194,7 +214,7 @@ class ModelConfig:
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
             rms_norm_eps=get_float(raw, "rms_norm_eps", 1e-6),
-            rope=gemma.pop("rope", None) or rope_config(raw),
+            rope=gemma.pop("rope", None) or rope_config(raw, get_int(raw, "max_position_embeddings", None)),
             max_position_embeddings=get_int(raw, "max_position_embeddings",
                                          _GEMMA_DEFAULTS.get(model_type, {}).get("max_position_embeddings", 4096)),
             # Gemma ties the head unless told otherwise (transformers' default for it)
@@ -203,6 +223,7 @@ class ModelConfig:
             else model_type == "qwen2" or attention_bias,
             o_bias=model_type not in ("qwen2", "qwen2_moe") and attention_bias,
             mlp_bias=get_bool(raw, "mlp_bias"),
+            attention_sinks=model_type == "gpt_oss",
             qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
             torch_dtype=_str(raw.get("torch_dtype") or raw.get("dtype")),
             bos_token_id=next(iter(_token_ids(raw.get("bos_token_id"))), None),
@@ -270,6 +291,9 @@ def _layer_windows(raw: dict, model_type: str, num_layers: int) -> tuple[int | N
     """Each layer's sliding window, as transformers decides it for the architecture; () when every layer is full."""
     if model_type == "llama":
         return ()  # LlamaConfig has no sliding window
+    if model_type == "gpt_oss" and raw.get("layer_types") is None:  # GptOssConfig: even layers slide
+        raw = raw | {"layer_types": ["sliding_attention" if (i + 1) % 2 else "full_attention"
+                                     for i in range(num_layers)]}
     if model_type in ("mistral", "mixtral"):  # sliding_window (null: none) on every layer, layer_types ignored
         window = _window(raw, None)
         return (window,) * num_layers if window is not None else ()
@@ -302,7 +326,7 @@ def _layer_windows(raw: dict, model_type: str, num_layers: int) -> tuple[int | N
 
 
 # transformers' num_experts and num_experts_per_tok when config.json leaves them out
-_MOE_DEFAULTS = {"qwen3_moe": (128, 8), "qwen2_moe": (60, 4), "mixtral": (8, 2)}
+_MOE_DEFAULTS = {"qwen3_moe": (128, 8), "qwen2_moe": (60, 4), "mixtral": (8, 2), "gpt_oss": (128, 4)}
 
 
 def _moe_fields(raw: dict, model_type: str, num_layers: int) -> dict:
@@ -310,8 +334,13 @@ def _moe_fields(raw: dict, model_type: str, num_layers: int) -> dict:
     # Qwen3-MoE: transformers 5 writes num_local_experts for num_experts; Qwen2-MoE reads num_experts alone
     key = "num_experts" if "num_experts" in raw or model_type == "qwen2_moe" else "num_local_experts"
     num_experts = get_int(raw, key, _MOE_DEFAULTS[model_type][0])
-    fields = dict(num_experts=num_experts,
-                  num_experts_per_tok=get_int(raw, "num_experts_per_tok", _MOE_DEFAULTS[model_type][1]))
+    # OpenAI's gpt-oss config.json also says experts_per_token
+    per_token = get_int(raw, "num_experts_per_tok", get_int(raw, "experts_per_token", _MOE_DEFAULTS[model_type][1]))
+    fields = dict(num_experts=num_experts, num_experts_per_tok=per_token)
+    if model_type == "gpt_oss":  # every layer routes, its experts intermediate_size wide, all of it biased
+        return fields | dict(expert_intermediate_size=get_int(raw, "intermediate_size"), moe_bias=True,
+                             softmax_after_topk=True, swiglu_limit=get_float(raw, "swiglu_limit", 7.0),
+                             swiglu_alpha=get_float(raw, "swiglu_alpha", 1.702))
     if model_type == "mixtral":  # every layer routes; the experts are intermediate_size wide; weights renormalized
         return fields | dict(expert_intermediate_size=get_int(raw, "intermediate_size"), norm_topk_prob=True)
     step = get_int(raw, "decoder_sparse_step", 1)
@@ -326,6 +355,22 @@ def _moe_fields(raw: dict, model_type: str, num_layers: int) -> dict:
         fields["shared_expert_intermediate_size"] = get_int(raw, "shared_expert_intermediate_size", 5632)
     return fields | dict(expert_intermediate_size=get_int(raw, "moe_intermediate_size"),
                          norm_topk_prob=get_bool(raw, "norm_topk_prob"), dense_layers=dense)
+
+
+def _gpt_oss_defaults(raw: dict) -> dict:
+    """`raw` with GptOssConfig's defaults where it leaves a key out (its rope: YaRN, theta 150000)."""
+    out = dict(raw)
+    for key in ("sliding_window", "max_position_embeddings", "rms_norm_eps"):
+        if out.get(key) is None:
+            out[key] = _GPT_OSS_DEFAULTS[key]
+    if out.get("attention_bias") is None:
+        out["attention_bias"] = True
+    if out.get("rope_parameters") is None and out.get("rope_scaling") is None:
+        out["rope_parameters"] = _GPT_OSS_DEFAULTS["rope_parameters"]
+    params = out.get("rope_parameters") if isinstance(out.get("rope_parameters"), dict) else {}
+    if out.get("rope_theta") is None and params.get("rope_theta") is None:
+        out["rope_theta"] = _GPT_OSS_DEFAULTS["rope_theta"]
+    return out
 
 
 def _gemma_fields(raw: dict, model_type: str, hidden: int) -> dict:

@@ -63,7 +63,9 @@ def layer_tensor_names(config: ModelConfig, index: int) -> dict[str, str]:
         "v": p + "self_attn.v_proj.weight",
         "o": p + "self_attn.o_proj.weight",
     }
-    if config.is_moe_layer(index):
+    if config.is_moe_layer(index) and config.model_type == "gpt_oss":
+        names |= {"router": p + "mlp.router.weight", "router_bias": p + "mlp.router.bias"}
+    elif config.is_moe_layer(index):
         names["router"] = _moe_block(config, index) + "gate.weight"
         if config.shared_expert_intermediate_size:  # Qwen2-MoE: beside the experts, gated per token
             names |= {f"shared_{x}": p + f"mlp.shared_expert.{x}_proj.weight" for x in ("gate", "up", "down")}
@@ -77,6 +79,8 @@ def layer_tensor_names(config: ModelConfig, index: int) -> dict[str, str]:
         names["o_bias"] = p + "self_attn.o_proj.bias"
     if config.mlp_bias and not config.is_moe_layer(index):
         names |= {f"{x}_bias": p + f"mlp.{x}_proj.bias" for x in ("gate", "up", "down")}
+    if config.attention_sinks:  # gpt-oss: a logit per head beside its scores
+        names["sinks"] = p + "self_attn.sinks"
     if config.qk_norm:
         names |= {"q_norm": p + "self_attn.q_norm.weight", "k_norm": p + "self_attn.k_norm.weight"}
     if config.sandwich_norm:  # Gemma: post_attention_layernorm normalizes the attention output; these the MLP's
@@ -86,15 +90,39 @@ def layer_tensor_names(config: ModelConfig, index: int) -> dict[str, str]:
 
 
 def fused_expert_names(config: ModelConfig, index: int) -> dict[str, str]:
-    """The 3-D expert tensors of layer `index`, [num_experts, out, in] (GGUF's ffn_{gate,up,down}_exps)."""
-    return {role: _moe_block(config, index) + f"experts.{role}_proj.weight" for role in EXPERT_ROLES}
+    """The 3-D expert tensors of layer `index`, [num_experts, out, in] (GGUF's ffn_{gate,up,down}_exps), with their
+    biases [num_experts, out] where the model has them (gpt-oss's ffn_{gate,up,down}_exps.bias)."""
+    names = {role: _moe_block(config, index) + f"experts.{role}_proj.weight" for role in EXPERT_ROLES}
+    if config.moe_bias:
+        names |= {f"{role}_bias": _moe_block(config, index) + f"experts.{role}_proj.bias" for role in EXPERT_ROLES}
+    return names
 
 
-def expert_tensor_names(config: ModelConfig, index: int, fused: bool) -> dict[str, str]:
+# gpt-oss's Hugging Face experts: gate and up in one 3-D tensor, their rows interleaved (gate 2j, up 2j + 1), stored
+# [num_experts, in, out] in bf16 (GptOssExperts) or as MXFP4 [num_experts, out, in / 32] blocks of 16 bytes and
+# their scales (OpenAI's checkpoints: transformers' integrations/mxfp4.py); each with a bias [num_experts, out]
+GATE_UP_ROLES = ("gate_up", "down")
+
+
+def gate_up_names(config: ModelConfig, index: int, mxfp4: bool) -> dict[str, str]:
+    """gpt-oss's Hugging Face expert tensors of layer `index` (GATE_UP_ROLES): as stored, or MXFP4 `_blocks` and
+    `_scales`, each role with its `_bias`."""
+    p = f"model.layers.{index}.mlp.experts."
+    names = {f"{role}_bias": p + f"{role}_proj_bias" for role in GATE_UP_ROLES}
+    if mxfp4:
+        return names | {f"{role}_{part}": p + f"{role}_proj_{part}" for role in GATE_UP_ROLES
+                        for part in ("blocks", "scales")}
+    return names | {role: p + f"{role}_proj" for role in GATE_UP_ROLES}
+
+
+def expert_tensor_names(config: ModelConfig, index: int, fused: bool, form: str | None = None) -> dict[str, str]:
     """Short name -> checkpoint name of layer `index`'s experts: "gate" ... when fused into 3-D tensors, else
-    "gate.E" ... per expert E (Hugging Face); {} for a layer without experts."""
+    "gate.E" ... per expert E (Hugging Face); gpt-oss's Hugging Face forms (`form` "gate_up" or "gate_up_mxfp4":
+    gate_up_names); {} for a layer without experts."""
     if not config.is_moe_layer(index):
         return {}
+    if form in ("gate_up", "gate_up_mxfp4"):
+        return gate_up_names(config, index, form == "gate_up_mxfp4")
     if fused:
         return fused_expert_names(config, index)
     block, names = _moe_block(config, index), _EXPERT_NAMES.get(config.model_type, {})
@@ -106,6 +134,17 @@ def is_fused(config: ModelConfig, tensors: Mapping[str, TensorInfo]) -> bool:
     """Whether the files hold the experts as 3-D tensors (GGUF) rather than one matrix per expert."""
     first = next((i for i in range(config.num_layers) if config.is_moe_layer(i)), None)
     return first is not None and fused_expert_names(config, first)["gate"] in tensors
+
+
+def expert_form(config: ModelConfig, tensors: Mapping[str, TensorInfo]) -> str:
+    """How the files hold the experts: "per_expert" (Hugging Face), "fused" (GGUF's 3-D gate, up, down), or
+    gpt-oss's Hugging Face "gate_up" (bf16) or "gate_up_mxfp4" (blocks and scales)."""
+    if is_fused(config, tensors):
+        return "fused"
+    if config.model_type == "gpt_oss":
+        first = next((i for i in range(config.num_layers) if config.is_moe_layer(i)), 0)
+        return "gate_up_mxfp4" if gate_up_names(config, first, True)["gate_up_blocks"] in tensors else "gate_up"
+    return "per_expert"
 
 
 @dataclass(frozen=True)
@@ -123,14 +162,16 @@ class ModelLayout:
     unused: tuple[str, ...]  # tensors in the files that nothing reads (e.g. a tied checkpoint's lm_head copy)
     experts: tuple[dict[str, str], ...] = ()  # per decoder layer: its experts' short name -> tensor name ({}: none)
     fused_experts: bool = False  # the experts are 3-D tensors [num_experts, out, in] (GGUF), not one per expert
+    expert_form: str = "per_expert"  # expert_form(): "per_expert", "fused", "gate_up" or "gate_up_mxfp4"
 
     @classmethod
     def of(cls, config: ModelConfig, tensors: Mapping[str, TensorInfo], model_name: str) -> "ModelLayout":
         """The layout of a model whose files hold `tensors`; raises ModelFormatError when they do not match."""
         _check_layer_count(config, tensors, model_name)
         layers = tuple(layer_tensor_names(config, i) for i in range(config.num_layers))
-        fused = is_fused(config, tensors)
-        experts = tuple(expert_tensor_names(config, i, fused) for i in range(config.num_layers))
+        form = expert_form(config, tensors)
+        fused = form == "fused"
+        experts = tuple(expert_tensor_names(config, i, fused, form) for i in range(config.num_layers))
         # A separate head only when the checkpoint has one and the config does not tie it.
         tied = config.tie_word_embeddings or LM_HEAD not in tensors
         head = EMBED if tied else LM_HEAD
@@ -140,10 +181,10 @@ class ModelLayout:
             detail = "the architecture needs tensors that are missing: " + ", ".join(missing[:5]) + (
                 f" and {len(missing) - 5} more" if len(missing) > 5 else "")
             raise ModelFormatError(f"{model_name}: {detail}")
-        _check_tensors(config, tensors, layers, head, model_name, experts, fused)
+        _check_tensors(config, tensors, layers, head, model_name, experts, form)
         used = set(needed)
         return cls(config, layers, EMBED, FINAL_NORM, head, tied, tensors[EMBED].dtype_name, tensors[EMBED].shape[0],
-                   tuple(sorted(n for n in tensors if n not in used)), experts, fused)
+                   tuple(sorted(n for n in tensors if n not in used)), experts, fused, form)
 
     @property
     def num_layers(self) -> int:
@@ -208,13 +249,15 @@ def _expected_shapes(config: ModelConfig) -> dict[str, tuple[_Dim, ...]]:
     by "expert_" and its role, a 3-D tensor of every expert's by "experts_" and its role)."""
     experts = _Dim(config.num_experts, "num_experts")
     einter = _Dim(config.expert_intermediate_size,
-                  "intermediate_size" if config.model_type == "mixtral" else "moe_intermediate_size")
+                  "intermediate_size" if config.model_type in ("mixtral", "gpt_oss") else "moe_intermediate_size")
     shared = _Dim(config.shared_expert_intermediate_size, "shared_expert_intermediate_size")
     hidden = _Dim(config.hidden_size, "hidden_size")
     q = _Dim(config.num_heads * config.head_dim, "num_attention_heads*head_dim")
     kv = _Dim(config.num_kv_heads * config.head_dim, "num_key_value_heads*head_dim")
     inter = _Dim(config.intermediate_size, "intermediate_size")
     head_dim = _Dim(config.head_dim, "head_dim")
+    heads = _Dim(config.num_heads, "num_attention_heads")
+    two_inter = _Dim(2 * config.expert_intermediate_size, "2*intermediate_size")
     return {
         "input_norm": (hidden,), "post_norm": (hidden,), "norm": (hidden,),
         "pre_ff_norm": (hidden,), "post_ff_norm": (hidden,),
@@ -223,12 +266,21 @@ def _expected_shapes(config: ModelConfig) -> dict[str, tuple[_Dim, ...]]:
         "q_bias": (q,), "k_bias": (kv,), "v_bias": (kv,), "o_bias": (hidden,),
         "gate_bias": (inter,), "up_bias": (inter,), "down_bias": (hidden,),
         "q_norm": (head_dim,), "k_norm": (head_dim,),
-        "router": (experts, hidden),
+        "router": (experts, hidden), "router_bias": (experts,), "sinks": (heads,),
         "shared_gate": (shared, hidden), "shared_up": (shared, hidden), "shared_down": (hidden, shared),
         "shared_expert_gate": (_Dim(1, "1"), hidden),
         "expert_gate": (einter, hidden), "expert_up": (einter, hidden), "expert_down": (hidden, einter),
         "experts_gate": (experts, einter, hidden), "experts_up": (experts, einter, hidden),
         "experts_down": (experts, hidden, einter),
+        "experts_gate_bias": (experts, einter), "experts_up_bias": (experts, einter), "experts_down_bias": (experts, hidden),
+        # gpt-oss's Hugging Face forms: [E, in, out] as stored in bf16; MXFP4 blocks [E, out, in / 32, 16], scales
+        "gate_up_gate_up": (experts, hidden, two_inter), "gate_up_down": (experts, einter, hidden),
+        "gate_up_gate_up_bias": (experts, two_inter), "gate_up_down_bias": (experts, hidden),
+        "gate_up_gate_up_blocks": (experts, two_inter, _Dim(config.hidden_size // 32, "hidden_size/32"), _Dim(16, "16")),
+        "gate_up_gate_up_scales": (experts, two_inter, _Dim(config.hidden_size // 32, "hidden_size/32")),
+        "gate_up_down_blocks": (experts, hidden, _Dim(config.expert_intermediate_size // 32, "intermediate_size/32"),
+                                _Dim(16, "16")),
+        "gate_up_down_scales": (experts, hidden, _Dim(config.expert_intermediate_size // 32, "intermediate_size/32")),
     }
 
 
@@ -238,8 +290,9 @@ def _config_values(config: ModelConfig, formulas: list[str]) -> str:
               "num_key_value_heads": config.num_kv_heads, "head_dim": config.head_dim,
               "intermediate_size": config.intermediate_size, "vocab_size": config.vocab_size,
               "num_experts": config.num_experts, "moe_intermediate_size": config.expert_intermediate_size,
-              "shared_expert_intermediate_size": config.shared_expert_intermediate_size, "1": 1}
-    names = dict.fromkeys(n for f in formulas for n in f.split("*"))
+              "shared_expert_intermediate_size": config.shared_expert_intermediate_size, "1": 1, "16": 16,
+              "2": 2}
+    names = dict.fromkeys(n.split("/")[0] for f in formulas for n in f.split("*"))
     return ", ".join(f"{n}={values[n]}" + (f" (not in config.json: {config.implied[n]})" if n in config.implied else "")
                      for n in names)
 
@@ -283,15 +336,21 @@ def _rows_error(config: ModelConfig, name: str, info: TensorInfo) -> str | None:
 
 
 def _check_tensors(config: ModelConfig, tensors: Mapping[str, TensorInfo], layers: tuple[dict[str, str], ...],
-                   head: str, model_name: str, experts: tuple[dict[str, str], ...] = (), fused: bool = False) -> None:
-    """Every tensor the model reads: a weight dtype, and the shape the config implies."""
+                   head: str, model_name: str, experts: tuple[dict[str, str], ...] = (),
+                   form: str = "per_expert") -> None:
+    """Every tensor the model reads: a weight dtype (MXFP4 blocks and scales: bytes), and the shape the config
+    implies."""
     shapes = _expected_shapes(config)
     problems: list[str] = []
-    kind = "experts_" if fused else "expert_"
+    kind = {"fused": "experts_", "per_expert": "expert_"}.get(form, "gate_up_")
     read = [(FINAL_NORM, "norm")] + [(n, short) for layer in layers for short, n in layer.items()]
     read += [(n, kind + short.split(".")[0]) for layer in experts for short, n in layer.items()]
-    for name in [EMBED, head] + [n for n, _ in read]:
-        if tensors[name].dtype_name in _NOT_WEIGHTS:
+    for name, short in [(EMBED, ""), (head, "")] + read:
+        if short.endswith(("_blocks", "_scales")):
+            if tensors[name].dtype_name != "uint8":
+                problems.append(f"tensor {name!r} is stored as {tensors[name].dtype_name}; MXFP4 blocks and scales "
+                                "are bytes (uint8)")
+        elif tensors[name].dtype_name in _NOT_WEIGHTS:
             problems.append(f"tensor {name!r} is stored as {tensors[name].dtype_name}; weights must be "
                             f"floating point ({', '.join(COMPUTE)}) or a quantized block format")
     problems.append(_rows_error(config, EMBED, tensors[EMBED]))

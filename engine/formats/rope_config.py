@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .config_values import MISSING, get_float, get_int, require
 from ..errors import ModelFormatError, UnsupportedModelError
 
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 @dataclass(frozen=True)
@@ -24,12 +24,24 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+    # YaRN (gpt-oss): the band between beta_fast and beta_slow rotations is blended; cos/sin scale by attention_factor
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float = 1.0
 
     def __post_init__(self):
         require(math.isfinite(self.theta) and self.theta > 0, f"rope_theta must be a positive number, got {self.theta}")
         if self.kind in ("llama3", "linear"):
             require(math.isfinite(self.factor) and self.factor > 0,
                     f"rope factor must be a positive number, got {self.factor}")
+        if self.kind == "yarn":
+            require(math.isfinite(self.factor) and self.factor > 0 and self.original_max_position > 0
+                    and math.isfinite(self.attention_factor) and self.attention_factor > 0
+                    and all(math.isfinite(b) and b > 0 for b in (self.beta_fast, self.beta_slow)),
+                    f"yarn rope needs a positive factor, original_max_position_embeddings, attention_factor and betas, "
+                    f"got factor={self.factor}, original_max_position_embeddings={self.original_max_position}, "
+                    f"attention_factor={self.attention_factor}, beta_fast={self.beta_fast}, beta_slow={self.beta_slow}")
         if self.kind == "llama3":
             require(math.isfinite(self.high_freq_factor) and 0 < self.low_freq_factor < self.high_freq_factor,
                     f"llama3 rope needs 0 < low_freq_factor < high_freq_factor, got {self.low_freq_factor} "
@@ -54,7 +66,7 @@ def _rope_dict(raw: dict, key: str) -> dict:
     return value
 
 
-def rope_config(raw: dict) -> RopeConfig:
+def rope_config(raw: dict, max_position_embeddings: int | None = None) -> RopeConfig:
     """The RopeConfig of `raw`'s rope_parameters, rope_scaling and rope_theta together (they must not disagree)."""
     sources = {"rope_parameters": _rope_dict(raw, "rope_parameters"), "rope_scaling": _rope_dict(raw, "rope_scaling")}
     if raw.get("rope_theta") is not None:
@@ -80,6 +92,8 @@ def rope_config(raw: dict) -> RopeConfig:
         return RopeConfig(theta=theta)
     if kind == "linear":
         return RopeConfig(theta=theta, kind="linear", factor=get_float(merged, "factor", MISSING))
+    if kind == "yarn":
+        return _yarn(merged, theta, max_position_embeddings)
     return RopeConfig(
         theta=theta,
         kind="llama3",
@@ -88,3 +102,34 @@ def rope_config(raw: dict) -> RopeConfig:
         high_freq_factor=get_float(merged, "high_freq_factor", 4.0),
         original_max_position=get_int(merged, "original_max_position_embeddings", 8192),
     )
+
+
+def _yarn(merged: dict, theta: float, max_position_embeddings: int | None) -> RopeConfig:
+    """YaRN's parameters as transformers reads them (modeling_rope_utils._compute_yarn_parameters)."""
+    original = get_int(merged, "original_max_position_embeddings", MISSING)
+    factor = get_float(merged, "factor", None) if merged.get("factor") is not None else None
+    if factor is None:  # transformers: the ratio of the context to the original one
+        if not max_position_embeddings:
+            raise ModelFormatError("config.json: yarn rope without a factor needs max_position_embeddings")
+        factor = max_position_embeddings / original
+    if merged.get("attention_factor") is not None:
+        attention = get_float(merged, "attention_factor", MISSING)
+    else:
+        mscale, mscale_all = merged.get("mscale"), merged.get("mscale_all_dim")
+        if mscale and mscale_all:
+            attention = _yarn_mscale(factor, get_float(merged, "mscale", MISSING)) / _yarn_mscale(
+                factor, get_float(merged, "mscale_all_dim", MISSING))
+        else:
+            attention = _yarn_mscale(factor)
+    truncate = merged.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise ModelFormatError(f"config.json: rope truncate must be true or false, got {truncate!r:.80}")
+    # transformers: a beta of 0 or null means the default
+    return RopeConfig(theta=theta, kind="yarn", factor=factor, original_max_position=original,
+                      beta_fast=get_float(merged, "beta_fast", 32.0) or 32.0,
+                      beta_slow=get_float(merged, "beta_slow", 1.0) or 1.0, truncate=truncate,
+                      attention_factor=attention)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0

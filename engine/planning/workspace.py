@@ -52,6 +52,8 @@ def attention_bytes(config: ModelConfig, attention: ModuleType, *, context_token
                  head_dim=config.head_dim, dtype=dtype, cache_dtype=cache_dtype, block_size=block_size)
     if config.attn_softcap is not None:
         shape["softcap"] = config.attn_softcap
+    if config.attention_sinks:  # only the reference runs them (kernels.attention_ops)
+        shape["sinks"] = True
     peak = 0
     for window in set(config.layer_windows) or {None}:
         kind = shape if window is None else shape | {"window": window}
@@ -86,6 +88,8 @@ def expert_activation_bytes(config: ModelConfig, *, chunk: int, dtype: torch.dty
     c, a, h = chunk, dtype.itemsize, config.hidden_size
     router = c * config.num_experts * (a + 4) + c * config.num_experts_per_tok * (4 + 8 + a)
     expert = 2 * c * h * a + 3 * c * config.expert_intermediate_size * a + c * h * a
+    if config.swiglu_limit is not None:  # gpt-oss: gate and up in one product, then two clamped copies and a sigmoid
+        expert += 3 * c * config.expert_intermediate_size * a
     # Qwen2-MoE's shared expert: its gate, up and product, its output and gate, before it joins the sum
     shared = 3 * c * config.shared_expert_intermediate_size * a + c * h * a + 2 * c * a \
         if config.shared_expert_intermediate_size else 0

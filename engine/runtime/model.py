@@ -1,10 +1,11 @@
-"""The Llama-family transformer (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 text; Qwen3-MoE and Mixtral) over
-the paged KV cache.
+"""The Llama-family transformer (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 text; Qwen3-MoE, Qwen2-MoE, Mixtral
+and gpt-oss) over the paged KV cache.
 
 Gemma differs in ways ModelConfig names: (1 + weight) norms in fp32, a norm after attention and after the MLP,
 embeddings scaled by sqrt(hidden_size), GELU-tanh, its own attention scale, soft-capped scores and logits,
 sliding-window layers (Mistral too) and, in Gemma 3, a rotary base of their own for the sliding layers.
 A model of experts routes each token's MLP through the top-k of its layer's experts (docs/moe.md, `moe`).
+gpt-oss adds attention sinks (a logit per head in every softmax), biased routers and experts, and its clamped SwiGLU.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.
         return weight.linear(x, bias)
     if bias is not None and bias.dtype != x.dtype:  # GGUF's f32 biases beside bf16 activations
         bias = bias.to(x.dtype)
-    if x.shape[0] == 1 and weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16 \
+    if x.shape[0] == 1 and weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16 and weight.is_contiguous() \
             and x.device.type == "cpu" and cpu_gemv.is_available():  # built once, at the first decode step
         return cpu_gemv.gemv(x, weight, bias)
     if cpu_matmul.applies(x, weight):  # a prefill chunk where torch's 16-bit product is slow: fp32 on widened tiles
@@ -104,7 +105,10 @@ class Transformer:
 
     def attention_kernels(self) -> dict[str, str]:
         """The attention implementation each device's layers run, by the plan's device name."""
-        return {layer.label: attention_ops(layer.device).NAME for layer in self.layers}
+        return {layer.label: self._attention_ops(layer.device).NAME for layer in self.layers}
+
+    def _attention_ops(self, device: torch.device):
+        return attention_ops(device, sinks=self.config.attention_sinks)  # sinks: the reference alone
 
     @torch.inference_mode()
     def forward(self, token_ids: list[int], seq: Sequence, cache: KVCache, all_logits: bool = False) -> torch.Tensor:
@@ -133,7 +137,7 @@ class Transformer:
             step = steps.get(dev)
             if step is None:
                 cos, sin = self.rotary.get(positions, dev, self.dtype)
-                step = steps[dev] = StepInputs(attention_ops(dev), cos, sin, slots.to(dev), block_table.to(dev),
+                step = steps[dev] = StepInputs(self._attention_ops(dev), cos, sin, slots.to(dev), block_table.to(dev),
                                                context_lens.to(dev), local=self._local(positions, dev))
             h = self._layer(i, layer, h.to(dev), start, step, cache)
         if stop < len(self.layers):
@@ -167,7 +171,7 @@ class Transformer:
             dev = layer.device
             if dev not in steps:
                 cos, sin = self.rotary.get(positions, dev, self.dtype)
-                steps[dev] = StepInputs(attention_ops(dev), cos, sin, slots.to(dev), None, context_lens.to(dev),
+                steps[dev] = StepInputs(self._attention_ops(dev), cos, sin, slots.to(dev), None, context_lens.to(dev),
                                         block_tables.to(dev), self._local(positions, dev))
             h = self._layer(i, layer, h.to(dev), 0, steps[dev], cache)
         if stop < len(self.layers):
@@ -215,15 +219,16 @@ class Transformer:
         k_cache, v_cache = cache.k_cache[i], cache.v_cache[i]
         k_scale, v_scale = cache.k_scale[i], cache.v_scale[i]
         step.ops.write_kv(k, v, k_cache, v_cache, step.slots[g], k_scale, v_scale)
+        kind = dict(window=window, softcap=cfg.attn_softcap) | ({"sinks": w["sinks"]} if cfg.attention_sinks else {})
         if step.block_tables is not None:  # one new token for each of n sequences
             attn = step.ops.decode_attention(q, k_cache, v_cache, step.block_tables[g], step.context_lens,
-                                             self.scale, k_scale, v_scale, window=window, softcap=cfg.attn_softcap)
+                                             self.scale, k_scale, v_scale, **kind)
         elif n == 1:
             attn = step.ops.decode_attention(q, k_cache, v_cache, step.block_table[g, None], step.context_lens,
-                                             self.scale, k_scale, v_scale, window=window, softcap=cfg.attn_softcap)
+                                             self.scale, k_scale, v_scale, **kind)
         else:
             attn = step.ops.prefill_attention(q, k_cache, v_cache, step.block_table[g], start, self.scale,
-                                              k_scale, v_scale, window=window, softcap=cfg.attn_softcap)
+                                              k_scale, v_scale, **kind)
         attn = linear(attn.reshape(n, -1), w["o"], w.get("o_bias"))
         if cfg.sandwich_norm:  # Gemma: post_attention_layernorm normalizes the attention output
             h = h + norm(attn, w["post_norm"], cfg.rms_norm_eps)
@@ -232,7 +237,7 @@ class Transformer:
             h = h + attn
             x = norm(h, w["post_norm"], cfg.rms_norm_eps)
         if self.experts[i] is not None:
-            mlp = self.moe(x, w["router"], self.experts[i]).to(h.device)
+            mlp = self.moe(x, w["router"], self.experts[i], w.get("router_bias")).to(h.device)
             if "shared_gate" in w.tensors:  # Qwen2-MoE's shared expert, gated per token by a sigmoid
                 shared = linear(self.act(linear(x, w["shared_gate"])) * linear(x, w["shared_up"]), w["shared_down"])
                 mlp = mlp + torch.sigmoid(linear(x, w["shared_expert_gate"])) * shared
@@ -241,16 +246,22 @@ class Transformer:
             mlp = linear(gate * linear(x, w["up"], w.get("up_bias")), w["down"], w.get("down_bias"))
         return h + (norm(mlp, w["post_ff_norm"], cfg.rms_norm_eps) if cfg.sandwich_norm else mlp)
 
-    def moe(self, x: torch.Tensor, router: torch.Tensor | QuantizedWeight, experts: TensorSet) -> torch.Tensor:
+    def moe(self, x: torch.Tensor, router: torch.Tensor | QuantizedWeight, experts: TensorSet,
+            router_bias: torch.Tensor | None = None) -> torch.Tensor:
         """The routed MLP of x [n, hidden]: each token's top-k experts, weighted by their router probabilities.
 
         Softmax over every expert in fp32, then top-k, renormalized when norm_topk_prob (Qwen3-MoE's choice; Mixtral
-        always, which equals a softmax over the top-k logits). Experts run in ascending order, each one product
-        over the tokens routed to it, added into the output as transformers does, so only the chosen experts' rows
-        are read; the output is on the experts' device (the attention's may be another)."""
+        always, which equals a softmax over the top-k logits); gpt-oss: top-k of the biased logits, then a softmax
+        over those. Experts run in ascending order, each one product over the tokens routed to it, added into the
+        output as transformers does, so only the chosen experts' rows are read; the output is on the experts'
+        device (the attention's may be another)."""
         cfg = self.config
-        probs = torch.softmax(linear(x, router).float(), dim=-1)  # [n, num_experts]
-        weights, chosen = torch.topk(probs, cfg.num_experts_per_tok, dim=-1)  # [n, k]
+        logits = linear(x, router, router_bias).float()  # [n, num_experts]
+        if cfg.softmax_after_topk:
+            top, chosen = torch.topk(logits, cfg.num_experts_per_tok, dim=-1)  # [n, k]
+            weights = torch.softmax(top, dim=-1)
+        else:
+            weights, chosen = torch.topk(torch.softmax(logits, dim=-1), cfg.num_experts_per_tok, dim=-1)
         if cfg.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         x = x.to(experts.device)
@@ -259,8 +270,21 @@ class Transformer:
         for e in torch.unique(chosen).tolist():  # sorted
             tokens, slot = torch.where(chosen == e)
             xe = x[tokens]
-            y = linear(self.act(linear(xe, experts[f"gate.{e}"])) * linear(xe, experts[f"up.{e}"]),
-                       experts[f"down.{e}"])
+            if f"gate_up.{e}" in experts.tensors:  # gpt-oss's Hugging Face experts: gate and up rows interleaved
+                gate_up = linear(xe, experts[f"gate_up.{e}"], experts.get(f"gate_up_bias.{e}"))
+                gate, up = gate_up[:, ::2], gate_up[:, 1::2]
+            else:
+                gate = linear(xe, experts[f"gate.{e}"], experts.get(f"gate_bias.{e}"))
+                up = linear(xe, experts[f"up.{e}"], experts.get(f"up_bias.{e}"))
+            y = linear(self._glu(gate, up), experts[f"down.{e}"], experts.get(f"down_bias.{e}"))
             # a token meets an expert once: a gather and add (index_add_ takes ms per call on bf16 CPU tensors)
             out[tokens] += y * weights[tokens, slot, None]
         return out
+
+    def _glu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up; gpt-oss's clamped SwiGLU, (clamp(up) + 1) * g * sigmoid(alpha * g), where it has a limit."""
+        limit = self.config.swiglu_limit
+        if limit is None:
+            return self.act(gate) * up
+        gate = gate.clamp(max=limit)
+        return (up.clamp(-limit, limit) + 1) * (gate * torch.sigmoid(gate * self.config.swiglu_alpha))

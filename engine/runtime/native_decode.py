@@ -94,6 +94,8 @@ class NativeDecode:
         if cfg.is_moe and (cfg.num_experts_per_tok > cpu_decode.MAX_TOPK or cfg.expert_intermediate_size % 32
                            or cfg.shared_expert_intermediate_size):  # decode_layer.c has no shared expert
             raise Unsupported("experts")
+        if cfg.attention_sinks or cfg.moe_bias or cfg.swiglu_limit is not None or cfg.rope.attention_factor != 1.0:
+            raise Unsupported("gpt-oss")  # sinks, biased experts, the clamped SwiGLU, YaRN's scaled cos/sin
         if cfg.hidden_act not in ACTS or cfg.head_dim > MAX_HEAD_DIM or cfg.head_dim % 2 \
                 or cfg.num_heads // cfg.num_kv_heads > MAX_GROUP \
                 or transformer.dtype not in FLOAT_CODES or cache.spec.dtype not in CACHE_CODES \

@@ -1,4 +1,4 @@
-"""Rotary position embeddings, default, linear- and llama3-scaled, as Hugging Face computes them."""
+"""Rotary position embeddings, default, linear-, llama3- and YaRN-scaled, as Hugging Face computes them."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:  # [he
     inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if rope.kind == "linear":  # positions divided by factor (Gemma 3's global layers)
         return inv_freq / rope.factor
+    if rope.kind == "yarn":
+        return _yarn(rope, head_dim, inv_freq)
     if rope.kind != "llama3":
         return inv_freq
     # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, the band between blended.
@@ -26,11 +28,32 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:  # [he
     return torch.where(is_medium, blended, scaled)
 
 
+def _yarn(rope: RopeConfig, head_dim: int, inv_freq: torch.Tensor) -> torch.Tensor:
+    # YaRN (transformers' _compute_yarn_parameters): dimensions that turn fewer than beta_slow times over the original
+    # context are interpolated (divided by factor), those past beta_fast kept, a linear ramp between.
+    def dim_of(rotations: float) -> float:
+        return head_dim * math.log(rope.original_max_position / (rotations * 2 * math.pi)) / (2 * math.log(rope.theta))
+
+    low, high = dim_of(rope.beta_fast), dim_of(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # as transformers does: no division by zero
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp
+    pos_freqs = rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    interpolation = 1.0 / (rope.factor * pos_freqs)  # as HF computes it, to the last bit
+    return interpolation * (1 - extrapolation) + inv_freq * extrapolation
+
+
 class RotaryTable:
     """cos/sin for every position the KV cache can hold, built once per device and dtype."""
 
     def __init__(self, config: ModelConfig, max_positions: int, rope: RopeConfig | None = None):
-        self.inv_freq = inverse_frequencies(rope or config.rope, config.head_dim)
+        rope = rope or config.rope
+        self.inv_freq = inverse_frequencies(rope, config.head_dim)
+        self.attention_factor = rope.attention_factor  # YaRN scales cos and sin; 1 otherwise
         self.max_positions = max_positions
         self._cache: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -51,10 +74,15 @@ class RotaryTable:
         half = freqs.shape[1]
         cos = torch.empty(self.max_positions, 1, 2 * half, dtype=dtype)
         sin = torch.empty(self.max_positions, 1, 2 * half, dtype=dtype)
+        scale = self.attention_factor
         part = torch.cos(freqs)
+        if scale != 1.0:
+            part.mul_(scale)
         cos[:, 0, :half] = part
         cos[:, 0, half:] = part
         torch.sin(freqs, out=part)
+        if scale != 1.0:
+            part.mul_(scale)
         # rotate_half(x) * sin == roll(x, half) * signed_sin, with the sign of the first half flipped
         sin[:, 0, half:] = part
         sin[:, 0, :half] = part.neg_()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from stowage.kernels.quant_linear import QuantizedWeight
+from stowage.kernels.quant_linear import Mxfp4Weight, QuantizedWeight
 
 from ..formats.checkpoint import Checkpoint
 from ..errors import GenerationCancelled
@@ -66,17 +66,44 @@ def place(
 
 
 def place_experts(checkpoint, names: dict[str, str], device: torch.device, dtype: torch.dtype, *, label: str,
-                  fused: bool, num_experts: int, converted: Collection[str] = frozenset()) -> TensorSet:
-    """One layer's experts on `device` as "gate.E", "up.E", "down.E" matrices: per-expert tensors as place() puts
-    them; 3-D ones (ModelLayout.fused_experts) sliced per expert from the map, `checkpoint.expert(name, E)`."""
-    if not fused:
+                  form: str, num_experts: int, converted: Collection[str] = frozenset()) -> TensorSet:
+    """One layer's experts on `device` as "gate.E", "up.E", "down.E" matrices [out, in] (and "gate_bias.E" ... where
+    biased): per-expert tensors as place() puts them; 3-D ones (ModelLayout.expert_form "fused") sliced per expert
+    from the map, `checkpoint.expert(name, E)`. gpt-oss's Hugging Face forms give "gate_up.E" [2 * inter, hidden],
+    gate and up rows interleaved, and "down.E": transposed views of the stored [E, in, out] tensors ("gate_up"), or
+    MXFP4 blocks read in place ("gate_up_mxfp4", kernels/quant_linear.py Mxfp4Weight)."""
+    if form == "per_expert":
         return place(checkpoint, names, device, dtype, label, converted=converted)
+    if form in ("gate_up", "gate_up_mxfp4"):
+        return _place_gate_up(checkpoint, names, device, dtype, label, form, num_experts, converted)
     out, copied = {}, 0
     for role, name in names.items():
         for e in range(num_experts):
             stored = checkpoint.expert(name, e)
             t = out[f"{role}.{e}"] = _put(stored, device, dtype if name in converted else None)
             copied += 0 if t is stored else t.nbytes
+    return TensorSet(device, out, copied, label, dict(names))
+
+
+def _place_gate_up(checkpoint, names: dict[str, str], device: torch.device, dtype: torch.dtype, label: str, form: str,
+                   num_experts: int, converted: Collection[str]) -> TensorSet:
+    out, copied = {}, 0
+    for short, name in names.items():
+        if short.endswith("_scales"):
+            continue  # read with its blocks
+        if short.endswith("_blocks"):
+            role = short.removesuffix("_blocks")
+            blocks, scales = checkpoint.tensor(name), checkpoint.tensor(names[f"{role}_scales"])
+            for e in range(num_experts):
+                w = Mxfp4Weight(blocks[e], scales[e], dtype)
+                out[f"{role}.{e}"] = w if device.type == "cpu" else w.to(device)
+                copied += 0 if device.type == "cpu" else w.nbytes
+            continue
+        stored = checkpoint.tensor(name)
+        whole = _put(stored, device, dtype if name in converted else None)
+        copied += 0 if whole is stored else whole.nbytes
+        for e in range(num_experts):  # a bias [out]; a matrix stored [in, out], read as [out, in] (a view)
+            out[f"{short}.{e}"] = whole[e] if short.endswith("_bias") else whole[e].t()
     return TensorSet(device, out, copied, label, dict(names))
 
 
@@ -118,7 +145,7 @@ def load_experts(checkpoint, layout, expert_devices: list[torch.device], labels:
         if is_cancelled():
             raise GenerationCancelled("loading cancelled")
         out.append(place_experts(checkpoint, names, expert_devices[i], dtype, label=labels[i],
-                                 fused=layout.fused_experts, num_experts=layout.config.num_experts,
+                                 form=layout.expert_form, num_experts=layout.config.num_experts,
                                  converted=converted) if names else None)
         if progress and names:
             progress((i + 1) / layout.num_layers, f"experts of layer {i + 1}/{layout.num_layers} on {expert_devices[i]}")

@@ -53,8 +53,8 @@ def test_bad_values_are_refused_naming_the_key(changes, message):
 
 
 def test_unknown_rope_type_is_unsupported():
-    with pytest.raises(UnsupportedModelError, match="rope type 'yarn'"):
-        ModelConfig.from_dict({**LLAMA_3_1_8B, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    with pytest.raises(UnsupportedModelError, match="rope type 'longrope'"):
+        ModelConfig.from_dict({**LLAMA_3_1_8B, "rope_scaling": {"rope_type": "longrope", "factor": 4.0}})
 
 
 def test_rope_scaling_beside_rope_parameters_is_merged_when_they_agree():

@@ -1,4 +1,5 @@
-"""Tiny random mixture-of-experts models (Qwen3-MoE, Mixtral), written by transformers as Hugging Face would."""
+"""Tiny random mixture-of-experts models (Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss), written by transformers as Hugging
+Face would."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import torch
 
 from factory import _tokenizer_object, save_tokenizer
 
-ARCHS = {"qwen3_moe": "Qwen3MoeConfig", "qwen2_moe": "Qwen2MoeConfig", "mixtral": "MixtralConfig"}
+ARCHS = {"qwen3_moe": "Qwen3MoeConfig", "qwen2_moe": "Qwen2MoeConfig", "mixtral": "MixtralConfig",
+         "gpt_oss": "GptOssConfig"}
 
 
 def make_moe_model(model_dir: Path, arch: str = "qwen3_moe", *, dtype=torch.float32, seed: int = 0,
@@ -25,8 +27,10 @@ def make_moe_model(model_dir: Path, arch: str = "qwen3_moe", *, dtype=torch.floa
         max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=False, initializer_range=0.2,
         eos_token_id=_tokenizer_object().token_to_id("<|end|>"), bos_token_id=_tokenizer_object().token_to_id("<s>"),
     )
-    if arch == "mixtral":
+    if arch in ("mixtral", "gpt_oss"):  # the experts are intermediate_size wide
         kwargs["intermediate_size"] = kwargs.pop("moe_intermediate_size")
+    if arch == "gpt_oss":  # alternating layers with a window shorter than the prompts; YaRN as released
+        kwargs |= {"num_hidden_layers": 4, "sliding_window": 8}
     if arch == "qwen2_moe":  # Qwen2MoeConfig reads num_experts (and a shared expert beside them)
         kwargs |= {"num_experts": kwargs.pop("num_local_experts"), "shared_expert_intermediate_size": 64}
     kwargs.update(overrides)
@@ -34,7 +38,7 @@ def make_moe_model(model_dir: Path, arch: str = "qwen3_moe", *, dtype=torch.floa
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
+            if name.endswith(("bias", "sinks")) or "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(model_dir)
     save_tokenizer(model_dir)

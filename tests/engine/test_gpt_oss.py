@@ -1,0 +1,162 @@
+"""gpt-oss from a Hugging Face folder against transformers (docs/moe.md, "gpt-oss"): attention sinks, alternating
+sliding-window layers, biased routers and experts with the clamped SwiGLU, YaRN."""
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+from factory import cpu_plan, greedy_reference
+from moe_factory import make_moe_model
+from transformers import AutoModelForCausalLM
+
+from stowage.engine.errors import ModelFormatError
+from stowage.engine.formats.config import ModelConfig
+from stowage.engine.planning import inspect
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.runtime.kv_cache import Sequence
+from stowage.engine.runtime.rope import inverse_frequencies
+from stowage.engine.runtime.sampler import SamplingParams
+
+# longer than the sliding window (8 tokens): the sliding layers' masks and recycled blocks are exercised
+PROMPTS = ["The quick brown fox jumps over the lazy dog.",
+           "Stowage plans memory: weights, KV cache, workspace and headroom. Pick a context size with the slider;"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_moe_model(tmp_path_factory.mktemp("gpt_oss"), "gpt_oss")
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def test_the_config_is_read_as_transformers_reads_it(model_dir):
+    config = ModelConfig.from_dir(model_dir)
+    assert config.layer_windows == (8, None, 8, None)
+    assert config.attention_sinks and config.moe_bias and config.softmax_after_topk
+    assert (config.swiglu_limit, config.swiglu_alpha) == (7.0, 1.702)
+    assert config.qkv_bias and config.o_bias and config.expert_intermediate_size == 64
+    assert (config.rope.kind, config.rope.factor, config.rope.theta) == ("yarn", 32.0, 150000.0)
+    assert config.rope.attention_factor == pytest.approx(0.1 * math.log(32) + 1)
+
+
+def test_logits_match_transformers(model_dir, reference):
+    engine = Engine.load(model_dir, cpu_plan(model_dir, 256, prefill_chunk=5))
+    assert engine.model.native(engine.cache) is None  # sinks and biased experts: the torch path runs it
+    for prompt in PROMPTS:
+        ids = engine.tokenizer.encode(prompt)
+        seq = Sequence()
+        ours = engine.model.forward(ids, seq, engine.cache, all_logits=True)
+        with torch.no_grad():
+            theirs = reference(torch.tensor([ids])).logits[0]
+        assert theirs.abs().max() > 1.0
+        assert (ours - theirs).abs().max().item() <= 1e-4
+        engine.cache.release(seq)
+
+
+def test_greedy_tokens_identical_one_and_two_at_a_time(model_dir, reference):
+    engine = Engine.load(model_dir, cpu_plan(model_dir, 256, prefill_chunk=16, num_seqs=3))  # generate keeps one
+    prompts = [engine.tokenizer.encode(p) for p in PROMPTS]
+    expected = [greedy_reference(reference, ids, engine.eos_ids, 24) for ids in prompts]
+    assert engine.generate(prompts[0], SamplingParams(temperature=0, max_tokens=24)).run().token_ids == expected[0]
+    seqs = [Sequence(), Sequence()]
+    last = [engine.model.forward(ids, s, engine.cache)[-1].argmax().item() for ids, s in zip(prompts, seqs)]
+    got = [[t] for t in last]
+    for _ in range(11):  # past the window: the sliding layers' oldest blocks are recycled under the batch
+        last = engine.model.decode_step(last, seqs, engine.cache).argmax(-1).tolist()
+        for g, t in zip(got, last):
+            g.append(t)
+    assert got == [e[:12] for e in expected]
+
+
+def test_yarn_frequencies_are_transformers(model_dir):
+    from transformers import GptOssConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    for truncate in (False, True):
+        raw = json.loads((model_dir / "config.json").read_text())
+        raw["rope_parameters"] = raw["rope_parameters"] | {"truncate": truncate, "factor": 8.0}
+        theirs, scaling = ROPE_INIT_FUNCTIONS["yarn"](GptOssConfig(**{k: v for k, v in raw.items()
+                                                                       if k != "model_type"}))
+        rope = ModelConfig.from_dict(raw).rope
+        assert torch.equal(inverse_frequencies(rope, 16), theirs)
+        assert rope.attention_factor == scaling
+
+
+def test_the_plan_counts_sinks_and_biases_where_they_run(model_dir):
+    info = inspect(model_dir)
+    names0 = info.layout.layers[0]
+    assert names0["sinks"] == "model.layers.0.self_attn.sinks"
+    assert names0["router_bias"] == "model.layers.0.mlp.router.bias"
+    assert set(info.layout.experts[0]) == {"gate_up", "gate_up_bias", "down", "down_bias"}
+    h, heads, kv, d, e, inter = 64, 4, 2, 16, 8, 64
+    attention = h * heads * d * 2 + h * kv * d * 2 + heads * d + 2 * kv * d + h + heads  # q, o, k, v, biases, sinks
+    layer = attention + 2 * h + e * h + e  # two norms, the router and its bias
+    experts = e * (h * 2 * inter + 2 * inter + inter * h + h)
+    assert info.layer_bytes() == (4 * layer,) * 4
+    assert info.expert_bytes() == (4 * experts,) * 4
+    # the sliding layers' cache holds their window (and a prefill chunk), not the context: what the cache allocates
+    plan = cpu_plan(model_dir, 256, prefill_chunk=16)
+    engine = Engine.load(model_dir, plan)
+    assert engine.cache.num_bytes == plan.kv_bytes < 4 * 256 * 2 * kv * d * 4
+    assert plan.device("cpu").attention == "reference"
+
+
+def test_the_load_maps_what_the_plan_counted(model_dir):
+    plan = cpu_plan(model_dir, 64)
+    report = Engine.load(model_dir, plan).memory_report()["cpu"]
+    assert report["weights_copied"] == 0
+    assert report["weights_mapped"] == plan.device("cpu").weights_bytes == inspect(model_dir).weights_bytes()
+
+
+# -- bad input: typed errors naming the tensor, before anything is loaded --
+
+def edited(model_dir, tmp_path, edit_tensors=None, **config):
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "bad"
+    shutil.copytree(model_dir, bad)
+    if edit_tensors:
+        tensors = load_file(bad / "model.safetensors")
+        edit_tensors(tensors)
+        save_file(tensors, bad / "model.safetensors")
+    if config:
+        raw = json.loads((bad / "config.json").read_text())
+        (bad / "config.json").write_text(json.dumps(raw | config))
+    return bad
+
+
+def refused(model_dir) -> str:
+    with pytest.raises(ModelFormatError) as e:
+        inspect(model_dir)
+    return str(e.value)
+
+
+def test_missing_sinks_are_named(model_dir, tmp_path):
+    assert "model.layers.2.self_attn.sinks" in refused(
+        edited(model_dir, tmp_path, lambda t: t.pop("model.layers.2.self_attn.sinks")))
+
+
+def test_a_misshapen_fused_expert_tensor_is_named(model_dir, tmp_path):
+    name = "model.layers.1.mlp.experts.gate_up_proj"
+
+    def edit(t):
+        t[name] = t[name][:, :, :100].clone()
+    text = refused(edited(model_dir, tmp_path, edit))
+    assert name in text and "[8, 64, 100]" in text and "2*intermediate_size" in text
+
+
+def test_a_router_bias_that_disagrees_with_num_experts_is_named(model_dir, tmp_path):
+    name = "model.layers.0.mlp.router.bias"
+
+    def edit(t):
+        t[name] = t[name][:6].clone()
+    assert name in refused(edited(model_dir, tmp_path, edit))
+
+
+def test_a_bad_swiglu_limit_is_refused(model_dir, tmp_path):
+    assert "swiglu_limit" in refused(edited(model_dir, tmp_path, swiglu_limit=-1.0))

@@ -1,0 +1,67 @@
+"""Prefill products on ggml blocks for the CPU: a chunk's activations quantized to int8 once, integer tiles.
+
+`matmul(raw, type_name, x, bias)` computes x @ W.T for a chunk of float32 rows straight from the blocks (the
+memory map): x is quantized per 32 values to int8 with a float scale (as llama.cpp's Q8_0 / Q8_K), each panel of
+32 weight rows is unpacked once per call to bytes with a scale and a minimum per 32 (per 16 for Q6_K), and tiles
+of 4 rows x 3 tokens are integer dot products (kernels/csrc/quant_matmul.c; docs/kernels.md states the accuracy).
+One library per instruction set, the level kernels/cpu_quant.py picks (`STOWAGE_QUANT_ISA`); without it
+(`STOWAGE_FORCE_REFERENCE=1`, no C compiler, a failed build) `is_available()` is False and
+kernels/quant_linear.py keeps its float32 tiles.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import cache
+
+import torch
+
+from . import cpu_quant
+from .cbuild import load_library
+from .native_libs import quant_matmul as quant_matmul_library
+
+MIN_TOKENS = 9  # below this, the decode kernels (one pass over the blocks for every row) are faster
+
+
+@cache
+def library(isa: str) -> ctypes.CDLL | None:
+    """The kernels built for `isa`, or None when they cannot be built here."""
+    lib = load_library(quant_matmul_library(isa))
+    if lib is None:
+        return None
+    lib.quant_matmul.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    lib.quant_matmul.restype = ctypes.c_int
+    lib.quant_matmul_type_id.argtypes = [ctypes.c_char_p]
+    lib.quant_matmul_type_id.restype = ctypes.c_int
+    lib.quant_matmul_isa.restype = ctypes.c_char_p
+    return lib
+
+
+def is_available() -> bool:
+    isa = cpu_quant.selected_isa()
+    return isa is not None and library(isa) is not None
+
+
+def supports(type_name: str) -> bool:
+    """Whether `matmul` takes weights stored as `type_name` (requires is_available())."""
+    return library(cpu_quant.selected_isa()).quant_matmul_type_id(type_name.encode()) >= 0
+
+
+def matmul(raw: torch.Tensor, type_name: str, x: torch.Tensor, bias: torch.Tensor | None = None, *,
+           isa: str | None = None) -> torch.Tensor:
+    """x [n, in] float32 @ W.T (+ bias float32 [out]) -> float32 [n, out]; raw: W's blocks, uint8 [out, row_bytes]."""
+    lib = library(isa or cpu_quant.selected_isa())
+    type_id = lib.quant_matmul_type_id(type_name.encode())
+    if type_id < 0:
+        raise ValueError(f"no native prefill kernel for {type_name!r}")
+    out_features, (n, in_features) = raw.shape[0], x.shape
+    assert raw.is_contiguous() and raw.dtype == torch.uint8 and x.dtype == torch.float32
+    x = x.contiguous()
+    y = torch.empty(n, out_features, dtype=torch.float32)
+    if bias is not None:
+        bias = bias.float().contiguous()
+    status = lib.quant_matmul(type_id, raw.data_ptr(), x.data_ptr(), bias.data_ptr() if bias is not None else None,
+                              y.data_ptr(), out_features, in_features, n, torch.get_num_threads())
+    if status != 0:
+        raise MemoryError(f"quant_matmul could not allocate {n * in_features * 2:,} bytes of quantized activations")
+    return y

@@ -1,0 +1,348 @@
+// Y = X W^T for a prefill chunk, W in ggml blocks where they lie (the memory map), X and Y float32.
+// A chunk of n tokens multiplies every weight n times, so unlike decode this is bound by arithmetic: the
+// activations are quantized once per call to int8 per 32 (as llama.cpp's Q8_0 / Q8_K: a float scale and the sums
+// the weights' minimums and offsets need), each panel of weight rows is unpacked once per call into unsigned
+// (signed for Q8_0) bytes with a float scale and minimum per 32 (per 16 for Q6_K), and tiles of MR rows x NR tokens
+// are integer dot products (AVX2 `vpmaddubsw` + `vpmaddwd`, AVX-512 VNNI `vpdpbusd`; plain C elsewhere) whose
+// int32 sums are scaled once per 32. Panels go to OpenMP threads (torch's libgomp, one pool). See docs/kernels.md.
+#include <math.h>
+#include <stdlib.h>
+
+#include "quant_blocks.h"
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define MM_SIMD 1
+#endif
+
+#define NR 4            // tokens per tile
+#define PANEL_ROWS 32   // weight rows unpacked at a time by one thread: their bytes and scales stay in L2
+
+// How a type's unpacked weights are multiplied: unsigned of 4 bits (Q4_0, Q4_1, Q4_K), 5 bits (Q5_0, Q5_1, Q5_K)
+// or 6 bits with a scale per 16 (Q6_K), or signed bytes (Q8_0). The bits bound how many u8 x s8 pair sums an int16
+// lane holds before it could overflow: 8 steps of 2 * 15 * 127, 4 of 2 * 31 * 127, 2 of 2 * 63 * 127, 1 of 2 * 128
+// * 127, each at most 32,767.
+enum { K4, K5, K6, K8 };
+
+static int kind_of(int type) {
+    return type == Q8_0 ? K8 : type == Q6_K ? K6 : type == Q5_0 || type == Q5_1 || type == Q5_K ? K5 : K4;
+}
+
+// The type's id for quant_matmul, or -1: the names are kernels/quants.py's.
+int quant_matmul_type_id(const char *name) {
+    const int t = block_type_id(name);
+    return t == Q8_0 || t == Q4_0 || t == Q4_1 || t == Q5_0 || t == Q5_1 || t == Q4_K || t == Q5_K || t == Q6_K ? t
+                                                                                                              : -1;
+}
+
+// The instruction set this library was built for.
+const char *quant_matmul_isa(void) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return "avx512";
+#elif defined(MM_SIMD)
+    return "avx2";
+#else
+    return "scalar";
+#endif
+}
+
+// One activation row x[cols] quantized per 32: step = max |x| / 127, q = round(x / step) (ties to even; all 0 where
+// the 32 are 0); d[k] = step, s[g] = step * sum of q over each group of `group` (32, or 16 for Q6_K).
+// tests/kernels/test_quant_matmul.py repeats these float32 steps in torch.
+static void quantize_row(const float *x, int64_t cols, int group, int8_t *q, float *d, float *s) {
+    for (int64_t k = 0; k < cols / 32; k++) {
+        const float *v = x + 32 * k;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fabsf(v[j]) > amax ? fabsf(v[j]) : amax;
+        const float step = amax / 127.0f, inv = step != 0.0f ? 1.0f / step : 0.0f;
+        int32_t sum[2] = {0, 0};
+        for (int j = 0; j < 32; j++) {
+            const int qj = (int)nearbyintf(v[j] * inv);  // the default rounding mode: to nearest, ties to even
+            q[32 * k + j] = (int8_t)qj;
+            sum[j / 16] += qj;
+        }
+        d[k] = step;
+        if (group == 32) {
+            s[k] = step * (float)(sum[0] + sum[1]);
+        } else {
+            s[2 * k] = step * (float)sum[0];
+            s[2 * k + 1] = step * (float)sum[1];
+        }
+    }
+}
+
+// One block of `type` as bytes q (weight = scale * q + min per group) with its scales and minimums: per 32 for
+// every type but Q6_K, whose are per 16.
+static void unpack_block(int type, const uint8_t *b, uint8_t *q, float *sc, float *mn) {
+    switch (type) {
+    case Q8_0:
+        memcpy(q, b + 2, 32);
+        sc[0] = f16_to_f32(b);
+        mn[0] = 0.0f;
+        break;
+    case Q4_0:
+    case Q4_1:
+    case Q5_0:
+    case Q5_1: {
+        const int has_min = type == Q4_1 || type == Q5_1, has_high = type == Q5_0 || type == Q5_1;
+        const uint8_t *qh = b + 2 + 2 * has_min, *qs = qh + 4 * has_high;
+        uint32_t high = 0;
+        if (has_high) high = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+        for (int j = 0; j < 16; j++) {  // bit j of qh is the fifth bit of weight j
+            q[j] = (uint8_t)((qs[j] & 0x0F) | (((high >> j) & 1) << 4));
+            q[j + 16] = (uint8_t)((qs[j] >> 4) | (((high >> (j + 16)) & 1) << 4));
+        }
+        const float d = f16_to_f32(b);
+        sc[0] = d;
+        mn[0] = has_min ? f16_to_f32(b + 2) : -(has_high ? 16.0f : 8.0f) * d;
+        break;
+    }
+    case Q4_K:
+    case Q5_K: {
+        const float d = f16_to_f32(b), dmin = f16_to_f32(b + 2);
+        uint8_t s6[8], m6[8];
+        k_scales(b + 4, s6, m6);
+        const uint8_t *qh = b + 16, *qs = type == Q4_K ? b + 16 : b + 48;
+        for (int c = 0; c < 4; c++) {  // 32 bytes per chunk: sub-block 2c in the low nibbles, 2c + 1 in the high
+            for (int l = 0; l < 32; l++) {
+                int lo = qs[32 * c + l] & 0x0F, hi = qs[32 * c + l] >> 4;
+                if (type == Q5_K) {  // bit i of qh[l] is the fifth bit of weight l of sub-block i
+                    lo |= ((qh[l] >> (2 * c)) & 1) << 4;
+                    hi |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+                }
+                q[64 * c + l] = (uint8_t)lo;
+                q[64 * c + 32 + l] = (uint8_t)hi;
+            }
+        }
+        for (int j = 0; j < 8; j++) {
+            sc[j] = d * (float)s6[j];
+            mn[j] = -dmin * (float)m6[j];
+        }
+        break;
+    }
+    case Q6_K: {
+        const float d = f16_to_f32(b + 208);
+        const int8_t *s = (const int8_t *)(b + 192);
+        for (int half = 0; half < 2; half++) {  // 128 weights each: ql[64], qh[32]
+            const uint8_t *ql = b + 64 * half, *qh = b + 128 + 32 * half;
+            uint8_t *y = q + 128 * half;
+            for (int l = 0; l < 32; l++) {
+                y[l] = (uint8_t)((ql[l] & 0x0F) | ((qh[l] & 3) << 4));
+                y[l + 32] = (uint8_t)((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4));
+                y[l + 64] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+                y[l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+            }
+        }
+        for (int g = 0; g < 16; g++) {
+            sc[g] = d * (float)s[g];
+            mn[g] = -32.0f * sc[g];
+        }
+        break;
+    }
+    }
+}
+
+// Weight rows unpacked in groups of 8, interleaved so that one 32-byte vector holds 4 weights of each of the 8 rows:
+// q [group][block of 32][step k < 8][row < 8][4 bytes]; sc and mn [group][block][s < S][row < 8] with S scales per 32
+// (2 for Q6_K). A row past the matrix's end is zeros.
+typedef struct {
+    uint8_t *q;
+    float *sc, *mn;
+} panel;
+
+// The activations quantized: q [n][cols], d [n][cols / 32], s [n][ng] (ng sums per row: one per 32, per 16 for Q6_K).
+typedef struct {
+    int8_t *q;
+    float *d, *s;
+    int64_t ng;
+} qrows;
+
+// y[t][r] (+= nothing: stored) for one group of 8 rows (R of them real) and T <= NR tokens from t0: per block of 32,
+// each step's 4 bytes of a token broadcast against the 8 rows' 4 bytes, pair sums held in int16 for the kind's run
+// of steps, then in int32; once per block (per 16 for Q6_K) the sums are converted and scaled by the rows' scales
+// times the token's step, and the rows' minimums times the token's sums are added.
+static inline __attribute__((always_inline)) void group_tile(int kind, int T, const uint8_t *gq, const float *gsc,
+                                                             const float *gmn, const qrows *x, int64_t t0,
+                                                             int64_t cols, const float *bias, int R, float *y,
+                                                             int64_t ld_y) {
+    const int64_t nb = cols / 32;
+    const int S = kind == K6 ? 2 : 1, run = kind == K4 ? 8 : kind == K5 ? 4 : kind == K6 ? 2 : 1;
+#ifdef MM_SIMD
+    __m256 acc[NR];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = gq + 256 * b;
+        __m256i isum[NR][2];
+        for (int t = 0; t < T; t++) isum[t][0] = isum[t][1] = _mm256_setzero_si256();
+        for (int k0 = 0; k0 < 8; k0 += run) {
+            __m256i p16[NR];
+            for (int t = 0; t < T; t++) p16[t] = _mm256_setzero_si256();
+            for (int k = k0; k < k0 + run; k++) {
+                const __m256i wv = _mm256_loadu_si256((const __m256i *)(wb + 32 * k));
+                const __m256i u = kind == K8 ? _mm256_sign_epi8(wv, wv) : wv;
+                for (int t = 0; t < T; t++) {
+                    int32_t four;
+                    memcpy(&four, x->q + (t0 + t) * cols + 32 * b + 4 * k, 4);
+                    __m256i xb = _mm256_set1_epi32(four);
+                    if (kind == K8) xb = _mm256_sign_epi8(xb, wv);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+                    isum[t][k / 4 * (S - 1)] = _mm256_dpbusd_epi32(isum[t][k / 4 * (S - 1)], u, xb);
+#else
+                    p16[t] = _mm256_add_epi16(p16[t], _mm256_maddubs_epi16(u, xb));
+#endif
+                }
+            }
+#if !(defined(__AVX512VNNI__) && defined(__AVX512VL__))
+            for (int t = 0; t < T; t++)
+                isum[t][k0 / 4 * (S - 1)] = _mm256_add_epi32(isum[t][k0 / 4 * (S - 1)],
+                                                             _mm256_madd_epi16(p16[t], _mm256_set1_epi16(1)));
+#else
+            (void)p16;
+#endif
+        }
+        for (int t = 0; t < T; t++) {
+            const __m256 dx = _mm256_broadcast_ss(x->d + (t0 + t) * nb + b);
+            for (int s = 0; s < S; s++) {
+                const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(gsc + 8 * (S * b + s)), dx);
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t][s]), scale, acc[t]);
+                if (kind != K8)
+                    acc[t] = _mm256_fmadd_ps(_mm256_loadu_ps(gmn + 8 * (S * b + s)),
+                                             _mm256_broadcast_ss(x->s + (t0 + t) * x->ng + S * b + s), acc[t]);
+            }
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        float out[8];
+        _mm256_storeu_ps(out, acc[t]);
+        for (int r = 0; r < R; r++) y[(t0 + t) * ld_y + r] = out[r] + (bias ? bias[r] : 0.0f);
+    }
+#else
+    (void)run;
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < R; r++) {
+            float sum = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                int32_t isum[2] = {0, 0};
+                for (int k = 0; k < 8; k++)
+                    for (int j = 0; j < 4; j++) {
+                        const uint8_t wj = gq[256 * b + 32 * k + 4 * r + j];
+                        isum[k / 4 * (S - 1)] += (kind == K8 ? (int)(int8_t)wj : (int)wj) *
+                                                 x->q[(t0 + t) * cols + 32 * b + 4 * k + j];
+                    }
+                for (int s = 0; s < S; s++) {
+                    sum += (float)isum[s] * (gsc[8 * (S * b + s) + r] * x->d[(t0 + t) * nb + b]);
+                    if (kind != K8) sum += gmn[8 * (S * b + s) + r] * x->s[(t0 + t) * x->ng + S * b + s];
+                }
+            }
+            y[(t0 + t) * ld_y + r] = sum + (bias ? bias[r] : 0.0f);
+        }
+#endif
+}
+
+// Rows [0, rows) of the panel (at most PANEL_ROWS) against every token, NR tokens at a time: their activations stay
+// in L1 while the panel's groups stream from L2.
+static inline __attribute__((always_inline)) void panel_product(int kind, const panel *p, int64_t rows,
+                                                                const qrows *x, int64_t n, int64_t cols,
+                                                                const float *bias, float *y, int64_t ld_y) {
+    const int S = kind == K6 ? 2 : 1;
+    const int64_t nb = cols / 32;
+    for (int64_t t = 0; t < n; t += NR) {
+        const int T = n - t < NR ? (int)(n - t) : NR;
+        for (int64_t g = 0; 8 * g < rows; g++) {
+            const int R = rows - 8 * g < 8 ? (int)(rows - 8 * g) : 8;
+            const uint8_t *gq = p->q + g * nb * 256;
+            const float *gsc = p->sc + g * nb * S * 8, *gmn = p->mn + g * nb * S * 8;
+            const float *gb = bias ? bias + 8 * g : NULL;
+            switch (T) {
+            case 4: group_tile(kind, 4, gq, gsc, gmn, x, t, cols, gb, R, y + 8 * g, ld_y); break;
+            case 3: group_tile(kind, 3, gq, gsc, gmn, x, t, cols, gb, R, y + 8 * g, ld_y); break;
+            case 2: group_tile(kind, 2, gq, gsc, gmn, x, t, cols, gb, R, y + 8 * g, ld_y); break;
+            default: group_tile(kind, 1, gq, gsc, gmn, x, t, cols, gb, R, y + 8 * g, ld_y); break;
+            }
+        }
+    }
+}
+
+static void panel_product_kind(int kind, const panel *p, int64_t rows, const qrows *x, int64_t n, int64_t cols,
+                               const float *bias, float *y, int64_t ld_y) {
+    switch (kind) {  // one instance per kind, so the tiles' branches on it fold away
+    case K4: panel_product(K4, p, rows, x, n, cols, bias, y, ld_y); break;
+    case K5: panel_product(K5, p, rows, x, n, cols, bias, y, ld_y); break;
+    case K6: panel_product(K6, p, rows, x, n, cols, bias, y, ld_y); break;
+    default: panel_product(K8, p, rows, x, n, cols, bias, y, ld_y); break;
+    }
+}
+
+// Rows [r0, r0 + count) of W into the panel's interleaved layout (zeros past count, up to whole groups of 8).
+static void unpack_panel(int type, const uint8_t *w, int64_t r0, int64_t count, int64_t cols, const panel *p) {
+    const int elems = TYPES[type].elems, bytes = TYPES[type].bytes, S = type == Q6_K ? 2 : 1;
+    const int64_t nb = cols / 32, row_bytes = cols / elems * bytes, padded = (count + 7) / 8 * 8;
+    uint8_t q[QK_K];
+    float sc[QK_K / 16], mn[QK_K / 16];
+    for (int64_t r = 0; r < padded; r++) {
+        uint8_t *gq = p->q + (r / 8) * nb * 256 + 4 * (r % 8);
+        float *gsc = p->sc + (r / 8) * nb * S * 8 + r % 8, *gmn = p->mn + (r / 8) * nb * S * 8 + r % 8;
+        if (r >= count) {
+            for (int64_t b = 0; b < nb; b++) {
+                for (int k = 0; k < 8; k++) memset(gq + 256 * b + 32 * k, 0, 4);
+                for (int s = 0; s < S; s++) gsc[8 * (S * b + s)] = gmn[8 * (S * b + s)] = 0.0f;
+            }
+            continue;
+        }
+        const uint8_t *row = w + (r0 + r) * row_bytes;
+        for (int64_t i = 0; i < cols / elems; i++) {
+            unpack_block(type, row + i * bytes, q, sc, mn);
+            for (int j = 0; j < elems / 32; j++) {
+                const int64_t b = i * (elems / 32) + j;
+                for (int k = 0; k < 8; k++) memcpy(gq + 256 * b + 32 * k, q + 32 * j + 4 * k, 4);
+                for (int s = 0; s < S; s++) {
+                    gsc[8 * (S * b + s)] = sc[S * j + s];
+                    gmn[8 * (S * b + s)] = mn[S * j + s];
+                }
+            }
+        }
+    }
+}
+
+// y[t, r] = sum_c W[r, c] x[t, c] (+ bias[r]) for t < n: W [rows, cols] in blocks of `type` (rows contiguous, cols
+// a multiple of the type's block), x float32 [n, cols], bias float32 [rows] or NULL, y float32 [n, rows].
+// Returns 0, -1 when out of memory, -2 for a type it does not take.
+int quant_matmul(int type, const uint8_t *w, const float *x, const float *bias, float *y, int64_t rows,
+                 int64_t cols, int64_t n, int num_threads) {
+    if (type < 0 || type >= NUM_TYPES || quant_matmul_type_id(TYPES[type].name) < 0) return -2;
+    const int kind = kind_of(type), S = kind == K6 ? 2 : 1;
+    const int64_t nb = cols / 32, ng = S * nb;
+    qrows xq = {malloc((size_t)(n * cols)), malloc((size_t)(n * nb) * sizeof(float)),
+                malloc((size_t)(n * ng) * sizeof(float)), ng};
+    int status = xq.q && xq.d && xq.s ? 0 : -1;
+    if (status == 0) {
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+        for (int64_t t = 0; t < n; t++)
+            quantize_row(x + t * cols, cols, 32 / S, xq.q + t * cols, xq.d + t * nb, xq.s + t * ng);
+        const int64_t num_panels = (rows + PANEL_ROWS - 1) / PANEL_ROWS;
+#pragma omp parallel num_threads(num_threads)
+        {
+            panel p = {malloc((size_t)(PANEL_ROWS * cols)), malloc((size_t)(PANEL_ROWS * ng) * sizeof(float)),
+                       malloc((size_t)(PANEL_ROWS * ng) * sizeof(float))};
+            const int ok = p.q && p.sc && p.mn;
+            if (!ok) {
+#pragma omp atomic write
+                status = -1;
+            }
+            // dynamic: a thread the OS takes away (a busy machine) delays the call by one panel, not by its share
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t i = 0; i < num_panels; i++) {
+                if (!ok) continue;
+                const int64_t r0 = i * PANEL_ROWS, count = rows - r0 < PANEL_ROWS ? rows - r0 : PANEL_ROWS;
+                unpack_panel(type, w, r0, count, cols, &p);
+                panel_product_kind(kind, &p, count, &xq, n, cols, bias ? bias + r0 : NULL, y + r0, rows);
+            }
+            free(p.q);
+            free(p.sc);
+            free(p.mn);
+        }
+    }
+    free(xq.q);
+    free(xq.d);
+    free(xq.s);
+    return status;
+}

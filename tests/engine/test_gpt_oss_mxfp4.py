@@ -98,3 +98,73 @@ def _split_of(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     nibbles = np.concatenate([blocks[..., 1:] & 0xF, blocks[..., 1:] >> 4], axis=-1)  # weight order 0..31
     codes = (nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)).astype(np.uint8)
     return codes, blocks[..., 0].copy()
+
+
+# -- a gpt-oss checkpoint with MXFP4 experts, as OpenAI publishes it, read in place --
+
+@pytest.fixture(scope="module")
+def mxfp4_models(tmp_path_factory):
+    from moe_factory import make_gpt_oss_mxfp4, make_moe_model
+
+    base = make_moe_model(tmp_path_factory.mktemp("base"), "gpt_oss")
+    root = tmp_path_factory.mktemp("mxfp4")
+    return make_gpt_oss_mxfp4(base, root / "packed", root / "reference")
+
+
+def test_mxfp4_experts_match_transformers_on_the_decoded_weights(mxfp4_models):
+    from factory import cpu_plan, greedy_reference
+    from transformers import AutoModelForCausalLM
+
+    from stowage.engine.runtime.engine import Engine
+    from stowage.engine.runtime.kv_cache import Sequence
+    from stowage.engine.runtime.sampler import SamplingParams
+
+    packed, decoded = mxfp4_models
+    reference = AutoModelForCausalLM.from_pretrained(decoded, dtype=torch.float32).eval()
+    engine = Engine.load(packed, cpu_plan(packed, 256, prefill_chunk=5))
+    assert engine.model.experts[0]["gate_up.0"].__class__ is Mxfp4Weight
+    ids = engine.tokenizer.encode("Stowage plans memory: weights, KV cache, workspace and headroom.")
+    seq = Sequence()
+    ours = engine.model.forward(ids, seq, engine.cache, all_logits=True)
+    with torch.no_grad():
+        theirs = reference(torch.tensor([ids])).logits[0]
+    assert theirs.abs().max() > 1.0 and (ours - theirs).abs().max().item() <= 1e-4
+    engine.cache.release(seq)
+    expected = greedy_reference(reference, ids, engine.eos_ids, 16)
+    assert engine.generate(ids, SamplingParams(temperature=0, max_tokens=16)).run().token_ids == expected
+
+
+def test_mxfp4_blocks_are_counted_as_experts_and_mapped_in_place(mxfp4_models):
+    from factory import cpu_plan
+
+    from stowage.engine.planning import inspect
+    from stowage.engine.runtime.engine import Engine
+
+    packed, decoded = mxfp4_models
+    info = inspect(packed)
+    e, h, inter = 8, 64, 64
+    blocks = e * (2 * inter * h + h * inter) // 32 * 17  # 16 bytes of codes and 1 of scale per 32 weights
+    biases = e * (2 * inter + h) * 4
+    assert info.expert_bytes() == (blocks + biases,) * 4
+    assert info.layer_bytes() == inspect(decoded).layer_bytes()
+    plan = cpu_plan(packed, 64)
+    report = Engine.load(packed, plan).memory_report()["cpu"]
+    assert report["weights_copied"] == 0 and report["weights_mapped"] == info.weights_bytes()
+
+
+def test_mxfp4_scales_of_the_wrong_shape_are_named(mxfp4_models, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from stowage.engine.errors import ModelFormatError
+    from stowage.engine.planning import inspect
+
+    bad = tmp_path / "bad"
+    shutil.copytree(mxfp4_models[0], bad)
+    tensors = load_file(bad / "model.safetensors")
+    name = "model.layers.3.mlp.experts.down_proj_scales"
+    tensors[name] = tensors[name][:, :, :1].clone()
+    save_file(tensors, bad / "model.safetensors")
+    with pytest.raises(ModelFormatError, match=name):
+        inspect(bad)

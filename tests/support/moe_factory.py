@@ -45,6 +45,52 @@ def make_moe_model(model_dir: Path, arch: str = "qwen3_moe", *, dtype=torch.floa
     return model_dir
 
 
+# -- gpt-oss with MXFP4 experts, as OpenAI publishes it ---------------------------------------------------------------
+
+def ggml_to_split(raw: "np.ndarray") -> tuple["np.ndarray", "np.ndarray"]:
+    """ggml MXFP4 bytes [..., blocks * 17] as the Hugging Face checkpoints' codes [..., blocks, 16] (weights 2j and
+    2j + 1 in byte j) and scales [..., blocks]: the same numbers, the other layout."""
+    import numpy as np
+
+    blocks = raw.reshape(*raw.shape[:-1], -1, 17)
+    nibbles = np.concatenate([blocks[..., 1:] & 0xF, blocks[..., 1:] >> 4], axis=-1)  # weights 0..31 of a block
+    return (nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)).astype(np.uint8), blocks[..., 0].copy()
+
+
+def make_gpt_oss_mxfp4(model_dir: Path, out_dir: Path, reference_dir: Path) -> tuple[Path, Path]:
+    """`model_dir` (a gpt-oss of make_moe_model) with its experts as MXFP4 `*_blocks`/`*_scales` [E, out, in / 32, 16]
+    (transformers' integrations/mxfp4.py layout) in `out_dir`, and in `reference_dir` the float32 model holding the
+    weights those blocks decode to (gguf-py's MXFP4 quantizer and dequantizer, not ours): (out_dir, reference_dir)."""
+    import json
+    import shutil
+
+    import gguf
+    from gguf import GGMLQuantizationType as GGML
+    from gguf_factory import hf_tensors
+    from safetensors.torch import save_file
+
+    tensors = hf_tensors(model_dir)
+    packed, decoded = {}, {}
+    for name, t in tensors.items():
+        if not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            packed[name] = decoded[name] = t
+            continue
+        rows = t.transpose(1, 2).contiguous()  # [E, in, out] -> [E, out, in]
+        raw = gguf.quants.quantize(rows.numpy(), GGML.MXFP4)
+        codes, scales = ggml_to_split(raw)
+        packed[name + "_blocks"], packed[name + "_scales"] = torch.from_numpy(codes), torch.from_numpy(scales)
+        values = torch.from_numpy(gguf.quants.dequantize(raw, GGML.MXFP4).copy()).reshape(rows.shape)
+        decoded[name] = values.transpose(1, 2).contiguous()
+    for target, out in ((out_dir, packed), (reference_dir, decoded)):
+        shutil.copytree(model_dir, target)
+        save_file(out, target / "model.safetensors")
+    config = json.loads((out_dir / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    return out_dir, reference_dir
+
+
 # -- GGUF, as llama.cpp's convert_hf_to_gguf.py writes these models ------------------------------------------------
 
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama"}  # Mixtral: llama with experts

@@ -5,13 +5,14 @@ memory map): x is quantized per 32 values to int8 with a float scale (as llama.c
 32 weight rows is unpacked once per call to bytes with a scale and a minimum per 32 (per 16 for Q6_K), and tiles
 of 4 rows x 3 tokens are integer dot products (kernels/csrc/quant_matmul.c; docs/kernels.md states the accuracy).
 One library per instruction set, the level kernels/cpu_quant.py picks (`STOWAGE_QUANT_ISA`); without it
-(`STOWAGE_FORCE_REFERENCE=1`, no C compiler, a failed build) `is_available()` is False and
-kernels/quant_linear.py keeps its float32 tiles.
+(`STOWAGE_FORCE_REFERENCE=1`, no C compiler, a failed build) or with `STOWAGE_NATIVE_PREFILL=0`, `runs()` is
+False and kernels/quant_linear.py keeps its float32 tiles.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 from functools import cache
 
 import torch
@@ -20,7 +21,7 @@ from . import cpu_quant
 from .cbuild import load_library
 from .native_libs import quant_matmul as quant_matmul_library
 
-MIN_TOKENS = 9  # below this, the decode kernels (one pass over the blocks for every row) are faster
+SWITCH = "STOWAGE_NATIVE_PREFILL"  # "0": the float32 tiles instead (the switch beside STOWAGE_NATIVE_DECODE)
 
 
 @cache
@@ -40,6 +41,11 @@ def library(isa: str) -> ctypes.CDLL | None:
 def is_available() -> bool:
     isa = cpu_quant.selected_isa()
     return isa is not None and library(isa) is not None
+
+
+def runs(type_name: str) -> bool:
+    """Whether a prefill chunk on weights stored as `type_name` runs here: switched on, built, a type it takes."""
+    return os.environ.get(SWITCH, "1") != "0" and is_available() and supports(type_name)
 
 
 def supports(type_name: str) -> bool:

@@ -43,6 +43,7 @@ def path(request, monkeypatch):
     if request.param == "native" and not cpu_quant.is_available():
         pytest.skip("the native kernels cannot be built here")
     monkeypatch.setattr(quant_linear, "MAX_NATIVE_TOKENS", 0 if request.param == "tiles" else 8)
+    monkeypatch.setenv("STOWAGE_NATIVE_PREFILL", "0")  # the prefill kernels' int8 x: tests/kernels/test_quant_matmul.py
     return request.param
 
 

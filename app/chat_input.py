@@ -8,10 +8,11 @@ from PySide6.QtWidgets import QPlainTextEdit
 
 class ChatInput(QPlainTextEdit):
     submitted = Signal()
+    PLACEHOLDER = "Message (Enter sends, Shift+Enter for a new line)"
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.setPlaceholderText("Message (Enter sends, Shift+Enter for a new line)")
+        self.setPlaceholderText(self.PLACEHOLDER)
         self.setAccessibleName("Message")
         self.setTabChangesFocus(True)  # keyboard users move on with Tab instead of typing one
         self.setFixedHeight(80)

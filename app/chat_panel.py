@@ -10,13 +10,15 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWi
 
 from stowage.engine.errors import InvalidArgumentError
 
-from . import context_policy, theme
+from . import context_policy, theme, tool_messages
 from .chat_input import ChatInput
 from .chat_notice import ChatNotice
 from .chat_view import ChatView
 from .markdown_view import plain_text
 from .model_settings import DEFAULT_SAMPLING, SAMPLING_FIELDS, ModelSettings
 from .prompt_progress import PromptProgress
+from .reply_options import ReplyOptions
+from .reply_options_button import ReplyOptionsButton
 from .store import ConversationStore, Message
 from .system_prompt_bar import SystemPromptBar
 from .replies import ChatRequest, Reply, ReplyStarted
@@ -71,6 +73,7 @@ class ChatPanel(QWidget):
         self.completion_button.setToolTip("The model continues your text as written, without a chat template: what a "
                                           "base model was trained to do")
         self.completion_button.hide()  # for a base model only
+        self.reply_options = ReplyOptionsButton()
         self.counter = QLabel()
         theme.tint(self.counter, "muted")
         self.counter.setAccessibleName("Speed and context used")
@@ -83,6 +86,7 @@ class ChatPanel(QWidget):
         self.notice = ChatNotice()
         buttons = QHBoxLayout()
         buttons.addWidget(self.counter, 1)
+        buttons.addWidget(self.reply_options)
         buttons.addWidget(self.completion_button)
         buttons.addWidget(self.regenerate_button)
         buttons.addWidget(self.stop_button)
@@ -102,6 +106,7 @@ class ChatPanel(QWidget):
         self.stop_button.clicked.connect(self.client.stop)
         self.regenerate_button.clicked.connect(lambda: self.regenerate())
         self.completion_button.toggled.connect(self._completion_toggled)
+        self.reply_options.changed.connect(self._reply_options_changed)
         self.view.edit_submitted.connect(self.edit_and_resend)
         self.view.alternative_chosen.connect(self.choose_alternative)
         self.view.delete_requested.connect(self.delete_message)
@@ -128,10 +133,12 @@ class ChatPanel(QWidget):
             self.view.set_messages([])
             self._chat_preset = None
             self._show_prompt(None)
+            self.reply_options.set_options(ReplyOptions())
         else:
             row = self.store.conversation(self.conversation_id)
             self._chat_preset = self.store.preset(row.preset_id) if row.preset_id is not None else None
             self._show_prompt(row.system_prompt)
+            self.reply_options.set_options(ReplyOptions.from_dict(row.reply_options))
             streaming = self._streaming_for(self.conversation_id)
             messages = [m for m in self.store.messages(self.conversation_id) if not (streaming and m.id == self._reply.id)]
             self.view.set_messages(messages, row.memory_start_id)
@@ -139,6 +146,7 @@ class ChatPanel(QWidget):
                 self.view.begin_reply()
                 self.view.append_reply(self._reply.text)
         self.counter.setText(self._context_text(None))
+        self._show_pending_call()
         self._update_buttons()
 
     def conversation_deleted(self, conversation_id: int) -> None:
@@ -166,6 +174,25 @@ class ChatPanel(QWidget):
             self.conversation_created.emit(self.conversation_id)
         self.store.set_system_prompt(self.conversation_id, own)
         self._show_prompt(own)
+
+    def _reply_options_changed(self, options: ReplyOptions) -> None:
+        if self.conversation_id is None:
+            self.conversation_id = self.store.create()
+            self.conversation_created.emit(self.conversation_id)
+        self.store.set_reply_options(self.conversation_id, options.to_dict())
+
+    def _pending_call(self) -> dict | None:
+        """The tool call of this chat's last reply that waits for its result."""
+        if self.conversation_id is None:
+            return None
+        return tool_messages.pending_call(self.store.messages(self.conversation_id))
+
+    def _show_pending_call(self) -> None:
+        """While a call waits for its result, the message box asks for it."""
+        call = self._pending_call()
+        name = call["function"].get("name", "?") if call is not None else ""
+        self.input.setPlaceholderText(f"The result of {name} (run it yourself): Enter sends it to the model"
+                                      if call is not None else ChatInput.PLACEHOLDER)
 
     # -- presets: a system prompt with sampling, by name, chosen per chat ------------------------
     def _show_prompt(self, own: str | None) -> None:
@@ -246,11 +273,16 @@ class ChatPanel(QWidget):
             title = plain_text(text) or " ".join(text.split())  # the words, not the Markdown's marks
             self.store.rename(self.conversation_id, title[:TITLE_CHARS] + ("…" if len(title) > TITLE_CHARS else ""))
             self.conversation_renamed.emit(self.conversation_id)
-        message_id = self.store.add_message(self.conversation_id, "user", text)
+        call = self._pending_call()
+        role, meta = ("user", {}) if call is None else (
+            "tool", {"tool_call_id": call.get("id", ""), "name": call["function"].get("name", "")})
+        message_id = self.store.add_message(self.conversation_id, role, text, meta)
         # Cleared only once the message is safely stored: nothing typed is ever lost.
         self.input.clear()
-        self.view.add_message(Message(message_id, "user", text, parent_id=None, siblings=(message_id,)))
-        self._start_reply(self.store.messages(self.conversation_id))
+        self.view.add_message(Message(message_id, role, text, meta, parent_id=None, siblings=(message_id,)))
+        self._show_pending_call()
+        if self._pending_call() is None:  # a reply's calls all answered: the model goes on
+            self._start_reply(self.store.messages(self.conversation_id))
 
     def regenerate(self, temperature: float | None = None) -> None:
         """Write the last reply again, beside the old one (after a Stop, an error, or a reply you did not like);
@@ -258,7 +290,7 @@ class ChatPanel(QWidget):
         if self.conversation_id is None or self.client.is_generating or not self.context_tokens:
             return
         messages = self.store.messages(self.conversation_id)
-        last_question = max((i for i, m in enumerate(messages) if m.role == "user"), default=None)
+        last_question = max((i for i, m in enumerate(messages) if m.role in ("user", "tool")), default=None)
         if last_question is None:
             return
         kept = messages[: last_question + 1]
@@ -310,7 +342,7 @@ class ChatPanel(QWidget):
             return
         self.store.set_overflow_policy(self.conversation_id, context_policy.DROP_OLDEST)
         messages = self.store.messages(self.conversation_id)
-        while messages and messages[-1].role != "user":
+        while messages and messages[-1].role not in ("user", "tool"):
             messages.pop()
         if messages:
             self.view.set_messages(messages, self.store.conversation(self.conversation_id).memory_start_id)
@@ -353,10 +385,11 @@ class ChatPanel(QWidget):
         request = ChatRequest(
             conversation_id=self.conversation_id,
             system=replace(self.settings, system_prompt=self.system_prompt.prompt).system_messages(),
-            messages=[{"role": m.role, "content": m.content} for m in messages],
+            messages=[tool_messages.api_message(m) for m in messages],
             sampling=sampling or self._chat_sampling(),
             policy=self._policy(),
             completion=self.completion_button.isChecked(),
+            options=self.reply_options.options,
         )
         self._reply = StreamingReply(self.store, self.conversation_id, [m.id for m in messages],
                                      asdict(request.sampling), self.model_name)
@@ -409,7 +442,7 @@ class ChatPanel(QWidget):
         meta = streamed.meta(
             r.finish_reason, tokens_per_s=round(r.decode_tokens_per_s, 2), prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens, first_token_s=round(r.first_token_seconds, 3),
-            prompt_tokens_per_s=round(r.prefill_tokens_per_s, 1))
+            prompt_tokens_per_s=round(r.prefill_tokens_per_s, 1), **({"tool_calls": r.tool_calls} if r.tool_calls else {}))
         message = streamed.finish(r.text, meta)
         self._reply = None
         self.prompt_progress.finish()
@@ -423,6 +456,8 @@ class ChatPanel(QWidget):
             if r.finish_reason == "context_full":
                 self.show_error(self._context_full_text())
                 self._offer_ways_on("overflow")
+            elif r.tool_calls:
+                self._show_pending_call()
             elif self._greedy_retry and message is not None:
                 self.notice.show_notice(
                     "repeat", "At temperature 0 the model picks its likeliest word each time, so a regenerated reply "

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import time
 
+from . import tool_messages
 from .store import Message
 
-ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
+ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System", "tool": "Tool"}
 SAMPLING_NAMES = (("temperature", "temperature"), ("top_p", "top-p"), ("top_k", "top-k"), ("min_p", "min-p"),
                   ("repetition_penalty", "repetition penalty"), ("seed", "seed"))
 
@@ -36,7 +37,7 @@ def to_markdown(title: str, messages: list[Message]) -> str:
     for message in messages:
         about = _about(message)
         header = f"## {ROLE_TITLES.get(message.role, message.role)}\n\n" + (f"*{about}*\n\n" if about else "")
-        parts.append(f"{header}{message.content.strip()}\n")
+        parts.append(f"{header}{tool_messages.markdown(message).strip()}\n")
     return "\n".join(parts)
 
 
@@ -44,6 +45,7 @@ def to_json(title: str, messages: list[Message]) -> str:
     def entry(m: Message) -> dict:
         stamp = {"created": _stamp(m.created, "%Y-%m-%dT%H:%M:%S")} if m.created else {}
         version = {"version": m.siblings.index(m.id) + 1, "num_versions": len(m.siblings)} if len(m.siblings) > 1 else {}
-        return {"role": m.role, "content": m.content, **stamp, **version, **({"meta": m.meta} if m.meta else {})}
+        # a reply's calls and a result's call id as OpenAI's API writes them: the file reads back as a chat request
+        return {**tool_messages.api_message(m), **stamp, **version, **({"meta": m.meta} if m.meta else {})}
 
     return json.dumps({"title": title, "messages": [entry(m) for m in messages]}, indent=2, ensure_ascii=False)

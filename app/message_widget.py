@@ -15,10 +15,11 @@ from PySide6.QtWidgets import (
 )
 
 from . import theme
+from . import tool_messages
 from .markdown_view import MarkdownView
 from .store import Message
 
-TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
+TITLES = {"user": "You", "assistant": "Assistant", "system": "System", "tool": "Tool"}
 
 
 class MessageWidget(QFrame):
@@ -101,7 +102,7 @@ class MessageWidget(QFrame):
     def show_message(self, message: Message) -> None:
         """Show `message` (a reply once stored, with its final text, figures and versions)."""
         self.message = message
-        self.set_text(message.content)
+        self.set_text(tool_messages.markdown(message))
         self.set_meta(message.meta)
         versions = message.siblings
         at = versions.index(message.id) if message.id in versions else 0
@@ -155,7 +156,8 @@ class MessageWidget(QFrame):
         if reason and reason != "stop":
             # "interrupted": the app ended while it streamed; what was saved of it is shown.
             parts.append({"cancelled": "stopped", "length": "hit max new tokens", "context_full": "context full",
-                          "interrupted": "interrupted", "error": "cut short by an error"}.get(reason, reason))
+                          "interrupted": "interrupted", "error": "cut short by an error",
+                          "tool_calls": "called a tool"}.get(reason, reason))
         self.note.setText(" · ".join(parts))
 
     def copy(self) -> None:

@@ -12,6 +12,7 @@ from stowage.engine.runtime.generation import GenerationResult
 from stowage.engine.runtime.sampler import SamplingParams
 
 from . import context_policy
+from .reply_options import ReplyOptions
 
 
 @dataclass
@@ -22,6 +23,7 @@ class ChatRequest:
     sampling: SamplingParams
     policy: str = context_policy.STOP
     completion: bool = False  # continue the messages' text as written, without the chat template (a base model)
+    options: ReplyOptions = field(default_factory=ReplyOptions)  # JSON replies, tools
     cancel: threading.Event = field(default_factory=threading.Event)
 
 

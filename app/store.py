@@ -38,7 +38,7 @@ CREATE TABLE IF NOT EXISTS presets (  -- a system prompt with sampling, saved by
 # SCHEMA is version 0; every file, a new one included, is brought to SCHEMA_VERSION by MIGRATIONS in order.
 # Each is (columns added: (table, column, declaration), ...), then the SQL that fills them in for old rows (or "").
 # A table of its own (presets) is in SCHEMA, made where missing at every open.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 MIGRATIONS = {
     1: ((("messages", "parent_id", "INTEGER REFERENCES messages(id) ON DELETE CASCADE"),  # NULL: a first message
          ("messages", "chosen", "INTEGER NOT NULL DEFAULT 0"),  # the highest among siblings is on screen
@@ -49,8 +49,10 @@ MIGRATIONS = {
     2: ((("conversations", "preset_id", "INTEGER REFERENCES presets(id) ON DELETE SET NULL"),  # NULL: none
          ("conversations", "overflow_policy", "TEXT")),  # context_policy's name; NULL: the settings' choice
         ""),
+    # JSON: the chat's reply format and tools (reply_options.ReplyOptions.to_dict); NULL: free text, no tools
+    3: ((("conversations", "reply_options", "TEXT"),), ""),
 }
-_CONVERSATION_COLUMNS = "id, title, updated, memory_start_id, system_prompt, preset_id, overflow_policy"
+_CONVERSATION_COLUMNS = "id, title, updated, memory_start_id, system_prompt, preset_id, overflow_policy, reply_options"
 # Files SQLite keeps beside the database; they belong to it and move with it.
 _SIDE_FILES = ("-wal", "-shm", "-journal")
 
@@ -64,6 +66,11 @@ class ConversationRow:
     system_prompt: str | None = None  # None: the preset's, else the default system prompt in the settings
     preset_id: int | None = None
     overflow_policy: str | None = None  # when the context is full (context_policy); None: as the settings say
+    reply_options: dict = field(default_factory=dict)  # JSON replies and tools (app/reply_options.py); {}: none
+
+
+def _conversation(row: tuple) -> ConversationRow:
+    return ConversationRow(*row[:-1], json.loads(row[-1]) if row[-1] else {})
 
 
 @dataclass(frozen=True)
@@ -293,7 +300,7 @@ class ConversationStore:
         rows = self._db.execute(
             f"SELECT {_CONVERSATION_COLUMNS} FROM conversations ORDER BY updated DESC, id DESC"
         )
-        return [ConversationRow(*row) for row in rows]
+        return [_conversation(row) for row in rows]
 
     def search(self, text: str) -> list[ConversationRow]:
         """Conversations whose title or any message holds `text` (ASCII case ignored), most recent first."""
@@ -306,7 +313,7 @@ class ConversationStore:
             "ORDER BY updated DESC, id DESC",
             (pattern,),
         )
-        return [ConversationRow(*row) for row in rows]
+        return [_conversation(row) for row in rows]
 
     def conversation(self, conversation_id: int) -> ConversationRow:
         row = self._db.execute(
@@ -314,7 +321,7 @@ class ConversationStore:
         ).fetchone()
         if row is None:
             raise KeyError(f"no conversation {conversation_id}")
-        return ConversationRow(*row)
+        return _conversation(row)
 
     def create(self, title: str = "New chat") -> int:
         now = time.time()
@@ -351,6 +358,12 @@ class ConversationStore:
         """What this chat does when its context is full (None: as the settings say)."""
         with self._db:
             self._db.execute("UPDATE conversations SET overflow_policy = ? WHERE id = ?", (policy, conversation_id))
+
+    def set_reply_options(self, conversation_id: int, options: dict) -> None:
+        """This chat's reply format and tools (app/reply_options.py; {}: free text, no tools)."""
+        with self._db:
+            self._db.execute("UPDATE conversations SET reply_options = ? WHERE id = ?",
+                             (json.dumps(options) if options else None, conversation_id))
 
     # presets
     def presets(self) -> list[Preset]:

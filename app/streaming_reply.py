@@ -62,7 +62,7 @@ class StreamingReply:
     def finish(self, text: str, meta: dict) -> Message | None:
         """The reply's final text and meta in its row (made now if no token came); None when nothing is kept."""
         # Nothing to keep for a reply stopped before its first token, or whose conversation was deleted.
-        if not text or self.orphaned:
+        if (not text and not meta.get("tool_calls")) or self.orphaned:
             return None
         if self.id is None:
             self.id = self.store.add_message(self.conversation_id, "assistant", text, meta, parent_id=self.answered_id)

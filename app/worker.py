@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -30,6 +31,8 @@ from stowage.engine.process.engine_process import EngineProcess
 from stowage.engine.errors import EngineCrashedError, GenerationCancelled, InvalidArgumentError
 from stowage.engine.formats.source import open_source
 from stowage.engine.planning.inspect import inspect
+from stowage.engine.server.schemas import ApiError, parse_chat
+from stowage.engine.text import grammar
 from stowage.kernels import cpu_decode
 
 from . import context_policy, remote_source
@@ -326,12 +329,26 @@ class EngineWorker(QObject):
             request.system, request.messages, count, self.context_tokens - reserve, request.policy
         )
         self.reply_started.emit(ReplyStarted(cid, fitted.prompt_tokens, fitted.first_kept, fitted.kept_head))
+        options = request.options
+        fields = {"response_format": options.response_format, "tools": list(options.tools),
+                  "tool_choice": options.tool_choice}
         if self.remote is not None:
-            r = self._reply_from_remote(cid, fitted.messages, sampling, request.cancel)
+            r = self._reply_from_remote(cid, fitted.messages, sampling, request.cancel, fields)
             self.estimate.learn(fitted.messages, r.prompt_tokens)
             return r
         if self.process is not None:
-            return self._reply_from_process(cid, fitted.messages, sampling, request.cancel)
+            return self._reply_from_process(cid, fitted.messages, sampling, request.cancel, fields)
+        if options.tools:
+            raise InvalidArgumentError("tools need the engine in its own process (STOWAGE_ENGINE_PROCESS=0 is set): "
+                                       "unset it, or choose No tools for this chat")
+        if options.response_format is not None:  # held to it as the engine's server would hold a request
+            try:
+                text = parse_chat({"messages": [{"role": "user", "content": "?"}],
+                                   "response_format": options.response_format}).grammar
+            except ApiError as e:
+                raise InvalidArgumentError(e.message) from None
+            bound = grammar.bind(text, self.engine.tokenizer, self.engine.config.vocab_size, self.engine.eos_ids)
+            sampling = replace(sampling, grammar=bound)
         return self._reply_in_process(cid, fitted.messages, sampling, request.cancel)
 
     def _reply_completion(self, cid: int, text: str, sampling, cancel: threading.Event):
@@ -361,17 +378,17 @@ class EngineWorker(QObject):
                 self.token.emit(cid, event.text)
         return gen.result
 
-    def _reply_from_process(self, cid: int, messages: list[dict], sampling, cancel: threading.Event):
+    def _reply_from_process(self, cid: int, messages: list[dict], sampling, cancel: threading.Event, fields: dict):
         stream = self.process.chat(messages, sampling, cancel=cancel,
-                                   progress=lambda done, total: self.prefill_progress.emit(cid, done, total))
+                                   progress=lambda done, total: self.prefill_progress.emit(cid, done, total), **fields)
         for text in stream:
             self.token.emit(cid, text)
         return stream.result
 
-    def _reply_from_remote(self, cid: int, messages: list[dict], sampling, cancel: threading.Event):
+    def _reply_from_remote(self, cid: int, messages: list[dict], sampling, cancel: threading.Event, fields: dict):
         # the server applies the model's chat template (it has the model; this app does not)
         stream = self.remote.chat(messages, sampling, model=self.remote_model.model_id, cancel=cancel,
-                                  progress=lambda done, total: self.prefill_progress.emit(cid, done, total))
+                                  progress=lambda done, total: self.prefill_progress.emit(cid, done, total), **fields)
         for text in stream:
             self.token.emit(cid, text)
         return stream.result

@@ -160,9 +160,14 @@ class RemoteServer:
         self._check(self._request("POST", "/stowage/unload"))
 
     def chat(self, messages: list[dict], sampling: SamplingParams, *, model: str | None = None,
-             cancel: threading.Event | None = None, progress: Progress | None = None) -> "RemoteStream":
-        """A streaming chat reply: iterate for text deltas; `.result` once finished."""
-        body = {"messages": messages, **sampling_fields(sampling)}
+             cancel: threading.Event | None = None, progress: Progress | None = None,
+             response_format: dict | None = None, tools: list[dict] | None = None,
+             tool_choice: str | dict | None = None) -> "RemoteStream":
+        """A streaming chat reply: iterate for text deltas; `.result` once finished, with the tool calls the reply
+        made (result.tool_calls). response_format, tools and tool_choice as OpenAI's API takes them."""
+        extra = {"response_format": response_format, "tools": tools or None, "tool_choice": tool_choice}
+        body = {"messages": messages, **sampling_fields(sampling),
+                **{key: value for key, value in extra.items() if value is not None}}
         return RemoteStream(self, "/v1/chat/completions", body, model, cancel, progress)
 
     def complete(self, prompt: str | list[int], sampling: SamplingParams, *, model: str | None = None,
@@ -287,11 +292,29 @@ class RemoteStream:
             r.reused_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
         text = ""
         for choice in chunk.get("choices") or []:
-            piece = (choice.get("delta") or {}).get("content") if self.chat else choice.get("text")
+            delta = choice.get("delta") or {}
+            piece = delta.get("content") if self.chat else choice.get("text")
             text += piece or ""
+            for call in delta.get("tool_calls") or []:
+                self._take_call(call)
             r.finish_reason = choice.get("finish_reason") or r.finish_reason
-        r.finish_reason = stowage.get("finish_reason") or r.finish_reason  # OpenAI's "length" may be "context_full"
+        if r.finish_reason != "tool_calls":  # OpenAI's "length" may be "context_full"; a call stays a call
+            r.finish_reason = stowage.get("finish_reason") or r.finish_reason
         return text
+
+
+    def _take_call(self, piece: dict) -> None:
+        """A tool call's piece, as OpenAI streams them: its index, id and name first, its arguments in parts."""
+        calls = self.result.tool_calls
+        index = piece.get("index", len(calls))
+        if not isinstance(index, int) or not 0 <= index <= len(calls):
+            raise RemoteError(f"{self.server.base_url} sent a tool call out of order (index {index!r:.20})")
+        if index == len(calls):
+            calls.append({"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+        call, function = calls[index], piece.get("function") or {}
+        call["id"] = piece.get("id") or call["id"]
+        call["function"]["name"] = function.get("name") or call["function"]["name"]  # sent whole, once
+        call["function"]["arguments"] += function.get("arguments") or ""
 
 
 @contextmanager

@@ -30,6 +30,8 @@ class GenerationResult:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     first_token_seconds: float = 0.0
+    # a server's reply only: the tool calls it made, as OpenAI's API writes them ({"id", "type", "function"})
+    tool_calls: list[dict] = field(default_factory=list)
 
     @property
     def prefill_tokens_per_s(self) -> float:

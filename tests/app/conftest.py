@@ -96,6 +96,30 @@ class AppDriver:
             action()
         return blocker.args[0]
 
+    def add_server(self, window, url, key=None, remember=False):
+        """Server…, fill in the dialog, OK: as a user adds a server (key: processes.SERVE_KEY, the test servers')."""
+        from processes import SERVE_KEY
+        from PySide6.QtCore import Qt
+
+        self.qtbot.mouseClick(window.settings_panel.picker.server_button, Qt.MouseButton.LeftButton)
+        dialog = window.remotes.dialog
+        self.qtbot.waitUntil(dialog.isVisible)
+        dialog.url.setText(url + "/v1")
+        dialog.key.setText(SERVE_KEY if key is None else key)
+        dialog.remember.setChecked(remember)
+        self.qtbot.mouseClick(dialog.buttons.button(dialog.buttons.StandardButton.Ok), Qt.MouseButton.LeftButton)
+
+    def connect(self, window, url):
+        """Add the server at url and connect to its model, as a user does."""
+        from PySide6.QtCore import Qt
+
+        panel = window.settings_panel
+        self.wait_planned(window)  # the model the window opened on is planned first
+        self.add_server(window, url)
+        self.qtbot.waitUntil(lambda: panel.remote is not None, timeout=self.timeout_ms)
+        self.qtbot.mouseClick(panel.load_button, Qt.MouseButton.LeftButton)
+        self.qtbot.waitUntil(lambda: window.loaded_remote is not None, timeout=self.timeout_ms)
+
     def close_all(self):
         while self.windows:
             self.windows.pop().close()
@@ -106,3 +130,32 @@ def app_driver(qtbot):
     driver = AppDriver(qtbot)
     yield driver
     driver.close_all()
+
+
+def start_server(model_dir, context=512):
+    """`stowage serve` on model_dir, on a loopback port and with processes.SERVE_KEY: (the process, its URL)."""
+    from processes import read_line, stowage
+
+    proc = stowage("serve", model_dir, "--port", 0, "--context", context)
+    url = read_line(proc)
+    if not url.startswith("http://127.0.0.1:"):
+        proc.kill()
+        pytest.fail(f"no URL on stdout ({url!r}): {proc.communicate()[1]}")
+    return proc, url
+
+
+def stop_server(proc):
+    import signal
+
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=TIMEOUT_MS / 1000)
+
+
+@pytest.fixture
+def server(tiny_model_dir):
+    """A live `stowage serve` on the tiny model for the app to add as a remote source: (process, URL)."""
+    proc, url = start_server(tiny_model_dir)
+    yield proc, url
+    stop_server(proc)
+

@@ -1,61 +1,21 @@
 """The "Remote server" model source against a live `stowage serve` subprocess on 127.0.0.1 (real HTTP, no mock)."""
 
-import os
-import selectors
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from factory import ROOT
+from processes import SERVE_KEY, TIMEOUT_S
 from PySide6.QtCore import Qt
 
 from stowage.app.remote_source import RemoteModel, ServerBook, TokenEstimate
 
-KEY = "remote-test-key"
-TIMEOUT_S = 60
-
-
-def start_server(model_dir, context=512):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "STOWAGE_API_KEY": KEY}
-    proc = subprocess.Popen([sys.executable, "-P", "-m", "stowage.engine.cli", "serve", str(model_dir), "--port", "0",
-                             "--context", str(context)], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        if not sel.select(TIMEOUT_S):
-            proc.kill()
-            pytest.fail("the server printed no URL")
-    url = proc.stdout.readline().strip()
-    if not url.startswith("http://127.0.0.1:"):
-        proc.kill()
-        pytest.fail(f"no URL on stdout ({url!r}): {proc.communicate()[1]}")
-    return proc, url
+KEY = SERVE_KEY
 
 
 def stop(proc):
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=TIMEOUT_S)
-
-
-@pytest.fixture
-def server(tiny_model_dir):
-    proc, url = start_server(tiny_model_dir)
-    yield proc, url
-    stop(proc)
-
-
-def add_server(window, qtbot, url, key=KEY, remember=False):
-    """Server…, fill in the dialog, OK: as a user adds a server."""
-    qtbot.mouseClick(window.settings_panel.picker.server_button, Qt.MouseButton.LeftButton)
-    dialog = window.remotes.dialog
-    qtbot.waitUntil(dialog.isVisible)
-    dialog.url.setText(url + "/v1")
-    dialog.key.setText(key or "")
-    dialog.remember.setChecked(remember)
-    qtbot.mouseClick(dialog.buttons.button(dialog.buttons.StandardButton.Ok), Qt.MouseButton.LeftButton)
+    """End the server now, in the middle of a test (the fixture's teardown then finds it ended)."""
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=TIMEOUT_S)
 
 
 def remote_entries(window):
@@ -68,7 +28,7 @@ def test_a_servers_model_is_listed_chats_and_stores_its_reply(app_driver, qtbot,
     window = app_driver.open(tiny_model_dir)
     app_driver.load(window)  # a local model first: connecting to the server unloads it
     panel = window.settings_panel
-    add_server(window, qtbot, url)
+    app_driver.add_server(window, url)
     qtbot.waitUntil(lambda: panel.remote is not None, timeout=TIMEOUT_S * 1000)
     assert "press Connect to use" in panel.pending.text()
     (model,) = remote_entries(window)
@@ -117,7 +77,7 @@ def test_a_server_that_does_not_answer_is_a_message_and_the_window_goes_on(app_d
     window = app_driver.open(tiny_model_dir)
     app_driver.wait_planned(window)
     panel = window.settings_panel
-    add_server(window, qtbot, "http://127.0.0.1:9", key=None)
+    app_driver.add_server(window, "http://127.0.0.1:9", key="")
     qtbot.waitUntil(lambda: "cannot reach" in panel.model_info.text(), timeout=TIMEOUT_S * 1000)
     assert "is the server running at that address?" in panel.model_info.text()
     assert "Server…" in panel.model_info.text() and not remote_entries(window)
@@ -132,19 +92,17 @@ def test_a_server_that_does_not_answer_is_a_message_and_the_window_goes_on(app_d
     assert reply.result.text
 
 
-def test_a_server_gone_mid_session_is_an_error_in_the_chat(app_driver, qtbot, tiny_model_dir):
-    proc, url = start_server(tiny_model_dir)
-    try:
-        window = app_driver.open(tiny_model_dir)
-        app_driver.wait_planned(window)
-        panel = window.settings_panel
-        add_server(window, qtbot, url, remember=True)
-        qtbot.waitUntil(lambda: panel.remote is not None, timeout=TIMEOUT_S * 1000)
-        assert KEY in window.qsettings.value("remote_servers")  # ticked: remembered (the dialog says unencrypted)
-        qtbot.mouseClick(panel.load_button, Qt.MouseButton.LeftButton)
-        qtbot.waitUntil(lambda: window.loaded_remote is not None, timeout=TIMEOUT_S * 1000)
-    finally:
-        stop(proc)
+def test_a_server_gone_mid_session_is_an_error_in_the_chat(app_driver, qtbot, tiny_model_dir, server):
+    proc, url = server
+    window = app_driver.open(tiny_model_dir)
+    app_driver.wait_planned(window)
+    panel = window.settings_panel
+    app_driver.add_server(window, url, remember=True)
+    qtbot.waitUntil(lambda: panel.remote is not None, timeout=TIMEOUT_S * 1000)
+    assert KEY in window.qsettings.value("remote_servers")  # ticked: remembered (the dialog says unencrypted)
+    qtbot.mouseClick(panel.load_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: window.loaded_remote is not None, timeout=TIMEOUT_S * 1000)
+    stop(proc)
     failed = []
     window.client.worker.reply_failed.connect(lambda cid, message: failed.append(message))
     app_driver.send(window, "Anyone there?")
@@ -156,29 +114,27 @@ def test_a_server_gone_mid_session_is_an_error_in_the_chat(app_driver, qtbot, ti
 
 
 def test_a_refused_folder_while_connected_then_the_server_going_away(app_driver, qtbot, tiny_model_dir,
-                                                                    broken_model_dir):
+                                                                    broken_model_dir, server):
     """Issue 30: a folder refused while connected leaves no half server-mode panel (item 8); a server that goes away
     while nothing is sent no longer shows "Connected" in green (item 10)."""
-    proc, url = start_server(tiny_model_dir)
-    try:
-        window = app_driver.open(tiny_model_dir)
-        app_driver.wait_planned(window)
-        panel = window.settings_panel
-        add_server(window, qtbot, url)
-        qtbot.waitUntil(lambda: panel.remote is not None, timeout=TIMEOUT_S * 1000)
-        qtbot.mouseClick(panel.load_button, Qt.MouseButton.LeftButton)
-        qtbot.waitUntil(lambda: window.loaded_remote is not None, timeout=TIMEOUT_S * 1000)
-        status = panel.loading.load_status
-        assert status.text().startswith("Connected") and status.property("theme_role") == "ok"
-        assert panel.load_button.text() == "Connect" and not panel.context.isVisible()
+    proc, url = server
+    window = app_driver.open(tiny_model_dir)
+    app_driver.wait_planned(window)
+    panel = window.settings_panel
+    app_driver.add_server(window, url)
+    qtbot.waitUntil(lambda: panel.remote is not None, timeout=TIMEOUT_S * 1000)
+    qtbot.mouseClick(panel.load_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: window.loaded_remote is not None, timeout=TIMEOUT_S * 1000)
+    status = panel.loading.load_status
+    assert status.text().startswith("Connected") and status.property("theme_role") == "ok"
+    assert panel.load_button.text() == "Connect" and not panel.context.isVisible()
 
-        panel.picker.open_path(str(broken_model_dir))  # Open… on a folder that cannot be used
-        qtbot.waitUntil(lambda: window.error_box is not None, timeout=TIMEOUT_S * 1000)
-        assert panel.remote is None and panel.load_button.text() == "Load" and panel.memory_box.title() == "Memory"
-        assert panel.context.isVisible() and not panel.context.isEnabled() and not panel.load_button.isEnabled()
-        assert window.graph.isVisible() and not panel.picker.forget_button.isVisible()
-    finally:
-        stop(proc)
+    panel.picker.open_path(str(broken_model_dir))  # Open… on a folder that cannot be used
+    qtbot.waitUntil(lambda: window.error_box is not None, timeout=TIMEOUT_S * 1000)
+    assert panel.remote is None and panel.load_button.text() == "Load" and panel.memory_box.title() == "Memory"
+    assert panel.context.isVisible() and not panel.context.isEnabled() and not panel.load_button.isEnabled()
+    assert window.graph.isVisible() and not panel.picker.forget_button.isVisible()
+    stop(proc)
     # nothing is sent: the health check finds the server gone
     qtbot.waitUntil(lambda: "does not answer" in status.text(), timeout=TIMEOUT_S * 1000)
     assert status.property("theme_role") == "error" and "not answering" in window.model_label.text()
@@ -225,7 +181,7 @@ def test_a_server_of_another_kind_is_a_message(app_driver, qtbot, tiny_model_dir
     try:
         window = app_driver.open(tiny_model_dir)
         app_driver.wait_planned(window)
-        add_server(window, qtbot, f"http://127.0.0.1:{other.server_port}", key=None)
+        app_driver.add_server(window, f"http://127.0.0.1:{other.server_port}", key="")
         info = window.settings_panel.model_info
         qtbot.waitUntil(lambda: "did not list models" in info.text(), timeout=TIMEOUT_S * 1000)
         assert "is it an OpenAI-compatible server?" in info.text() and not remote_entries(window)

@@ -1,4 +1,4 @@
-from stowage.app.store import ConversationStore
+from stowage.app.store import SCHEMA_VERSION, ConversationStore
 
 
 def test_conversation_survives_reopen(tmp_path):
@@ -130,7 +130,7 @@ def test_presets_come_with_a_migration_that_keeps_the_chats(tmp_path):
     assert store.save_preset("Coder", "You write Rust.", {"temperature": 0.3}) == coder  # saved again: replaced
     store.close()
     again = ConversationStore(path)
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     (row,) = again.conversations()
     assert (row.preset_id, row.overflow_policy) == (coder, "drop_oldest")
     assert again.preset(coder).system_prompt == "You write Rust." and again.preset(coder).sampling == {"temperature": 0.3}

@@ -1,34 +1,59 @@
-"""Every dtype name Stowage reads or writes, in one table: stored (safetensors), compute, and KV cache."""
+"""Every dtype name Stowage reads or writes, in one table: stored (safetensors), compute, and KV cache.
+
+The names are plain strings; the tables of numpy's and torch's dtypes behind them (SAFETENSORS, COMPUTE, KV) are
+built when first read, so code that only names a dtype (the CLI's parser, a model listing) never imports torch.
+"""
 
 from __future__ import annotations
 
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
-# safetensors dtype code -> (bytes per element, numpy dtype to view the bytes, torch dtype to reinterpret as)
-SAFETENSORS: dict[str, tuple[int, np.dtype, torch.dtype]] = {
-    "F64": (8, np.dtype("<f8"), torch.float64),
-    "F32": (4, np.dtype("<f4"), torch.float32),
-    "F16": (2, np.dtype("<f2"), torch.float16),
-    "BF16": (2, np.dtype("<i2"), torch.bfloat16),
-    "I64": (8, np.dtype("<i8"), torch.int64),
-    "I32": (4, np.dtype("<i4"), torch.int32),
-    "I16": (2, np.dtype("<i2"), torch.int16),
-    "I8": (1, np.dtype("i1"), torch.int8),
-    "U8": (1, np.dtype("u1"), torch.uint8),
-    "BOOL": (1, np.dtype("u1"), torch.bool),
-    "F8_E4M3": (1, np.dtype("u1"), torch.float8_e4m3fn),
-    "F8_E5M2": (1, np.dtype("u1"), torch.float8_e5m2),
-}
+if TYPE_CHECKING:
+    import torch
 
 # What the model may compute in (and what `dtype=` may convert floating weights to).
-COMPUTE: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+COMPUTE_NAMES = ("float32", "float16", "bfloat16")
 # What the KV cache may store; fp8 keeps value / scale; q8_0 and q4_0 are ggml's blocks of 32, the storage dtype
 # naming the format (kernels/kv_quant.py; docs/kernels.md). K and V may differ: "K/V", e.g. "q8_0/q4_0".
-KV: dict[str, torch.dtype] = {**COMPUTE, "fp8": torch.float8_e4m3fn, "q8_0": torch.int8, "q4_0": torch.uint8}
+KV_NAMES = (*COMPUTE_NAMES, "fp8", "q8_0", "q4_0")
 # Spellings users type for a KV dtype ("auto": the compute dtype).
 KV_ALIASES: dict[str, str | None] = {"auto": None, "fp32": "float32", "fp16": "float16", "bf16": "bfloat16",
                                      "fp8_e4m3": "fp8"}
+_TABLES = ("SAFETENSORS", "COMPUTE", "KV")
+
+
+def __getattr__(name: str):
+    """SAFETENSORS, COMPUTE and KV, built on first use (importing numpy and torch), then plain module attributes."""
+    if name not in _TABLES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if "KV" not in globals():
+        globals().update(_tables())
+    return globals()[name]
+
+
+def _tables() -> dict[str, dict]:
+    import numpy as np
+    import torch
+
+    # safetensors dtype code -> (bytes per element, numpy dtype to view the bytes, torch dtype to reinterpret as)
+    safetensors: dict[str, tuple[int, np.dtype, torch.dtype]] = {
+        "F64": (8, np.dtype("<f8"), torch.float64),
+        "F32": (4, np.dtype("<f4"), torch.float32),
+        "F16": (2, np.dtype("<f2"), torch.float16),
+        "BF16": (2, np.dtype("<i2"), torch.bfloat16),
+        "I64": (8, np.dtype("<i8"), torch.int64),
+        "I32": (4, np.dtype("<i4"), torch.int32),
+        "I16": (2, np.dtype("<i2"), torch.int16),
+        "I8": (1, np.dtype("i1"), torch.int8),
+        "U8": (1, np.dtype("u1"), torch.uint8),
+        "BOOL": (1, np.dtype("u1"), torch.bool),
+        "F8_E4M3": (1, np.dtype("u1"), torch.float8_e4m3fn),
+        "F8_E5M2": (1, np.dtype("u1"), torch.float8_e5m2),
+    }
+    compute: dict[str, torch.dtype] = dict(zip(COMPUTE_NAMES, (torch.float32, torch.float16, torch.bfloat16)))
+    kv: dict[str, torch.dtype] = {**compute, "fp8": torch.float8_e4m3fn, "q8_0": torch.int8, "q4_0": torch.uint8}
+    assert tuple(kv) == KV_NAMES
+    return {"SAFETENSORS": safetensors, "COMPUTE": compute, "KV": kv}
 
 
 def name_of(dtype: torch.dtype) -> str:
@@ -37,15 +62,19 @@ def name_of(dtype: torch.dtype) -> str:
 
 
 def compute_dtype(name: str) -> torch.dtype:
-    if name not in COMPUTE:
-        raise ValueError(f"dtype {name!r} is not one of {', '.join(COMPUTE)}")
-    return COMPUTE[name]
+    if name not in COMPUTE_NAMES:
+        raise ValueError(f"dtype {name!r} is not one of {', '.join(COMPUTE_NAMES)}")
+    return __getattr__("COMPUTE")[name]
 
 
 def kv_dtype(name: str) -> torch.dtype:
-    if name not in KV:
-        raise ValueError(f"KV dtype {name!r} is not one of {', '.join(KV)}, nor two of them as K/V (q8_0/q4_0)")
-    return KV[name]
+    _check_kv(name)
+    return __getattr__("KV")[name]
+
+
+def _check_kv(name: str) -> None:
+    if name not in KV_NAMES:
+        raise ValueError(f"KV dtype {name!r} is not one of {', '.join(KV_NAMES)}, nor two of them as K/V (q8_0/q4_0)")
 
 
 def kv_dtypes(name: str) -> tuple[torch.dtype, torch.dtype]:
@@ -59,5 +88,6 @@ def kv_name(name: str) -> str:
     "q8_0/q8_0" -> "q8_0". Raises ValueError naming the choices ("auto" is the CLI's, not a dtype)."""
     k, _, v = name.partition("/")
     k, v = KV_ALIASES.get(k, k), KV_ALIASES.get(v or k, v or k)
-    kv_dtypes(f"{k}/{v}")  # raises ValueError naming the choices
+    _check_kv(k)  # raises ValueError naming the choices
+    _check_kv(v)
     return k if k == v else f"{k}/{v}"

@@ -4,7 +4,8 @@
 kernels/cpu_attention.py, where its library is; the torch reference otherwise): an object (a module)
 with `NAME`, `write_kv`, `decode_attention`, `prefill_attention`, and `workspace_bytes(...)`, its peak
 scratch, which the planner charges. Triton is imported only when a kernel is first called, so a test
-can set TRITON_INTERPRET before any kernel is decorated, and planning never imports it.
+can set TRITON_INTERPRET before any kernel is decorated, and planning never imports it. torch itself is imported
+at the first `attention_ops`, so `from stowage.kernels import cpu_decode` stays light (the CLI's parser).
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import functools
 import importlib.util
 import os
 from types import ModuleType
+from typing import TYPE_CHECKING
 
-import torch
+from . import cpu_decode
 
-from . import cpu_attention, cpu_decode, reference
+if TYPE_CHECKING:
+    import torch
 
 FORCE_REFERENCE_ENV = "STOWAGE_FORCE_REFERENCE"
 
@@ -28,6 +31,7 @@ def forced_reference() -> bool:
 def attention_ops(device: torch.device | str, *, sinks: bool = False) -> ModuleType:
     """The attention implementation that runs on `device` (also asked when planning for a GPU not present).
     Attention sinks (gpt-oss) run in the reference alone: the native and Triton kernels have none yet."""
+    torch, cpu_attention, reference = _torch_modules()
     device = torch.device(device)
     if sinks:
         return reference
@@ -38,9 +42,20 @@ def attention_ops(device: torch.device | str, *, sinks: bool = False) -> ModuleT
     return _cuda_ops(device.index)
 
 
+@functools.cache
+def _torch_modules() -> tuple[ModuleType, ModuleType, ModuleType]:
+    # imported once, at the first question (asked once per layer per token: a cache hit, not an import, after that)
+    import torch
+
+    from . import cpu_attention, reference
+
+    return torch, cpu_attention, reference
+
+
 @functools.lru_cache(maxsize=None)
 def _cuda_ops(index: int | None) -> ModuleType:
     # Cached per GPU: the engine asks once per layer per token.
+    torch, _, reference = _torch_modules()
     if importlib.util.find_spec("triton") is None:  # an optional extra; the reference is correct, only slower
         return reference
     # Triton's CUDA backend wants compute capability 7.5 or newer (Turing on). Without CUDA here (a plan for

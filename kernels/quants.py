@@ -10,43 +10,12 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-QK_K = 256  # weights per super-block of the K-quants
+from .block_formats import FORMATS, QK_K, BlockFormat  # noqa: F401 (read here by the kernels and the engine)
 
-
-@dataclass(frozen=True)
-class BlockFormat:
-    """How many weights one block holds and how many bytes it takes; `dtype` is set for the plain types."""
-
-    elems_per_block: int
-    bytes_per_block: int
-    dtype: torch.dtype | None = None
-
-    def row_bytes(self, row_elems: int) -> int:
-        """Bytes of one row of `row_elems` weights; raises ValueError when the row is not whole blocks."""
-        if row_elems % self.elems_per_block:
-            raise ValueError(f"a row of {row_elems} weights is not a whole number of blocks of {self.elems_per_block}")
-        return row_elems // self.elems_per_block * self.bytes_per_block
-
-
-FORMATS: dict[str, BlockFormat] = {
-    "f32": BlockFormat(1, 4, torch.float32),
-    "f16": BlockFormat(1, 2, torch.float16),
-    "bf16": BlockFormat(1, 2, torch.bfloat16),
-    "q8_0": BlockFormat(32, 2 + 32),  # d: f16, qs: int8[32]
-    "q4_0": BlockFormat(32, 2 + 16),  # d, qs: 32 nibbles
-    "q4_1": BlockFormat(32, 2 + 2 + 16),  # d, m, qs
-    "q5_0": BlockFormat(32, 2 + 4 + 16),  # d, qh: 32 high bits, qs
-    "q5_1": BlockFormat(32, 2 + 2 + 4 + 16),  # d, m, qh, qs
-    "q4_k": BlockFormat(QK_K, 2 + 2 + 12 + QK_K // 2),  # d, dmin, 8 x (6-bit scale, 6-bit min), qs
-    "q5_k": BlockFormat(QK_K, 2 + 2 + 12 + QK_K // 8 + QK_K // 2),  # d, dmin, scales, qh, qs
-    "q6_k": BlockFormat(QK_K, QK_K // 2 + QK_K // 4 + QK_K // 16 + 2),  # ql, qh, int8 scales[16], d
-    "mxfp4": BlockFormat(32, 1 + 16),  # e: E8M0 scale, qs: 32 E2M1 codes (weight j low nibble, j + 16 high)
-}
 # E2M1's values doubled (ggml's kvalues_mxfp4): code c is sign (bit 3), then 0, 0.5, 1, 1.5, 2, 3, 4, 6; the E8M0
 # scale e is 2^(e - 127), so a weight is kvalues[c] * 2^(e - 128) (ggml_e8m0_to_fp32_half)
 MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)

@@ -16,16 +16,20 @@ import os
 import sys
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from stowage.kernels import cpu_decode
 
 from ..formats.discovery import add_list_parser
-from ..dtypes import COMPUTE
+from ..dtypes import COMPUTE_NAMES
 from ..errors import InsufficientMemoryError, InvalidArgumentError, StowageError
 from .hub import add_hub_parsers
 from .plan import KV_DTYPE_HELP, _kv_dtype, add_plan_parser
 from ..protocol import API_KEY_ENV, write_progress
 from .serve import add_serve_parser
-from ..runtime.sampler import SamplingParams
+
+if TYPE_CHECKING:  # the sampler imports torch; the parser (`stowage --help`, `list`, `plan`) must not
+    from ..runtime.sampler import SamplingParams
 
 
 def _add_sampling(p: argparse.ArgumentParser, temperature: float) -> None:
@@ -45,12 +49,14 @@ def _add_sampling(p: argparse.ArgumentParser, temperature: float) -> None:
                    help="random seed, for replies that repeat (default: a new one each time)")
     p.add_argument("--stop", metavar="TEXT", action="append", default=[],
                    help="end the reply where TEXT appears (repeatable)")
-    p.add_argument("--dtype", choices=sorted(COMPUTE), default=None,
+    p.add_argument("--dtype", choices=sorted(COMPUTE_NAMES), default=None,
                    help="weights dtype (default: as stored, used in place)")
     p.add_argument("--kv-dtype", type=_kv_dtype, default=None, metavar="TYPE", help=KV_DTYPE_HELP)
 
 
 def _sampling(args) -> SamplingParams:
+    from ..runtime.sampler import SamplingParams
+
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repetition_penalty=args.repetition_penalty, max_tokens=args.max_tokens, seed=args.seed,
                           stop=tuple(args.stop))

@@ -8,17 +8,17 @@ import json
 import sys
 from pathlib import Path
 
-from stowage.kernels import cpu_decode
+from typing import TYPE_CHECKING
 
 from ..defaults import BLOCK_SIZE, PREFILL_CHUNK
-from ..dtypes import COMPUTE, KV, KV_ALIASES, kv_name
+from ..dtypes import COMPUTE_NAMES, KV_ALIASES, KV_NAMES, kv_name
 from ..errors import HubError, InvalidArgumentError, StowageError
 from ..units import format_bytes, parse_size
-from ..planning.budgets import Budgets, detect_disk, detect_gpus, detect_ram, gpu_budget, ram_budget
-from ..planning.inspect import inspect
-from ..planning.plan import PlanRequest, max_context, plan
-from ..planning.report import format_table, to_dict
 from .hub import is_remote
+
+if TYPE_CHECKING:  # planning imports torch: only a plan that runs needs it, never the parser (`stowage --help`)
+    from ..planning.budgets import Budgets
+    from ..planning.plan import PlanRequest
 
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_MODEL = 0, 1, 2
 
@@ -40,7 +40,7 @@ def _kv_dtype(text: str) -> str | None:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-KV_DTYPE_HELP = (f"KV cache dtype: {', '.join(KV)}, or K's and V's apart as K/V (q8_0/q4_0); default auto: the "
+KV_DTYPE_HELP = (f"KV cache dtype: {', '.join(KV_NAMES)}, or K's and V's apart as K/V (q8_0/q4_0); default auto: the "
                  "compute dtype. fp8 and q8_0 take about 1 byte per value, q4_0 0.56 (docs/kernels.md)")
 
 
@@ -74,7 +74,7 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--context", dest="context_tokens", metavar="N", type=int,
                    help="context tokens (default: the largest that fits, up to the model's maximum)")
     p.add_argument("--kv-dtype", default="auto", type=_kv_dtype, metavar="TYPE", help=KV_DTYPE_HELP)
-    p.add_argument("--dtype", choices=sorted(COMPUTE), help="convert the weights to this dtype (a counted copy)")
+    p.add_argument("--dtype", choices=sorted(COMPUTE_NAMES), help="convert the weights to this dtype (a counted copy)")
     p.add_argument("--gpu-budget", metavar="SIZE", type=_size, action="append",
                    help="plan as if a GPU had SIZE free (e.g. 24GiB); repeat for more GPUs; the safety buffer "
                         "max(512MiB, 2%%) still comes off it. Default: every NVIDIA GPU's free memory")
@@ -104,6 +104,8 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
 
 def budgets_from_args(args: argparse.Namespace) -> Budgets:
     """Given budgets where the arguments state them, detected ones elsewhere."""
+    from ..planning.budgets import Budgets, detect_disk, detect_gpus, detect_ram, gpu_budget, ram_budget
+
     if args.gpu_budget:
         gpus = tuple(gpu_budget(i, free, safety_bytes=args.gpu_safety) for i, free in enumerate(args.gpu_budget))
         gpu_note = f"given: {len(gpus)} GPU budget(s)"
@@ -123,6 +125,8 @@ def run_plan(args: argparse.Namespace, out=None) -> int:
         _check_counts(args)
         if is_remote(str(args.model_dir)):
             return _run_remote_plan(args, out)
+        from ..planning.inspect import inspect
+
         info = inspect(args.model_dir)
         request = _request(args)
     except (StowageError, ValueError) as e:
@@ -135,6 +139,8 @@ def run_plan(args: argparse.Namespace, out=None) -> int:
 
 
 def _request(args: argparse.Namespace) -> PlanRequest:
+    from ..planning.plan import PlanRequest
+
     return PlanRequest(args.context_tokens or 1, kv_dtype=KV_ALIASES.get(args.kv_dtype, args.kv_dtype),
                        dtype=args.dtype, gpu_layers=args.gpu_layers, cpu_expert_layers=args.cpu_expert_layers,
                        block_size=args.block_size,
@@ -142,6 +148,11 @@ def _request(args: argparse.Namespace) -> PlanRequest:
 
 
 def _print_plan(args: argparse.Namespace, out, info, request: PlanRequest) -> int:
+    from stowage.kernels import cpu_decode
+
+    from ..planning.plan import max_context, plan
+    from ..planning.report import format_table, to_dict
+
     budgets = budgets_from_args(args)
     if args.context_tokens is None:
         request = request.with_context(max_context(info, request, budgets) or request.block_size)

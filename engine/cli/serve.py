@@ -10,19 +10,17 @@ import threading
 import time
 from pathlib import Path
 
-from stowage.kernels import cpu_decode
+from typing import TYPE_CHECKING
 
-from ..defaults import DEFAULT_CONTEXT
-from ..dtypes import COMPUTE
+from ..defaults import DEFAULT_CONTEXT, KV_DIR_ENV
+from ..dtypes import COMPUTE_NAMES
 from ..errors import InvalidArgumentError
 from ..units import format_bytes
-from ..serving.kv_store import KV_DIR_ENV
-from ..planning import default_context_tokens
-from ..planning.plan import PlanRequest
 from .plan import KV_DTYPE_HELP, _gpu_layers, _kv_dtype, _size
 from ..protocol import API_KEY_ENV, DEFAULT_HOST, DEFAULT_PORT, UNIX_SCHEME, write_progress
-from ..server.guards import parse_origin
-from ..server.listener import close_listener, listen, listen_unix, serve
+
+if TYPE_CHECKING:  # the engine and the server import torch: only `serve` itself needs them, never the parser
+    from ..planning.plan import PlanRequest
 
 DEFAULT_MAX_QUEUE = 16
 
@@ -56,7 +54,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--cors-origin", metavar="ORIGIN", dest="cors_origins", action="append", type=_origin, default=[],
                    help="let the web page at ORIGIN (scheme://host[:port]) call the server from a browser; "
                         "repeatable. Other pages are refused (docs/server.md, Security)")
-    p.add_argument("--dtype", choices=sorted(COMPUTE), default=None,
+    p.add_argument("--dtype", choices=sorted(COMPUTE_NAMES), default=None,
                    help="weights dtype (default: as stored, used in place)")
     p.add_argument("--kv-dtype", type=_kv_dtype, default=None, metavar="TYPE", help=KV_DTYPE_HELP)
     p.add_argument("--gpu-layers", metavar="N", type=_gpu_layers, default=None,
@@ -79,9 +77,12 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from stowage.kernels import cpu_decode
+
     from ..formats.discovery import Places, default_models_dir
     from ..runtime.engine import Engine
     from ..planning.report import summary
+    from ..server.listener import close_listener, listen, listen_unix, serve
     from ..server.serving import LoadDefaults, plan_serving
 
     for name, flag, least in (("context_tokens", "context", 1), ("parallel", "parallel", 1),
@@ -119,6 +120,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _origin(text: str) -> str:
+    from ..server.guards import parse_origin
+
     try:
         return parse_origin(text)
     except InvalidArgumentError as e:
@@ -127,6 +130,9 @@ def _origin(text: str) -> str:
 
 def _plan_request(args: argparse.Namespace) -> PlanRequest:
     """--plan-request as it came, or the request the flags describe (the context: --context, or the default)."""
+    from ..planning import default_context_tokens
+    from ..planning.plan import PlanRequest
+
     flags = {"--context": args.context_tokens, "--parallel": args.parallel, "--dtype": args.dtype,
              "--kv-dtype": args.kv_dtype, "--gpu-layers": args.gpu_layers, "--kv-disk-budget": args.kv_disk_budget}
     if args.plan_request is not None:

@@ -20,7 +20,6 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import ModelFormatError
-from .gguf import FILE_TYPES, find_gguf, is_gguf_file, part_paths, read_metadata
 from ..units import format_bytes
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
@@ -126,6 +125,8 @@ def gguf_models(folder: Path, source: str = "folder") -> list[FoundModel]:
 def gguf_quant(path: Path) -> str | None:
     """The quantization of the GGUF model at `path` (a file, or a folder holding one) as a listing names it ("Q4_1");
     None when unknown."""
+    from .gguf import find_gguf
+
     try:
         path = find_gguf(path)
     except ModelFormatError:
@@ -175,6 +176,8 @@ def _hf_cache_models(hub: Path, notes: list[str]) -> list[FoundModel | None]:
 
 def _gguf_files(path: Path, depth: int = 0) -> list[Path]:
     """The GGUF models under `path` (itself, if a file): single files and the first part of split ones."""
+    from .gguf import part_paths  # here, as every reader of GGUF files: `stowage --help` builds this parser
+
     if path.is_file():
         return [path] if path.suffix.lower() == ".gguf" and part_paths(path)[0] == path else []
     if not path.is_dir() or depth >= MAX_FOLDER_DEPTH:
@@ -194,6 +197,8 @@ def _relative_name(path: Path, root: Path) -> str:
 
 def _gguf_entry(path: Path, name: str, source: str, notes: list[str], quant: str | None = None) -> FoundModel | None:
     """A GGUF model's entry, its quantization from general.file_type (else the name); None, noted, if unreadable."""
+    from .gguf import FILE_TYPES, part_paths
+
     meta = _listed_metadata(path)
     if isinstance(meta, str):
         notes.append(f"{path}: skipped, not a readable GGUF file ({meta})")
@@ -220,6 +225,8 @@ def _listed_metadata(path: Path) -> dict | str:
 
 @lru_cache(maxsize=1024)  # entries of a few keys; far more GGUF files than anyone keeps
 def _read_listed(path: Path, size: int, mtime_ns: int, inode: int) -> dict | str:
+    from .gguf import read_metadata
+
     try:
         return read_metadata(path, _LISTED_KEYS)
     except ModelFormatError as e:
@@ -228,6 +235,8 @@ def _read_listed(path: Path, size: int, mtime_ns: int, inode: int) -> dict | str
 
 def _ollama_models(root: Path, notes: list[str]) -> list[FoundModel | None]:
     """Ollama's models: each manifest's model layer, a GGUF blob opened where it lies."""
+    from .gguf import is_gguf_file
+
     manifests = root / "manifests"
     out = []
     # manifests/<registry>/<namespace>/<model>/<tag>

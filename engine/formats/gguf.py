@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from stowage.kernels.quants import FORMATS
+from stowage.kernels.block_formats import FORMATS
 
-from ..dtypes import SAFETENSORS, name_of
+from .. import dtypes
 from ..errors import ModelFormatError
 
 MAGIC = b"GGUF"
@@ -85,8 +85,7 @@ class GGUFTensor:
     @property
     def dtype_name(self) -> str:
         """What the layout reads: "float32", "float16" or "bfloat16" for the plain types, else the format ("q8_0")."""
-        dtype = FORMATS[self.type_name].dtype
-        return name_of(dtype) if dtype is not None else self.type_name
+        return FORMATS[self.type_name].dtype_name or self.type_name
 
 
 class GGUFFile:
@@ -134,9 +133,9 @@ class GGUFFile:
             raise PrefixTooShort(self.path.name, tensor.offset + tensor.nbytes)
         view = self._map[tensor.offset : tensor.offset + tensor.nbytes]
         fmt = FORMATS[tensor.type_name]
-        if fmt.dtype is not None:
+        if fmt.dtype_name is not None:
             # ggml's plain type names are safetensors' dtype codes in lowercase; one table says how to view them.
-            return view.view(SAFETENSORS[tensor.type_name.upper()][1]).reshape(tensor.shape)
+            return view.view(dtypes.SAFETENSORS[tensor.type_name.upper()][1]).reshape(tensor.shape)
         return view.reshape(*tensor.shape[:-1], fmt.row_bytes(tensor.shape[-1]))
 
 

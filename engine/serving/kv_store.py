@@ -29,12 +29,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..defaults import KV_DIR_ENV
 from ..runtime.generation import common_prefix
 from ..runtime.kv_cache import KVCache, Sequence, ceil_div
 
 log = logging.getLogger(__name__)
 
-KV_DIR_ENV = "STOWAGE_KV_DIR"
 MAGIC = b"STOWKV01"
 PREFIX = struct.Struct("<8sII")  # magic, header bytes, CRC-32 of the header and the token ids
 ALIGN = 64  # the blocks start here-aligned, so every block is viewed in place as the cache dtype

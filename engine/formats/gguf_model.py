@@ -41,7 +41,7 @@ from ..runtime.rope import inverse_frequencies
 # general.architecture -> the model_type engine/formats/config.py builds (Mistral files say "llama")
 # (a llama file with experts is Mixtral's: config_from_gguf)
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text",
-                 "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}
+                 "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "gpt-oss": "gpt_oss"}
 PERMUTED_QK = frozenset({"llama"})  # architectures whose Q/K rows llama.cpp's converter permutes
 GEMMA = frozenset({"gemma2", "gemma3"})
 ROPE_FREQS = "rope_freqs.weight"
@@ -57,12 +57,21 @@ _HF_GLOBAL = {hf: gguf for gguf, hf in _GLOBAL.items()}
 
 
 # The router and the 3-D experts (docs/moe.md): under the block engine/formats/layout.py reads them from
-_MOE_BLOCK = {"llama": "block_sparse_moe", "qwen3moe": "mlp", "qwen2moe": "mlp"}
+_MOE_BLOCK = {"llama": "block_sparse_moe", "qwen3moe": "mlp", "qwen2moe": "mlp", "gpt-oss": "mlp"}
 _SHARED_EXPERT = {"ffn_gate_inp_shexp": "mlp.shared_expert_gate", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
                   "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj"}
 
 
+# gpt-oss (llama.cpp's LLM_ARCH_OPENAI_MOE): the norm after attention is post_attention_norm, the router is biased
+# and named as transformers' GptOssTopKRouter, each head's sink is attn_sinks.weight (transformers: self_attn.sinks)
+_GPT_OSS = {"post_attention_norm": "post_attention_layernorm", "ffn_gate_inp": "mlp.router", "attn_sinks": "self_attn.sinks"}
+SINKS = "attn_sinks"
+
+
 def _layer_names(arch: str) -> dict[str, str]:
+    if arch == "gpt-oss":
+        return {k: v for k, v in _LAYER.items() if k != "ffn_norm"} | {
+            f"ffn_{role}_exps": f"mlp.experts.{role}_proj" for role in ("gate", "up", "down")} | _GPT_OSS
     if arch in _MOE_BLOCK:
         block = _MOE_BLOCK[arch]
         return _LAYER | {"ffn_gate_inp": f"{block}.gate", "ffn_gate_exps": f"{block}.experts.gate_proj",
@@ -78,6 +87,8 @@ def hf_name(name: str, arch: str = "llama") -> str | None:
     layer = _layer_names(arch)
     parts = name.split(".")
     if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer:
+        if parts[2] == SINKS:  # a parameter of its own in transformers, not a module's weight
+            return f"model.layers.{int(parts[1])}.{layer[parts[2]]}" if parts[3] == "weight" else None
         return f"model.layers.{int(parts[1])}.{layer[parts[2]]}.{parts[3]}"
     return None
 
@@ -90,6 +101,8 @@ def gguf_name(name: str, arch: str = "llama") -> str:
         index, rest = name.removeprefix("model.layers.").split(".", 1)
         stem, suffix = rest.rsplit(".", 1)
         by_hf = {hf: gguf for gguf, hf in _layer_names(arch).items()}
+        if rest in by_hf:  # gpt-oss's sinks: no suffix
+            return f"blk.{index}.{by_hf[rest]}.weight"
         if stem in by_hf:
             return f"blk.{index}.{by_hf[stem]}.{suffix}"
     return name
@@ -182,7 +195,8 @@ class GGUFModel:
             return MatrixShape(t.type_name, *t.shape[-2:])
         in_layers = {(shape(names[short]), f"{short}_bias" in names) for names in layers
                      for short in ("q", "k", "v", "o", "gate", "up", "down", "router") if short in names}
-        in_layers |= {(shape(name), False) for names in experts for name in names.values()}
+        in_layers |= {(shape(name), False) for names in experts for short, name in names.items()
+                      if not short.endswith("_bias")}
         return Matrices(tuple(sorted(in_layers, key=repr)), shape(embed), shape(lm_head))
 
     def weights(self, dtype: torch.dtype, converts: bool) -> "GGUFWeights":
@@ -226,7 +240,7 @@ class GGUFWeights:
         as tensor() gives a matrix (no copy)."""
         spec = self.model.specs[name]
         raw = self.model.file.raw(spec.name)[index]
-        if computes_in_tiles(spec.type_name, self.dtype, self.converts):
+        if len(spec.shape) == 3 and computes_in_tiles(spec.type_name, self.dtype, self.converts):
             return QuantizedWeight(raw, spec.type_name, spec.shape[1:], self.dtype)
         return _torch_view(raw, spec.type_name)
 
@@ -300,7 +314,7 @@ def config_from_gguf(file: GGUFCheckpoint, name: str) -> ModelConfig:
         "rope_scaling": _rope_scaling(key, file, theta, head_dim, name),
         "max_position_embeddings": key.int("context_length"),
         "tie_word_embeddings": "output.weight" not in tensors,
-        "attention_bias": arch == "llama" and "blk.0.attn_q.bias" in tensors,
+        "attention_bias": arch in ("llama", "gpt-oss") and "blk.0.attn_q.bias" in tensors,
         "qkv_bias": "blk.0.attn_q.bias" in tensors,  # Qwen2-MoE's (the others' follow from the model type)
         "mlp_bias": "blk.0.ffn_gate.bias" in tensors,
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
@@ -308,8 +322,10 @@ def config_from_gguf(file: GGUFCheckpoint, name: str) -> ModelConfig:
         "eos_token_id": [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                                             "tokenizer.ggml.eom_token_id") if type(meta.get(k)) is int],
     }
-    if arch in ("qwen3moe", "qwen2moe") or key.is_set("expert_count"):  # dense llama files may say 0 experts
+    if arch in ("qwen3moe", "qwen2moe", "gpt-oss") or key.is_set("expert_count"):  # dense llama files: 0 experts
         raw |= _moe_keys(key)
+    if arch == "gpt-oss":
+        raw |= _gpt_oss_keys(key, raw)
     if arch not in GEMMA:
         return ModelConfig.from_dict(raw)
     config = ModelConfig.from_dict(raw | _gemma_keys(key, raw, tokens if isinstance(tokens, list) else []))
@@ -322,15 +338,26 @@ def _moe_keys(key: "_Keys") -> dict:
     """A file of experts as config.json says it (docs/moe.md): a llama one is Mixtral's. llama.cpp renormalizes the
     top-k weights of Mixtral and Qwen3-MoE, not Qwen2-MoE's (build_moe_ffn's norm_w), unless the file says
     otherwise (expert_weights_norm)."""
-    norm = key.meta.get(f"{key.arch}.expert_weights_norm", key.arch != "qwen2moe")
+    renorm = key.arch not in ("qwen2moe", "gpt-oss")  # gpt-oss: a softmax over the top-k, renormalized already
+    norm = key.meta.get(f"{key.arch}.expert_weights_norm", renorm)
     out = {"num_experts": key.int("expert_count"), "num_experts_per_tok": key.int("expert_used_count"),
-           "norm_topk_prob": norm if isinstance(norm, bool) else key.arch != "qwen2moe"}
+           "norm_topk_prob": norm if isinstance(norm, bool) else renorm}
     if key.arch == "llama":  # Mixtral: the experts are feed_forward_length wide
         return out | {"model_type": "mixtral"}
     if key.arch == "qwen2moe":
         out["shared_expert_intermediate_size"] = key.int("expert_shared_feed_forward_length")
     # every layer routes (llama.cpp's qwen3moe and qwen2moe have no dense layers)
     return out | {"moe_intermediate_size": key.int("expert_feed_forward_length")}
+
+
+def _gpt_oss_keys(key: "_Keys", raw: dict) -> dict:
+    """What a gpt-oss file says as config.json does: the experts feed_forward_length wide, the sliding window on the
+    even layers (llama.cpp's set_swa_pattern(2), as GptOssConfig's layer_types), YaRN (_rope_scaling). llama.cpp
+    hard-codes the clamped SwiGLU's alpha 1.702 and limit 7.0, transformers' defaults."""
+    layers = raw["num_hidden_layers"]
+    return {"intermediate_size": key.int("expert_feed_forward_length", raw["intermediate_size"]),
+            "sliding_window": key.int("attention.sliding_window"),
+            "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]}
 
 
 # llama.cpp hard-codes what Gemma files do not say (src/llama-model.cpp, LLM_ARCH_GEMMA2 / LLM_ARCH_GEMMA3):
@@ -424,6 +451,8 @@ def _rope_scaling(key: _Keys, file: GGUFCheckpoint, theta: float, head_dim: int,
     """HF's rope_scaling for the file: none, Llama 3's (recovered from rope_freqs.weight), or linear for Gemma (Gemma
     3's global layers: positions divided by the factor); others are refused."""
     kind = key.str("rope.scaling.type", "none")
+    if kind == "yarn" and key.arch == "gpt-oss":
+        return _yarn_scaling(key)
     factor = key.float("rope.scaling.factor", 1.0) if kind == "linear" else 1.0
     if kind == "linear" and factor != 1.0 and key.arch in GEMMA:
         return {"rope_type": "linear", "factor": factor}
@@ -438,6 +467,17 @@ def _rope_scaling(key: _Keys, file: GGUFCheckpoint, theta: float, head_dim: int,
                                f"expected f32 [{head_dim // 2}]")
     factors = np.asarray(file.raw(ROPE_FREQS), dtype=np.float64)
     return _llama3_from_factors(factors, theta, head_dim, name)
+
+
+def _yarn_scaling(key: _Keys) -> dict:
+    """gpt-oss's YaRN from the file. llama.cpp rounds the band's edges to whole dimensions (ggml_rope_yarn_corr_dims);
+    gpt-oss was trained without (its config.json: truncate false), and that is what transformers and Stowage compute."""
+    out = {"rope_type": "yarn", "factor": key.float("rope.scaling.factor"),
+           "original_max_position_embeddings": key.int("rope.scaling.original_context_length"), "truncate": False}
+    for name in ("beta_fast", "beta_slow"):
+        if key.is_set(f"rope.scaling.yarn_{name}"):
+            out[name] = key.float(f"rope.scaling.yarn_{name}")
+    return out
 
 
 def _llama3_from_factors(factors: np.ndarray, theta: float, head_dim: int, name: str) -> dict | None:

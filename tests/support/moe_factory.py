@@ -215,6 +215,84 @@ def write_moe_gguf(model_dir: Path, path: Path, qtype: str = "f32", *, drop: tup
     return path
 
 
+# gpt-oss as convert_hf_to_gguf.py's GptOssModel writes it: gate_up split into ffn_gate_exps and ffn_up_exps (rows 2j
+# and 2j + 1), every matrix [out, in], the norm after attention as post_attention_norm, the sinks as attn_sinks.weight
+GPT_OSS_LAYER = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "post_attention_norm.weight",
+                 "self_attn.sinks": "attn_sinks.weight", "mlp.router.weight": "ffn_gate_inp.weight",
+                 "mlp.router.bias": "ffn_gate_inp.bias"} | {
+    f"self_attn.{x}_proj.{kind}": f"attn_{'output' if x == 'o' else x}.{kind}" for x in "qkvo" for kind in ("weight", "bias")}
+
+
+def write_gpt_oss_gguf(model_dir: Path, path: Path, reference_dir: Path, experts: str = "mxfp4") -> tuple[Path, Path]:
+    """`model_dir` (a gpt-oss of make_moe_model) as a `gpt-oss` GGUF file with its experts in `experts` (mxfp4, q8_0
+    or f32, quantized by gguf-py) and everything else in f32; in `reference_dir` the float32 Hugging Face model
+    holding the weights the file does (gguf-py's dequantization). Returns (path, reference_dir)."""
+    import json
+    import shutil
+
+    import gguf
+    from gguf import GGMLQuantizationType as GGML
+    from gguf_factory import add_tokenizer, hf_tensors
+    from safetensors.torch import save_file
+
+    config = json.loads((model_dir / "config.json").read_text())
+    rope = config["rope_parameters"]
+    w = gguf.GGUFWriter(path, "gpt-oss")
+    w.add_context_length(config["max_position_embeddings"])
+    w.add_embedding_length(config["hidden_size"])
+    w.add_block_count(config["num_hidden_layers"])
+    w.add_feed_forward_length(config["intermediate_size"])
+    w.add_head_count(config["num_attention_heads"])
+    w.add_head_count_kv(config["num_key_value_heads"])
+    w.add_key_length(config["head_dim"])
+    w.add_value_length(config["head_dim"])
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    w.add_expert_count(config["num_local_experts"])
+    w.add_expert_used_count(config["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(config["intermediate_size"])
+    w.add_sliding_window(config["sliding_window"])
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(rope["factor"])
+    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    w.add_file_type(38 if experts == "mxfp4" else 0)  # MOSTLY_MXFP4_MOE
+    add_tokenizer(w, model_dir, config)
+    tensors = hf_tensors(model_dir)
+    decoded = dict(tensors)
+    plain = {"token_embd.weight": tensors["model.embed_tokens.weight"],
+             "output_norm.weight": tensors["model.norm.weight"], "output.weight": tensors["lm_head.weight"]}
+    for name, t in plain.items():
+        w.add_tensor(name, t.float().numpy())
+    for layer in range(config["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        for hf, target in GPT_OSS_LAYER.items():
+            w.add_tensor(f"blk.{layer}.{target}", tensors[p + hf].float().numpy())
+        gate_up, down = tensors[p + "mlp.experts.gate_up_proj"], tensors[p + "mlp.experts.down_proj"]  # [E, in, out]
+        bias = tensors[p + "mlp.experts.gate_up_proj_bias"]
+        stored = {}
+        for role, matrix in (("gate", gate_up[:, :, ::2]), ("up", gate_up[:, :, 1::2]), ("down", down)):
+            rows = matrix.transpose(1, 2).contiguous().float().numpy()  # [E, out, in]
+            if experts == "f32":
+                w.add_tensor(f"blk.{layer}.ffn_{role}_exps.weight", rows)
+                stored[role] = torch.from_numpy(rows)
+            else:
+                raw = gguf.quants.quantize(rows, GGML[experts.upper()])
+                w.add_tensor(f"blk.{layer}.ffn_{role}_exps.weight", raw, raw_dtype=GGML[experts.upper()])
+                stored[role] = torch.from_numpy(gguf.quants.dequantize(raw, GGML[experts.upper()]).copy())
+        for role, b in (("gate", bias[:, ::2]), ("up", bias[:, 1::2]), ("down", tensors[p + "mlp.experts.down_proj_bias"])):
+            w.add_tensor(f"blk.{layer}.ffn_{role}_exps.bias", b.contiguous().float().numpy())
+        both = torch.stack([stored["gate"], stored["up"]], dim=2).reshape(gate_up.shape[0], -1, gate_up.shape[1])
+        decoded[p + "mlp.experts.gate_up_proj"] = both.transpose(1, 2).contiguous()  # rows 2j, 2j + 1 again
+        decoded[p + "mlp.experts.down_proj"] = stored["down"].transpose(1, 2).contiguous()
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    shutil.copytree(model_dir, reference_dir)
+    save_file(decoded, reference_dir / "model.safetensors")
+    return path, reference_dir
+
+
 # Qwen3-30B-A3B's shapes (its config.json), for plans made from headers alone
 QWEN3_30B_A3B = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
                      num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,

@@ -1,0 +1,126 @@
+"""gpt-oss GGUF files (`gpt-oss`, llama.cpp's tensor names, MXFP4 experts) against transformers on the weights the
+file holds (docs/moe.md, "gpt-oss")."""
+
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+from factory import cpu_plan, greedy_reference  # noqa: E402
+from moe_factory import make_moe_model, write_gpt_oss_gguf  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from stowage.engine.errors import ModelFormatError  # noqa: E402
+from stowage.engine.formats.config import ModelConfig  # noqa: E402
+from stowage.engine.formats.gguf_model import gguf_name, hf_name  # noqa: E402
+from stowage.engine.formats.source import read_config  # noqa: E402
+from stowage.engine.planning import inspect  # noqa: E402
+from stowage.engine.runtime.engine import Engine  # noqa: E402
+from stowage.engine.runtime.kv_cache import Sequence  # noqa: E402
+from stowage.engine.runtime.sampler import SamplingParams  # noqa: E402
+from stowage.kernels import quant_linear  # noqa: E402
+from stowage.kernels.quant_linear import QuantizedWeight  # noqa: E402
+
+PROMPT = "Stowage plans memory: weights, KV cache, workspace and headroom. Pick a context size with the slider;"
+EXPERTS = ("mxfp4", "q8_0", "f32")
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    return make_moe_model(tmp_path_factory.mktemp("hf"), "gpt_oss")
+
+
+@pytest.fixture(scope="module")
+def files(hf, tmp_path_factory):
+    """experts' type -> (the GGUF file, the Hugging Face folder holding the weights that file holds)."""
+    root = tmp_path_factory.mktemp("gguf")
+    return {q: write_gpt_oss_gguf(hf, root / f"{q}.gguf", root / f"{q}-hf", q) for q in EXPERTS}
+
+
+def test_llama_cpp_names_map_to_the_layouts_and_back():
+    for ours, theirs in [("blk.3.attn_sinks.weight", "model.layers.3.self_attn.sinks"),
+                         ("blk.0.post_attention_norm.weight", "model.layers.0.post_attention_layernorm.weight"),
+                         ("blk.1.ffn_gate_inp.bias", "model.layers.1.mlp.router.bias"),
+                         ("blk.2.ffn_up_exps.bias", "model.layers.2.mlp.experts.up_proj.bias"),
+                         ("blk.2.ffn_down_exps.weight", "model.layers.2.mlp.experts.down_proj.weight")]:
+        assert hf_name(ours, "gpt-oss") == theirs and gguf_name(theirs, "gpt-oss") == ours
+
+
+def test_the_metadata_reads_as_config_json(hf, files):
+    ours, theirs = read_config(files["mxfp4"][0]), ModelConfig.from_dir(hf)
+    same = ("num_experts", "num_experts_per_tok", "expert_intermediate_size", "layer_windows", "attention_sinks",
+            "moe_bias", "softmax_after_topk", "swiglu_limit", "swiglu_alpha", "qkv_bias", "o_bias", "head_dim",
+            "rope", "rms_norm_eps", "num_layers")
+    assert {f: getattr(ours, f) for f in same} == {f: getattr(theirs, f) for f in same}
+    assert ours.rope.kind == "yarn" and not ours.rope.truncate
+
+
+def compare(engine, reference, tolerance, generate=True):
+    ids = engine.tokenizer.encode(PROMPT)
+    seq = Sequence()
+    ours = engine.model.forward(ids, seq, engine.cache, all_logits=True)
+    with torch.no_grad():
+        theirs = reference(torch.tensor([ids])).logits[0]
+    assert theirs.abs().max() > 1.0
+    assert (ours - theirs).abs().max().item() <= tolerance
+    engine.cache.release(seq)
+    if not generate:  # (a reply keeps its conversation cached: a later forward outside the engine would lack room)
+        return
+    result = engine.generate(ids, SamplingParams(temperature=0, max_tokens=16)).run()
+    assert result.token_ids == greedy_reference(reference, ids, engine.eos_ids, 16)
+
+
+@pytest.mark.parametrize("experts", EXPERTS)
+def test_logits_and_greedy_tokens_match_transformers(files, experts, monkeypatch):
+    path, decoded = files[experts]
+    reference = AutoModelForCausalLM.from_pretrained(decoded, dtype=torch.float32).eval()
+    engine = Engine.load(path, cpu_plan(path, 256, dtype="float32", prefill_chunk=7))
+    up = engine.model.experts[0]["up.3"]
+    if experts != "f32":
+        assert isinstance(up, QuantizedWeight) and up.type_name == experts
+        # one expert is one slice of the mapped 3-D tensor: expert 3 lies 3 slices past expert 0
+        assert up.data_ptr() - engine.model.experts[0]["up.0"].data_ptr() == 3 * up.nbytes
+    report = engine.memory_report()["cpu"]
+    assert report["weights_copied"] == 0 and report["weights_mapped"] == engine.plan.device("cpu").weights_bytes
+    if experts == "q8_0":  # the native kernels quantize activations to 16 bits per 32 (docs/moe.md); the tiles: 1e-4
+        compare(engine, reference, 2e-3, generate=False)
+        monkeypatch.setattr(quant_linear.cpu_quant, "is_available", lambda: False)
+    compare(engine, reference, 1e-4)
+
+
+def test_the_plan_counts_each_expert_tensor_and_bias_once(files):
+    info = inspect(files["mxfp4"][0])
+    e, h, inter = 8, 64, 64
+    blocks = e * 3 * inter * h // 32 * 17
+    biases = e * (2 * inter + h) * 4
+    assert info.expert_bytes() == (blocks + biases,) * 4
+    assert "sinks" in info.layout.layers[0] and "router_bias" in info.layout.layers[0]
+
+
+def test_missing_sinks_are_named(hf, tmp_path):
+    path = tmp_path / "m.gguf"
+    _drop(hf, path, tmp_path, "blk.1.attn_sinks.weight")
+    with pytest.raises(ModelFormatError, match="blk.1.attn_sinks.weight"):
+        inspect(path)
+
+
+def _drop(hf, path, tmp_path, name):
+    """The f32 file with tensor `name` left out (copied tensor by tensor through gguf-py's reader)."""
+    full, _ = write_gpt_oss_gguf(hf, tmp_path / "full.gguf", tmp_path / "full-hf", "f32")
+    reader = gguf.GGUFReader(full)
+    w = gguf.GGUFWriter(path, "gpt-oss")
+    for field in reader.fields.values():
+        if field.name.startswith(("GGUF.", "general.architecture")):
+            continue
+        value = field.contents()
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(field.name, value, vtype, sub_type=field.types[-1])
+        else:
+            w.add_key_value(field.name, value, vtype)
+    for t in reader.tensors:
+        if t.name != name:
+            w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

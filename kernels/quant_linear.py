@@ -8,8 +8,9 @@ types (f32/f16/bf16) go through the same path when their dtype is not the comput
 file converts tile by tile instead of copying a matrix. The scratch of one product is
 `workspace_bytes(shape, num_tokens, dtype)`; the planner charges it (engine/planning/workspace.py).
 On the CPU, decode (up to MAX_NATIVE_TOKENS rows) runs the C kernels of kernels/cpu_quant.py on the
-blocks themselves instead, when they can be built: no tile, the same float32 product. A prefill chunk (more rows) runs
-kernels/cpu_quant_matmul.py's integer tiles there, on x rounded to int8 per 32 (its accuracy: docs/kernels.md). On CUDA every block
+blocks themselves instead, when they can be built: no tile, the same float32 product. A prefill chunk (more rows) of
+bf16/f16 activations runs kernels/cpu_quant_matmul.py's integer tiles there, on x rounded to int8 per 32 (its
+accuracy: docs/kernels.md); float32 activations keep the tiles' exact product. On CUDA every block
 type runs the Triton kernel of kernels/triton_quant.py (the blocks copied to the GPU as stored), where the
 attention kernels run Triton too; plain types and GPUs without Triton take the tile path there.
 """
@@ -114,8 +115,11 @@ class QuantizedWeight:
                 and cpu_quant.supports(self.type_name):
             y = cpu_quant.matvec(self.raw, self.type_name, x.float(), bias)  # [n, out] float32
             return y if self.dtype == torch.float32 else y.to(self.dtype)
-        if x.shape[0] > MAX_NATIVE_TOKENS and self.raw.device.type == "cpu" and cpu_quant_matmul.runs(self.type_name):
-            y = cpu_quant_matmul.matmul(self.raw, self.type_name, x.float(), bias)  # a prefill chunk: int8 x, no tile
+        # A prefill chunk in 16-bit activations: x rounded to int8 per 32 costs about what bf16 already did, no tile;
+        # float32 activations ask for the exact product, which the tiles give.
+        if x.shape[0] > MAX_NATIVE_TOKENS and self.dtype != torch.float32 and self.raw.device.type == "cpu" \
+                and cpu_quant_matmul.runs(self.type_name):
+            y = cpu_quant_matmul.matmul(self.raw, self.type_name, x.float(), bias)
             return y if self.dtype == torch.float32 else y.to(self.dtype)
         out_features, in_features = self.shape.out_features, self.shape.in_features
         x32 = x.float()

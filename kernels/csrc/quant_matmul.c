@@ -51,6 +51,32 @@ const char *quant_matmul_isa(void) {
 static void quantize_row(const float *x, int64_t cols, int group, int8_t *q, float *d, float *s) {
     for (int64_t k = 0; k < cols / 32; k++) {
         const float *v = x + 32 * k;
+#ifdef MM_SIMD
+        const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 xv[4], m = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) m = _mm256_max_ps(m, _mm256_and_ps(xv[j] = _mm256_loadu_ps(v + 8 * j), abs));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float step = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4))) / 127.0f;
+        const __m256 inv = _mm256_set1_ps(step != 0.0f ? 1.0f / step : 0.0f);
+        __m256i iq[4];
+        __m256 fs[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int j = 0; j < 4; j++) {
+            const __m256 t = _mm256_round_ps(_mm256_mul_ps(xv[j], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            fs[j / 2] = _mm256_add_ps(fs[j / 2], t);  // integers: exact
+            iq[j] = _mm256_cvttps_epi32(t);
+        }
+        // packs work per 128-bit lane: bytes come out in the order of the 4-byte groups 0 4 1 5 2 6 3 7
+        const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(iq[0], iq[1]), _mm256_packs_epi32(iq[2], iq[3]));
+        _mm256_storeu_si256((__m256i *)(q + 32 * k),
+                            _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        int32_t sum[2];
+        for (int h = 0; h < 2; h++) {
+            __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(fs[h]), _mm256_extractf128_ps(fs[h], 1));
+            s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+            sum[h] = (int32_t)_mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
+        }
+#else
         float amax = 0.0f;
         for (int j = 0; j < 32; j++) amax = fabsf(v[j]) > amax ? fabsf(v[j]) : amax;
         const float step = amax / 127.0f, inv = step != 0.0f ? 1.0f / step : 0.0f;
@@ -60,6 +86,7 @@ static void quantize_row(const float *x, int64_t cols, int group, int8_t *q, flo
             q[32 * k + j] = (int8_t)qj;
             sum[j / 16] += qj;
         }
+#endif
         d[k] = step;
         if (group == 32) {
             s[k] = step * (float)(sum[0] + sum[1]);
@@ -87,10 +114,24 @@ static void unpack_block(int type, const uint8_t *b, uint8_t *q, float *sc, floa
         const uint8_t *qh = b + 2 + 2 * has_min, *qs = qh + 4 * has_high;
         uint32_t high = 0;
         if (has_high) high = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+#ifdef MM_SIMD
+        const __m128i bytes = _mm_loadu_si128((const __m128i *)qs);
+        __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), _mm256_set1_epi8(0x0F));
+        if (has_high) {  // byte j gets 0x10 where bit j of `high` is set
+            const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                    2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+            const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
+            const __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32((int)high), spread);
+            v = _mm256_or_si256(v, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit),
+                                                    _mm256_set1_epi8(0x10)));
+        }
+        _mm256_storeu_si256((__m256i *)q, v);
+#else
         for (int j = 0; j < 16; j++) {  // bit j of qh is the fifth bit of weight j
             q[j] = (uint8_t)((qs[j] & 0x0F) | (((high >> j) & 1) << 4));
             q[j + 16] = (uint8_t)((qs[j] >> 4) | (((high >> (j + 16)) & 1) << 4));
         }
+#endif
         const float d = f16_to_f32(b);
         sc[0] = d;
         mn[0] = has_min ? f16_to_f32(b + 2) : -(has_high ? 16.0f : 8.0f) * d;
@@ -102,7 +143,18 @@ static void unpack_block(int type, const uint8_t *b, uint8_t *q, float *sc, floa
         uint8_t s6[8], m6[8];
         k_scales(b + 4, s6, m6);
         const uint8_t *qh = b + 16, *qs = type == Q4_K ? b + 16 : b + 48;
+#ifdef MM_SIMD
+        if (type == Q4_K) {
+            for (int c = 0; c < 4; c++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c)), low4 = _mm256_set1_epi8(0x0F);
+                _mm256_storeu_si256((__m256i *)(q + 64 * c), _mm256_and_si256(v, low4));
+                _mm256_storeu_si256((__m256i *)(q + 64 * c + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+            }
+        }
+        for (int c = 0; c < 4 * (type == Q5_K); c++) {
+#else
         for (int c = 0; c < 4; c++) {  // 32 bytes per chunk: sub-block 2c in the low nibbles, 2c + 1 in the high
+#endif
             for (int l = 0; l < 32; l++) {
                 int lo = qs[32 * c + l] & 0x0F, hi = qs[32 * c + l] >> 4;
                 if (type == Q5_K) {  // bit i of qh[l] is the fifth bit of weight l of sub-block i
@@ -125,6 +177,20 @@ static void unpack_block(int type, const uint8_t *b, uint8_t *q, float *sc, floa
         for (int half = 0; half < 2; half++) {  // 128 weights each: ql[64], qh[32]
             const uint8_t *ql = b + 64 * half, *qh = b + 128 + 32 * half;
             uint8_t *y = q + 128 * half;
+#ifdef MM_SIMD
+            const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
+            const __m256i a = _mm256_loadu_si256((const __m256i *)ql), c = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+            _mm256_storeu_si256((__m256i *)y, _mm256_or_si256(_mm256_and_si256(a, low4),
+                                                              _mm256_and_si256(_mm256_slli_epi16(h, 4), bits45)));
+            _mm256_storeu_si256((__m256i *)(y + 32), _mm256_or_si256(_mm256_and_si256(c, low4),
+                                                                     _mm256_and_si256(_mm256_slli_epi16(h, 2), bits45)));
+            _mm256_storeu_si256((__m256i *)(y + 64), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low4),
+                                                                     _mm256_and_si256(h, bits45)));
+            _mm256_storeu_si256((__m256i *)(y + 96), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low4),
+                                                                     _mm256_and_si256(_mm256_srli_epi16(h, 2), bits45)));
+            continue;
+#endif
             for (int l = 0; l < 32; l++) {
                 y[l] = (uint8_t)((ql[l] & 0x0F) | ((qh[l] & 3) << 4));
                 y[l + 32] = (uint8_t)((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4));
@@ -147,6 +213,7 @@ static void unpack_block(int type, const uint8_t *b, uint8_t *q, float *sc, floa
 typedef struct {
     uint8_t *q;
     float *sc, *mn;
+    uint8_t *rows8;  // scratch: 8 rows' bytes in order, before they are interleaved
 } panel;
 
 // The activations quantized: q [n][cols], d [n][cols / 32], s [n][ng] (ng sums per row: one per 32, per 16 for Q6_K).
@@ -272,33 +339,53 @@ static void panel_product_kind(int kind, const panel *p, int64_t rows, const qro
     }
 }
 
-// Rows [r0, r0 + count) of W into the panel's interleaved layout (zeros past count, up to whole groups of 8).
+// Rows [r0, r0 + count) of W into the panel's interleaved layout (zeros past count, up to whole groups of 8): each
+// group's rows unpacked in order, then each block's 8 x 8 four-byte words transposed.
 static void unpack_panel(int type, const uint8_t *w, int64_t r0, int64_t count, int64_t cols, const panel *p) {
     const int elems = TYPES[type].elems, bytes = TYPES[type].bytes, S = type == Q6_K ? 2 : 1;
-    const int64_t nb = cols / 32, row_bytes = cols / elems * bytes, padded = (count + 7) / 8 * 8;
-    uint8_t q[QK_K];
+    const int64_t nb = cols / 32, row_bytes = cols / elems * bytes;
     float sc[QK_K / 16], mn[QK_K / 16];
-    for (int64_t r = 0; r < padded; r++) {
-        uint8_t *gq = p->q + (r / 8) * nb * 256 + 4 * (r % 8);
-        float *gsc = p->sc + (r / 8) * nb * S * 8 + r % 8, *gmn = p->mn + (r / 8) * nb * S * 8 + r % 8;
-        if (r >= count) {
-            for (int64_t b = 0; b < nb; b++) {
-                for (int k = 0; k < 8; k++) memset(gq + 256 * b + 32 * k, 0, 4);
-                for (int s = 0; s < S; s++) gsc[8 * (S * b + s)] = gmn[8 * (S * b + s)] = 0.0f;
+    for (int64_t g = 0; 8 * g < count; g++) {
+        uint8_t *gq = p->q + g * nb * 256;
+        float *gsc = p->sc + g * nb * S * 8, *gmn = p->mn + g * nb * S * 8;
+        for (int r = 0; r < 8; r++) {
+            uint8_t *q = p->rows8 + r * cols;
+            if (8 * g + r >= count) {
+                memset(q, 0, (size_t)cols);
+                for (int64_t b = 0; b < nb * S; b++) gsc[8 * b + r] = gmn[8 * b + r] = 0.0f;
+                continue;
             }
-            continue;
-        }
-        const uint8_t *row = w + (r0 + r) * row_bytes;
-        for (int64_t i = 0; i < cols / elems; i++) {
-            unpack_block(type, row + i * bytes, q, sc, mn);
-            for (int j = 0; j < elems / 32; j++) {
-                const int64_t b = i * (elems / 32) + j;
-                for (int k = 0; k < 8; k++) memcpy(gq + 256 * b + 32 * k, q + 32 * j + 4 * k, 4);
-                for (int s = 0; s < S; s++) {
-                    gsc[8 * (S * b + s)] = sc[S * j + s];
-                    gmn[8 * (S * b + s)] = mn[S * j + s];
+            const uint8_t *row = w + (r0 + 8 * g + r) * row_bytes;
+            for (int64_t i = 0; i < cols / elems; i++) {
+                unpack_block(type, row + i * bytes, q + i * elems, sc, mn);
+                for (int j = 0; j < S * elems / 32; j++) {
+                    gsc[8 * (i * S * elems / 32 + j) + r] = sc[j];
+                    gmn[8 * (i * S * elems / 32 + j) + r] = mn[j];
                 }
             }
+        }
+        for (int64_t b = 0; b < nb; b++) {  // out[k] = word k of rows 0..7
+#ifdef MM_SIMD
+            __m256i v[8], t[8];
+            for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_si256((const __m256i *)(p->rows8 + r * cols + 32 * b));
+            for (int r = 0; r < 8; r += 2) {
+                t[r] = _mm256_unpacklo_epi32(v[r], v[r + 1]);      // words 0 0 1 1 | 4 4 5 5 of rows r, r + 1
+                t[r + 1] = _mm256_unpackhi_epi32(v[r], v[r + 1]);  // 2 2 3 3 | 6 6 7 7
+            }
+            for (int r = 0; r < 8; r += 4)
+                for (int h = 0; h < 2; h++) {
+                    v[r + 2 * h] = _mm256_unpacklo_epi64(t[r + h], t[r + 2 + h]);      // word 2h | 2h + 4 of 4 rows
+                    v[r + 2 * h + 1] = _mm256_unpackhi_epi64(t[r + h], t[r + 2 + h]);  // word 2h + 1 | 2h + 5
+                }
+            for (int k = 0; k < 4; k++) {
+                _mm256_storeu_si256((__m256i *)(gq + 256 * b + 32 * k), _mm256_permute2x128_si256(v[k], v[4 + k], 0x20));
+                _mm256_storeu_si256((__m256i *)(gq + 256 * b + 32 * (k + 4)),
+                                    _mm256_permute2x128_si256(v[k], v[4 + k], 0x31));
+            }
+#else
+            for (int k = 0; k < 8; k++)
+                for (int r = 0; r < 8; r++) memcpy(gq + 256 * b + 32 * k + 4 * r, p->rows8 + r * cols + 32 * b + 4 * k, 4);
+#endif
         }
     }
 }
@@ -322,8 +409,8 @@ int quant_matmul(int type, const uint8_t *w, const float *x, const float *bias, 
 #pragma omp parallel num_threads(num_threads)
         {
             panel p = {malloc((size_t)(PANEL_ROWS * cols)), malloc((size_t)(PANEL_ROWS * ng) * sizeof(float)),
-                       malloc((size_t)(PANEL_ROWS * ng) * sizeof(float))};
-            const int ok = p.q && p.sc && p.mn;
+                       malloc((size_t)(PANEL_ROWS * ng) * sizeof(float)), malloc((size_t)(8 * cols))};
+            const int ok = p.q && p.sc && p.mn && p.rows8;
             if (!ok) {
 #pragma omp atomic write
                 status = -1;
@@ -339,6 +426,7 @@ int quant_matmul(int type, const uint8_t *w, const float *x, const float *bias, 
             free(p.q);
             free(p.sc);
             free(p.mn);
+            free(p.rows8);
         }
     }
     free(xq.q);

@@ -34,7 +34,7 @@ from .config import ModelConfig, RopeConfig
 from ..dtypes import SAFETENSORS
 from ..errors import ModelFormatError, UnsupportedModelError
 from .gguf import GGUFCheckpoint, GGUFTensor, find_gguf, open_gguf, part_paths
-from ..text.gguf_tokenizer import GGUFTokenizer, tokenizer_from_gguf
+from ..text.gguf_tokenizer import GGUFTokenizer, cached_tokenizer
 from .layout import EMBED, FINAL_NORM, LM_HEAD, expert_tensor_names, layer_tensor_names
 from ..runtime.rope import inverse_frequencies
 
@@ -205,7 +205,7 @@ class GGUFModel:
 
     @cached_property
     def tokenizer(self) -> GGUFTokenizer:
-        return tokenizer_from_gguf(self.metadata, self.name)
+        return cached_tokenizer(self.path, lambda: self.metadata, self.name)  # built once per file, kept on disk
 
     def _check_complete(self) -> None:
         needed = [EMBED, FINAL_NORM] + [n for i in range(self.config.num_layers)

@@ -7,12 +7,23 @@ transformers converts a SentencePiece model, and the pipeline is Llama-2's token
 prefix on every run of text, as llama.cpp does too), or Gemma's when `tokenizer.ggml.add_space_prefix` is false
 (no prefix, no strip when decoding). Control tokens become special tokens, so they
 are matched whole; `tokenizer.huggingface.json`, when a file carries it, is used as it is.
+
+Building one takes seconds for a large SentencePiece vocabulary (the merges recovered from 262k scores), and both
+the CLI and its engine child need it: `cached_tokenizer` builds it once per file identity (path, size, mtime,
+inode) and keeps it on disk as the `tokenizers` library's own JSON, read back without parsing the GGUF file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
+import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -65,6 +76,92 @@ class GGUFTokenizer(Tokenizer):
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.chat_template = chat_template
+
+
+TOKENIZER_DIR_ENV = "STOWAGE_TOKENIZER_DIR"  # where built tokenizers are kept (default: the user cache folder's)
+CACHE_FORMAT = 1  # bump when what is built from a file changes: older entries are then never read
+MAX_CACHED = 32  # tokenizers kept (the least recently used go first); a large one is ~12 MB
+
+
+def tokenizer_cache_dir() -> Path:
+    """$STOWAGE_TOKENIZER_DIR, else the user cache folder's `tokenizers`."""
+    override = os.environ.get(TOKENIZER_DIR_ENV)
+    if override:
+        return Path(override)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("Stowage", appauthor=False)) / "tokenizers"
+
+
+def cached_tokenizer(path: Path, metadata: Callable[[], Mapping], name: str) -> GGUFTokenizer:
+    """The tokenizer of the GGUF file at `path` (the part holding the metadata): read back from the cache when this
+    file, unchanged, built one before; else built from metadata() and cached. A cache that cannot be read or written
+    (a damaged entry, a read-only folder) is rebuilt or skipped, never an error."""
+    try:
+        st = path.stat()
+        identity = [CACHE_FORMAT, tokenizers.__version__, str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino]
+    except OSError:  # a file known from its header alone (engine/hub): nothing on disk to key it by
+        return tokenizer_from_gguf(metadata(), name)
+    folder = tokenizer_cache_dir()
+    key = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32]
+    entry, tokenizer_file = folder / f"{key}.json", folder / f"{key}.tokenizer.json"
+    found = _read_entry(entry, tokenizer_file, identity)
+    if found is not None:
+        return found
+    built = tokenizer_from_gguf(metadata(), name)
+    _write_entry(folder, entry, tokenizer_file, identity, built)
+    return built
+
+
+def _read_entry(entry: Path, tokenizer_file: Path, identity: list) -> GGUFTokenizer | None:
+    try:
+        meta = json.loads(entry.read_text(encoding="utf-8"))
+        if meta.get("identity") != identity or tokenizer_file.stat().st_size != meta.get("tokenizer_bytes"):
+            return None
+        texts = [meta.get(k) for k in ("bos_token", "eos_token", "chat_template")]
+        if not all(t is None or isinstance(t, str) for t in texts):
+            return None
+        tok = HFTokenizer.from_file(str(tokenizer_file))
+        os.utime(entry)  # recently used: pruned last
+    except Exception:  # missing, half-written or damaged (the Rust side raises a bare Exception): build it again
+        return None
+    return GGUFTokenizer(tok, *texts)
+
+
+def _write_entry(folder: Path, entry: Path, tokenizer_file: Path, identity: list, built: GGUFTokenizer) -> None:
+    # The tokenizer first, its entry last (each written whole, then renamed): an entry names a complete file.
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        text = built._tok.to_str()
+        _replace(folder, tokenizer_file, text)
+        _replace(folder, entry, json.dumps({
+            "identity": identity, "tokenizer_bytes": len(text.encode("utf-8")), "bos_token": built.bos_token,
+            "eos_token": built.eos_token, "chat_template": built.chat_template}))
+        _prune(folder)
+    except OSError:
+        pass
+
+
+def _replace(folder: Path, path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".", suffix=".part")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:  # byte for byte, as tokenizer_bytes counts
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _prune(folder: Path) -> None:
+    """Keep the MAX_CACHED most recently used tokenizers (and no write left unfinished an hour ago)."""
+    for part in folder.glob(".*.part"):
+        if part.stat().st_mtime < time.time() - 3600:
+            part.unlink(missing_ok=True)
+    entries = sorted(folder.glob("*[0-9a-f].json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for old in entries[MAX_CACHED:]:
+        old.unlink(missing_ok=True)
+        old.with_name(old.name.removesuffix(".json") + ".tokenizer.json").unlink(missing_ok=True)
 
 
 def tokenizer_from_gguf(metadata: Mapping, name: str) -> GGUFTokenizer:

@@ -28,3 +28,17 @@ def kv_store_in_a_temp_folder(tmp_path_factory):
         os.environ.pop("STOWAGE_KV_DIR", None)
     else:
         os.environ["STOWAGE_KV_DIR"] = previous
+
+
+@pytest.fixture(autouse=True, scope="session")
+def tokenizer_cache_in_a_temp_folder(tmp_path_factory):
+    """GGUF tokenizers the tests build (in-process and in children) are cached here, never in the user's cache."""
+    import os
+
+    previous = os.environ.get("STOWAGE_TOKENIZER_DIR")
+    os.environ["STOWAGE_TOKENIZER_DIR"] = str(tmp_path_factory.mktemp("tokenizers"))
+    yield
+    if previous is None:
+        os.environ.pop("STOWAGE_TOKENIZER_DIR", None)
+    else:
+        os.environ["STOWAGE_TOKENIZER_DIR"] = previous

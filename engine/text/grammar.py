@@ -82,20 +82,24 @@ def check(grammar: str, what: str) -> str:
     return grammar
 
 
-def tool_call_schema(tools: dict[str, dict], name: str | None = None) -> dict:
+def tool_call_schema(tools: dict[str, dict], name: str | None = None, key: str = "arguments") -> dict:
     """The JSON Schema of one call `{"name": ..., "arguments": {...}}` of the tool `name` (None: any of `tools`,
-    name -> its parameters' schema), its arguments valid under the tool's parameters."""
+    name -> its parameters' schema), its arguments valid under the tool's parameters; `key`: the arguments' key
+    (Llama 3 writes "parameters")."""
     chosen = [name] if name is not None else list(tools)
-    branches = [{"type": "object", "properties": {"name": {"const": n}, "arguments": tools[n]},
-                 "required": ["name", "arguments"], "additionalProperties": False} for n in chosen]
+    branches = [{"type": "object", "properties": {"name": {"const": n}, key: tools[n]},
+                 "required": ["name", key], "additionalProperties": False} for n in chosen]
     return branches[0] if len(branches) == 1 else {"anyOf": branches}
 
 
 def auto_call_grammar(tools: dict[str, dict], fmt: ToolFormat, special: dict[str, int]) -> str | None:
     """Free text in which a call, once the model starts one in its family's format, must go on as a call of a tool
-    offered with arguments valid under its parameters; None where no marker says a call starts (bare JSON), or a
-    marker the format needs is not a special token of this tokenizer. special: marker text -> its token id."""
-    if fmt.start is None or (fmt.end is None and fmt.start not in special) or (fmt.args and fmt.args not in special):
+    offered with arguments valid under its parameters; None where nothing says a call starts (bare JSON in a
+    template that teaches no calls), or a marker the format needs is not a special token of this tokenizer.
+    special: marker text -> its token id."""
+    if fmt.start is None:
+        return _bare_call_grammar(tools, fmt, special) if fmt.tag is not None else None
+    if (fmt.end is None and fmt.start not in special) or (fmt.args and fmt.args not in special):
         return None
     if fmt.end is not None:  # Hermes: a lazy trigger on the text, or on the token
         schema = {**_bounded(tool_call_schema(tools)), "x-guidance": JSON_OPTIONS}
@@ -105,15 +109,27 @@ def auto_call_grammar(tools: dict[str, dict], fmt: ToolFormat, special: dict[str
     def token(marker: str) -> str:
         return f"<[{special[marker]}]>"
 
-    def json_rule(schema: dict) -> str:
-        return "%json " + json.dumps({**_bounded(schema), "x-guidance": JSON_OPTIONS})
-
     if fmt.args is not None:  # Mistral's newer format: [TOOL_CALLS]name[ARGS]{...}, one or more
-        calls = " | ".join(f"{token(fmt.start)} {json.dumps(name)} {token(fmt.args)} {json_rule(parameters)}"
+        calls = " | ".join(f"{token(fmt.start)} {json.dumps(name)} {token(fmt.args)} {_json_rule(parameters)}"
                            for name, parameters in tools.items())
     else:  # [TOOL_CALLS][{"name": ..., "arguments": ...}, ...]
-        calls = f"{token(fmt.start)} {json_rule({'type': 'array', 'minItems': 1, 'items': tool_call_schema(tools)})}"
+        calls = f"{token(fmt.start)} {_json_rule({'type': 'array', 'minItems': 1, 'items': tool_call_schema(tools)})}"
     lark = f"%llguidance {{}}\nstart: TEXT | TEXT call+\ncall: {calls}\nTEXT: /(.|\\n)*/\n"
+    return check(lark, "tools")
+
+
+def _json_rule(schema: dict) -> str:
+    return "%json " + json.dumps({**_bounded(schema), "x-guidance": JSON_OPTIONS})
+
+
+def _bare_call_grammar(tools: dict[str, dict], fmt: ToolFormat, special: dict[str, int]) -> str:
+    """Llama 3's calls: a reply that begins as JSON does (`{`, or a list's `[`), or with the format's tag token, is a
+    call of a tool offered (or a list of them) with valid arguments; any other reply is free text, which then may not
+    begin with JSON after white space either (tool_calls.parse would read that as a call, unconstrained)."""
+    call = tool_call_schema(tools, key=fmt.key)
+    calls = f"call: {_json_rule(call)}\ncalls: {_json_rule({'type': 'array', 'minItems': 1, 'items': call})}\n"
+    tagged = f" | <[{special[fmt.tag]}]> call" if fmt.tag in special else ""
+    lark = f"%llguidance {{}}\nstart: TEXT? | call | calls{tagged}\n{calls}TEXT: /\\s*[^{{\\[\\s](.|\\n)*/\n"
     return check(lark, "tools")
 
 

@@ -1,5 +1,5 @@
 """Tool calls in a reply's text: the families' own formats (Qwen/Hermes `<tool_call>`, Mistral `[TOOL_CALLS]`, as a
-JSON list or as `name[ARGS]{...}`, Llama 3.x's bare JSON) read back into calls, whole or as the text streams, and
+JSON list or as `name[ARGS]{...}`, Llama 3.x's bare JSON, after `<|python_tag|>` or not) read back into calls, whole or as the text streams, and
 the forced call a grammar writes (engine/text/grammar.py tool_call_schema: `{"name": ..., "arguments": {...}}`, one
 line).
 
@@ -27,12 +27,21 @@ class ToolFormat:
     end: str | None = None
     is_list: bool = False  # the text after start is a JSON list of calls (Mistral)
     args: str | None = None  # start, the name, this marker, the arguments' JSON: one call (Mistral's newer format)
+    tag: str | None = None  # a special token the model may write before a bare JSON call (Llama 3's <|python_tag|>)
+    key: str = "arguments"  # the call object's key for its arguments
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """The marker texts of the format, which may be special tokens of a tokenizer."""
+        return tuple(m for m in (self.start, self.args, self.end, self.tag) if m)
 
 
 HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>")  # Qwen 2.5/3, Hermes, many fine-tunes
 MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", None, is_list=True)  # Mistral 7B v0.3, Nemo
 MISTRAL_ARGS = ToolFormat("mistral-args", "[TOOL_CALLS]", None, args="[ARGS]")  # Mistral Small 3.2, Devstral
-JSON = ToolFormat("json", None)  # Llama 3.x (`{"name": ..., "parameters": ...}`), and templates that know no tools
+# Llama 3.1-3.3: the reply is the call, `{"name": ..., "parameters": {...}}`, after <|python_tag|> or not
+LLAMA3 = ToolFormat("llama3", None, tag="<|python_tag|>", key="parameters")
+JSON = ToolFormat("json", None)  # templates that know no tools: a reply that is a call's JSON is read as one
 
 
 def format_of(template: str | None) -> ToolFormat:
@@ -42,6 +51,8 @@ def format_of(template: str | None) -> ToolFormat:
         return HERMES
     if "[TOOL_CALLS]" in template:
         return MISTRAL_ARGS if "[ARGS]" in template else MISTRAL
+    if "<|python_tag|>" in template or "<|eom_id|>" in template:
+        return LLAMA3
     return JSON
 
 
@@ -73,7 +84,8 @@ def _calls(text: str, many: bool) -> list[ToolCall] | None:
 def parse(text: str, fmt: ToolFormat, names: set[str]) -> tuple[str, list[ToolCall]]:
     """The reply's content and its calls (of tools in `names`); text that does not parse as calls stays content."""
     if fmt.start is None:
-        calls = _calls(text.strip(), many=True) if text.lstrip().startswith(("{", "[")) else None
+        body = text.strip().removeprefix(fmt.tag or "").lstrip()  # a tag decoded as text, where it is not special
+        calls = _calls(body, many=True) if body.startswith(("{", "[")) else None
         if calls and all(c.name in names for c in calls):
             return "", calls
         return text, []
@@ -118,10 +130,10 @@ class ReplyStream:
         start = self.fmt.start
         if start is None:
             stripped = self.text.lstrip()
-            if stripped.startswith(("{", "[")):
+            if stripped.startswith(("{", "[", *([self.fmt.tag] if self.fmt.tag else []))):
                 self.in_call = True
                 return ""
-            if not stripped:
+            if not stripped or self.fmt.tag and self.fmt.tag.startswith(stripped):  # may yet be a call
                 return ""
             return self._send(len(self.text))
         at = self.text.find(start, self.sent)

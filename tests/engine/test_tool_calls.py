@@ -10,17 +10,16 @@ from pathlib import Path
 import jsonschema
 import openai
 import pytest
-from factory import cpu_plan
-from processes import openai_client, running
+from safetensors.torch import load_file, save_file
+from factory import cpu_plan, make_model, save_tokenizer
+from processes import served
 
 from stowage.engine.runtime.engine import Engine
-from stowage.engine.server.listener import http_server, listen
-from stowage.engine.serving.scheduler import Scheduler
 from stowage.engine.text import grammar
 from stowage.engine.text.chat_template import render
 from stowage.engine.text.tokenizer import Tokenizer
-from stowage.engine.text.tool_calls import (HERMES, JSON, MISTRAL, MISTRAL_ARGS, ReplyStream, ToolCall, ToolFormat,
-                                            format_of, parse)
+from stowage.engine.text.tool_calls import (HERMES, JSON, LLAMA3, MISTRAL, MISTRAL_ARGS, ReplyStream, ToolCall,
+                                            ToolFormat, format_of, parse)
 
 DEMO = Path(__file__).resolve().parents[2] / "assets" / "demo-model"
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "unit", "days"],
@@ -39,16 +38,8 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 @pytest.fixture(scope="module")
 def client():
-    engine = Engine.load(DEMO, cpu_plan(DEMO, 512, num_seqs=2))
-    scheduler = Scheduler(engine, max_running=2, max_waiting=4).start()
-    sock = listen("127.0.0.1", 0, has_key=False)
-    server = http_server(scheduler, api_key=None)
-    try:
-        with running(server, sock):
-            yield openai_client(f"http://127.0.0.1:{sock.getsockname()[1]}/v1", "unused")
-    finally:
-        scheduler.close()
-        sock.close()
+    with served(Engine.load(DEMO, cpu_plan(DEMO, 512, num_seqs=2))) as client:
+        yield client
 
 
 def test_a_named_tool_choice_gives_the_same_valid_call_streamed_and_not(client):
@@ -182,24 +173,16 @@ def test_a_model_whose_template_offers_tools_sees_them_and_answers_auto_and_name
     model_dir = tmp_path / "hermes"  # the demo model with a template in Hermes' format (read before the config's)
     shutil.copytree(DEMO, model_dir)
     (model_dir / "chat_template.jinja").write_text(HERMES_TEMPLATE)
-    engine = Engine.load(model_dir, cpu_plan(model_dir, 1024))
-    scheduler = Scheduler(engine, max_running=1, max_waiting=2).start()
-    sock = listen("127.0.0.1", 0, has_key=False)
-    try:
-        with running(http_server(scheduler, api_key=None), sock):
-            client = openai_client(f"http://127.0.0.1:{sock.getsockname()[1]}/v1", "unused")
-            plain = client.chat.completions.create(model="hermes", messages=ASK, max_tokens=8, temperature=0)
-            auto = client.chat.completions.create(model="hermes", messages=ASK, tools=TOOLS[:1], max_tokens=8,
-                                                  temperature=0)
-            assert auto.usage.prompt_tokens > plain.usage.prompt_tokens + 20  # the tools are in the prompt
-            assert auto.choices[0].finish_reason in ("stop", "length", "tool_calls")
-            named = client.chat.completions.create(model="hermes", messages=ASK, tools=TOOLS[:1], tool_choice=NAMED,
-                                                   temperature=0, max_tokens=200)
-            (call,) = named.choices[0].message.tool_calls
-            jsonschema.validate(json.loads(call.function.arguments), WEATHER)
-    finally:
-        scheduler.close()
-        sock.close()
+    with served(Engine.load(model_dir, cpu_plan(model_dir, 1024)), max_running=1, max_waiting=2) as client:
+        plain = client.chat.completions.create(model="hermes", messages=ASK, max_tokens=8, temperature=0)
+        auto = client.chat.completions.create(model="hermes", messages=ASK, tools=TOOLS[:1], max_tokens=8,
+                                              temperature=0)
+        assert auto.usage.prompt_tokens > plain.usage.prompt_tokens + 20  # the tools are in the prompt
+        assert auto.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        named = client.chat.completions.create(model="hermes", messages=ASK, tools=TOOLS[:1], tool_choice=NAMED,
+                                               temperature=0, max_tokens=200)
+        (call,) = named.choices[0].message.tool_calls
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER)
 
 
 HERMES_TEMPLATE = (
@@ -250,3 +233,74 @@ def test_a_forced_call_cut_short_streams_the_arguments_it_got(client):
     pieces = "".join(d.function.arguments for c in chunks for d in (c.choices[0].delta.tool_calls or []))
     assert pieces == whole.message.tool_calls[0].function.arguments and pieces.startswith("{")
     assert chunks[-1].choices[0].finish_reason == "length"
+
+
+# Llama 3.1's way of teaching calls, cut down: the tools in the prompt, a call written back as bare JSON
+LLAMA3_TEMPLATE = (
+    "{%- if tools %}<|system|>\nTools: {% for t in tools %}{{ t | tojson }}{% endfor %}\nRespond with "
+    "{\"name\": function name, \"parameters\": dictionary of argument name and its value} (or <|python_tag|> "
+    "first).<|end|>\n{%- endif %}"
+    "{%- for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+def test_llama3_calls_are_constrained_once_started():
+    """Llama 3's bare JSON: a reply that starts as JSON (or with the tag token, here the demo tokenizer's <s>) must be
+    a call of an offered tool with valid arguments; any other reply is free text, which cannot turn into JSON after
+    white space either."""
+    tokenizer = Tokenizer(DEMO)
+    parameters = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    fmt = format_of(LLAMA3_TEMPLATE)
+    assert fmt is LLAMA3 and fmt.markers == ("<|python_tag|>",)
+    bound = grammar.bind(grammar.auto_call_grammar(parameters, fmt, {fmt.tag: 1}), tokenizer, 1408, {2})
+
+    def run(*pieces):
+        constraint = bound.constraint()
+        for piece in pieces:
+            for token in [1] if piece == fmt.tag else tokenizer.encode(piece, add_special_tokens=False):
+                if constraint.disallowed()[token]:
+                    return False
+                constraint.consume(token)
+        return not constraint.disallowed()[2]  # and may end here
+
+    call = '{"name": "list_models", "parameters": {"limit": 3}}'
+    assert run("Paris is sunny.") and run(call) and run(fmt.tag, call) and run(f"[{call}]")
+    assert not run('{"name": "rm_rf"') and not run('{"name": "list_models", "parameters": {"limit": 99}}')
+    assert not run('{"name": "list_models", "arguments": {"limit": 3}}')  # Llama's key is "parameters"
+    assert not run(call + " and more") and not run("\n{") and not run(fmt.tag, "Hi")
+    assert parse(call, fmt, set(parameters)) == ("", [ToolCall("list_models", '{"limit": 3}')])
+    assert parse(fmt.tag + call, fmt, set(parameters))[1] == [ToolCall("list_models", '{"limit": 3}')]
+
+
+def test_a_llama3_model_that_starts_a_call_finishes_a_valid_one(tmp_path):
+    """A tiny Llama whose every likeliest token is `{` (its head rigged so): alone it writes braces without end; with
+    tools offered in `auto`, the grammar takes over once it starts, and the reply is a valid call."""
+    model_dir = make_model(tmp_path / "llama3", "llama", num_hidden_layers=1)
+    save_tokenizer(model_dir, LLAMA3_TEMPLATE)
+    weights = load_file(model_dir / "model.safetensors")
+    brace = Tokenizer(model_dir).encode("{", add_special_tokens=False)[0]
+    # one hidden dimension carries a constant from the embeddings to the head, which reads it as `{`
+    weights["model.embed_tokens.weight"][:, 0] = 8.0
+    for name, w in weights.items():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            w[0] = 0.0  # no layer writes into it
+    weights["model.norm.weight"].zero_()
+    weights["model.norm.weight"][0] = 1.0
+    weights["lm_head.weight"].zero_()
+    weights["lm_head.weight"][brace, 0] = 10.0
+    save_file(weights, model_dir / "model.safetensors", metadata={"format": "pt"})
+    with served(Engine.load(model_dir, cpu_plan(model_dir, 1024)), max_running=1, max_waiting=2) as client:
+        ask = dict(model="llama3", messages=ASK, temperature=0, max_tokens=200)
+        alone = client.chat.completions.create(**ask).choices[0]
+        assert alone.message.content.startswith("{{{") and alone.finish_reason == "length"
+        for stream in (False, True):
+            reply = client.chat.completions.create(**ask, tools=TOOLS, stream=stream)
+            if stream:
+                deltas = [d for c in reply for d in (c.choices[0].delta.tool_calls or [])]
+                name, arguments = deltas[0].function.name, "".join(d.function.arguments for d in deltas)
+            else:
+                assert reply.choices[0].finish_reason == "tool_calls" and not reply.choices[0].message.content
+                (call,) = reply.choices[0].message.tool_calls
+                name, arguments = call.function.name, call.function.arguments
+            parameters = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[name]
+            jsonschema.validate(json.loads(arguments), parameters)

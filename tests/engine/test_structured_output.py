@@ -15,12 +15,11 @@ import openai
 import pytest
 from factory import cpu_plan
 from gguf_factory import gemma_vocab
-from processes import openai_client, running
+from processes import served
 from scheduler_log import Log
 
 from stowage.engine.runtime.engine import Engine
 from stowage.engine.runtime.sampler import SamplingParams
-from stowage.engine.server.listener import http_server, listen
 from stowage.engine.serving.scheduler import Scheduler
 from stowage.engine.text import grammar
 from stowage.engine.text.gguf_tokenizer import tokenizer_from_gguf
@@ -59,15 +58,8 @@ def engine():
 
 @pytest.fixture(scope="module")
 def client(engine):
-    scheduler = Scheduler(engine, max_running=2, max_waiting=4).start()
-    sock = listen("127.0.0.1", 0, has_key=False)
-    server = http_server(scheduler, api_key=None)
-    try:
-        with running(server, sock):
-            yield openai_client(f"http://127.0.0.1:{sock.getsockname()[1]}/v1", "unused")
-    finally:
-        scheduler.close()
-        sock.close()
+    with served(engine) as client:
+        yield client
 
 
 def schema_format(schema, name="reply"):

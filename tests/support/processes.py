@@ -74,3 +74,20 @@ def running(server, sock: socket.socket):
     finally:
         server.should_exit = True
         thread.join(TIMEOUT_S)
+
+
+@contextmanager
+def served(engine, *, max_running: int = 2, max_waiting: int = 4):
+    """The official client of an in-process server of `engine` (its scheduler started here) on a loopback port, with
+    no key; the scheduler and the socket are closed after the body."""
+    from stowage.engine.server.listener import http_server, listen
+    from stowage.engine.serving.scheduler import Scheduler
+
+    scheduler = Scheduler(engine, max_running=max_running, max_waiting=max_waiting).start()
+    sock = listen("127.0.0.1", 0, has_key=False)
+    try:
+        with running(http_server(scheduler, api_key=None), sock):
+            yield openai_client(f"http://127.0.0.1:{sock.getsockname()[1]}/v1", "unused")
+    finally:
+        scheduler.close()
+        sock.close()

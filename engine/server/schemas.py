@@ -290,7 +290,7 @@ def _tools(body: dict) -> Tools | None:
         return Tools(tuple(specs), parameters, choice or "auto")
     named = choice.get("function", {}).get("name") if isinstance(choice, dict) and choice.get("type") == "function" \
         and isinstance(choice.get("function"), dict) else None
-    if named not in parameters:
+    if not isinstance(named, str) or named not in parameters:
         raise _bad("tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
                                   f"\"function\": {{\"name\": ...}}}} naming one of the tools; got {choice!r:.80}")
     return Tools(tuple(specs), parameters, named)

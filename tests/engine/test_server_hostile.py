@@ -343,3 +343,15 @@ def test_the_bearer_scheme_is_taken_in_any_case(scheduler):
         assert client.get("/v1/models", headers={"Authorization": header}).status_code == 200, header
     for header in ("Basic s3cret", "bearer s3cre", "bearers3cret", "s3cret", "bearer", "bearer s3cret x"):
         assert client.get("/v1/models", headers={"Authorization": header}).status_code == 401, header
+
+
+# -- review: a tool_choice naming no string ----------------------------------------------------------------------
+@pytest.mark.parametrize("name", [["f"], {"a": 1}, 3, None])
+def test_a_tool_choice_whose_name_is_not_a_string_is_a_400(scheduler, name):
+    # before: a list or object as the function name raised TypeError (unhashable) inside the check: a 500
+    client = TestClient(create_app(scheduler), base_url=LOOPBACK, raise_server_exceptions=False)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    r = client.post("/v1/chat/completions", json=chat_body(tools=[tool], tool_choice={
+        "type": "function", "function": {"name": name}}))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "tool_choice"

@@ -40,6 +40,7 @@ class Forecast:
             kv_dtype=settings.kv_dtype,
             dtype=None,
             gpu_layers=settings.gpu_layers,
+            cpu_expert_layers=settings.cpu_expert_layers,
             block_size=self.block_size,
             num_seqs=num_seqs,
         )
@@ -64,7 +65,8 @@ class Forecast:
                 label = "RAM"
             else:
                 label = f"GPU {device.device.removeprefix('cuda:')}" + (f" ({budget.name})" if budget else "")
-            bars.append(DeviceBar(label, device.weights_bytes, device.kv_bytes, device.workspace_bytes, device.budget_bytes))
+            bars.append(DeviceBar(label, device.other_weights_bytes, device.kv_bytes, device.workspace_bytes,
+                                  device.budget_bytes, expert_bytes=device.expert_bytes))
         return bars
 
 

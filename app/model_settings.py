@@ -33,6 +33,7 @@ SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams) if f.name != "sto
 class ModelSettings:
     context_tokens: int = 4096
     gpu_layers: int | None = None  # None: as many as fit (the planner decides)
+    cpu_expert_layers: int | None = None  # a model of experts: None: as many layers' experts on the GPU as fit
     kv_dtype: str | None = None  # None: the model's compute dtype
     ram_limit_gib: float | None = None  # None: what is available, minus a reserve; swap never counts
     overflow_policy: str = context_policy.STOP
@@ -151,7 +152,7 @@ def _saved(s: ModelSettings) -> dict:
     return {**values, **{name: getattr(s.sampling, name) for name in SAMPLING_FIELDS}}
 
 
-_INT_OR_NONE = {"gpu_layers", "seed"}
+_INT_OR_NONE = {"gpu_layers", "cpu_expert_layers", "seed"}
 _FLOAT_OR_NONE = {"ram_limit_gib"}
 _STR_OR_NONE = {"kv_dtype"}
 

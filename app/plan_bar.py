@@ -1,4 +1,5 @@
-"""One stacked bar per device: weights, KV cache, workspace and what stays free of the budget."""
+"""One stacked bar per device: weights (a model of experts: its experts apart), KV cache, workspace and what stays free
+of the budget."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from . import theme
 
 SEGMENTS = (  # (attribute, legend, colour)
     ("weights_bytes", "weights", QColor("#4e79a7")),
+    ("expert_bytes", "experts", QColor("#b07aa1")),
     ("kv_bytes", "KV", QColor("#f28e2b")),
     ("workspace_bytes", "workspace", QColor("#76b7b2")),
 )
@@ -24,14 +26,15 @@ ROW_HEIGHT = 38
 @dataclass(frozen=True)
 class DeviceBar:
     label: str  # "GPU 0 (RTX 4090)" or "CPU RAM"
-    weights_bytes: int
+    weights_bytes: int  # all but the experts'
     kv_bytes: int
     workspace_bytes: int
     budget_bytes: int
+    expert_bytes: int = 0  # the experts' weights placed here (a model of experts)
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.workspace_bytes
+        return self.weights_bytes + self.expert_bytes + self.kv_bytes + self.workspace_bytes
 
     @property
     def fits(self) -> bool:
@@ -88,7 +91,7 @@ class PlanBar(QWidget):
             y += ROW_HEIGHT
         # Legend along the bottom.
         x = 1
-        legend = [(name, color) for _, name, color in SEGMENTS] + [("free", free), ("over", OVER)]
+        legend = [(name, color) for attr, name, color in _segments(self.bars)] + [("free", free), ("over", OVER)]
         for name, color in legend:
             painter.fillRect(QRectF(x, y + 4, 10, 10), color)
             painter.setPen(text_color)
@@ -97,7 +100,14 @@ class PlanBar(QWidget):
         painter.end()
 
 
+def _segments(bars: list[DeviceBar]) -> tuple:
+    """The segments the bars show: experts only for a model of experts."""
+    has_experts = any(b.expert_bytes for b in bars)
+    return tuple(s for s in SEGMENTS if s[0] != "expert_bytes" or has_experts)
+
+
 def _describe(bar: DeviceBar) -> str:
-    parts = ", ".join(f"{name} {format_bytes(getattr(bar, attr))}" for attr, name, _ in SEGMENTS)
+    parts = ", ".join(f"{name} {format_bytes(getattr(bar, attr))}" for attr, name, _ in SEGMENTS
+                      if attr != "expert_bytes" or bar.expert_bytes)
     verdict = "fits" if bar.fits else f"over by {format_bytes(bar.total_bytes - bar.budget_bytes)}"
     return f"{bar.label}: {parts}; budget {format_bytes(bar.budget_bytes)} ({verdict})"

@@ -23,11 +23,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from stowage.engine.formats.discovery import gguf_quant
 from stowage.engine.planning.report import summary
-from stowage.engine.units import format_bytes, format_tokens
+from stowage.engine.units import format_tokens
 
-from . import context_policy, theme
+from . import context_policy, model_facts, theme
 from .context_control import ContextControl
 from .forecast import Forecast, explain
 from .load_controls import LoadControls
@@ -104,6 +103,18 @@ class SettingsPanel(QWidget):
         self.gpu_row = gpu_row = QHBoxLayout()
         gpu_row.addWidget(self.gpu_auto)
         gpu_row.addWidget(self.gpu_layers, 1)
+        # a model of experts: how many layers keep their experts in RAM (the last ones), beside GPU layers
+        self.expert_auto = QCheckBox("Auto")
+        self.expert_auto.setChecked(True)
+        self.cpu_expert_layers = QSpinBox()
+        self.cpu_expert_layers.setEnabled(False)
+        self.cpu_expert_layers.setAccessibleName("CPU expert layers")
+        self.expert_auto.setToolTip("Auto: the experts of as many layers as fit go on the GPU beside their layer, "
+                                    "after every layer's attention (docs/moe.md); a number keeps that many layers' "
+                                    "experts, the last ones, in RAM")
+        self.expert_row = expert_row = QHBoxLayout()
+        expert_row.addWidget(self.expert_auto)
+        expert_row.addWidget(self.cpu_expert_layers, 1)
         self.kv_dtype = QComboBox()
         for value in KV_DTYPES:
             self.kv_dtype.addItem(kv_dtype_label(None, value), value)
@@ -134,6 +145,7 @@ class SettingsPanel(QWidget):
         form.addRow(self.plan_bar)
         form.addRow(self.plan_message)
         form.addRow("GPU layers", gpu_row)
+        form.addRow("CPU expert layers", expert_row)
         form.addRow("KV cache", self.kv_dtype)
         form.addRow("RAM limit", self.ram_limit)
         form.addRow("When full", self.policy)
@@ -185,7 +197,9 @@ class SettingsPanel(QWidget):
         self.picker.model_chosen.connect(self.model_chosen)
         self.context.changed.connect(self._edited)
         self.gpu_auto.toggled.connect(self.gpu_layers.setDisabled)
-        for signal in (self.gpu_auto.toggled, self.gpu_layers.valueChanged, self.kv_dtype.currentIndexChanged,
+        self.expert_auto.toggled.connect(self.cpu_expert_layers.setDisabled)
+        for signal in (self.gpu_auto.toggled, self.gpu_layers.valueChanged, self.expert_auto.toggled,
+                       self.cpu_expert_layers.valueChanged, self.kv_dtype.currentIndexChanged,
                        self.ram_limit.valueChanged, self.policy.currentIndexChanged, self.sampling.edited,
                        self.system_prompt.textChanged):
             signal.connect(self._edited)
@@ -205,13 +219,7 @@ class SettingsPanel(QWidget):
         self.remote = None
         self._show_memory_rows(True)
         info = forecast.info
-        c = info.config
-        if info.matrices is not None:  # GGUF: its blocks' type, which is not the dtype it computes in
-            weights = f"{format_bytes(info.weights_bytes())} of {_stored_type(info)} weights"
-        else:
-            weights = f"{format_bytes(info.weights_bytes())} of weights ({info.compute_dtype})"
-        self.picker.say(f"{c.model_type}, {info.num_layers} layers, {weights}, up to "
-                        f"{format_tokens(info.max_position_embeddings)}")
+        self.picker.say(model_facts.describe(info))
         for index, value in enumerate(KV_DTYPES):
             label = kv_dtype_label(info, value)
             self.kv_dtype.setItemText(index, label)
@@ -224,6 +232,11 @@ class SettingsPanel(QWidget):
         self.gpu_layers.setEnabled(has_gpu and settings.gpu_layers is not None)
         if not has_gpu:
             self.gpu_layers.setToolTip(forecast.detected.note)
+        self.cpu_expert_layers.blockSignals(True)
+        self.cpu_expert_layers.setRange(0, sum(1 for n in info.expert_bytes() if n))
+        self.cpu_expert_layers.blockSignals(False)
+        self.expert_auto.setEnabled(has_gpu)  # without a GPU every expert is in RAM: nothing to choose
+        self.cpu_expert_layers.setEnabled(has_gpu and settings.cpu_expert_layers is not None)
         self._show_settings(settings)
         self._set_model_enabled(True)
         self._replan()
@@ -247,6 +260,8 @@ class SettingsPanel(QWidget):
         for field in (self.context, self.context.note, self.max_label, self.plan_bar, self.plan_message, self.gpu_row, self.kv_dtype,
                       self.ram_limit, self.cpu_threads):
             self.memory_form.setRowVisible(field, shown)
+        is_moe = self.forecast is not None and self.forecast.info.config.is_moe
+        self.memory_form.setRowVisible(self.expert_row, shown and is_moe)
         self.context.note.setVisible(shown and bool(self.context.note.text()))  # a row of its own, shown when said
         self.memory_box.setTitle("Memory" if shown else "Context")
         self.load_button.setText("Load" if shown else "Connect")
@@ -279,6 +294,8 @@ class SettingsPanel(QWidget):
         try:
             self.gpu_auto.setChecked(s.gpu_layers is None)
             self.gpu_layers.setValue(s.gpu_layers or 0)
+            self.expert_auto.setChecked(s.cpu_expert_layers is None)
+            self.cpu_expert_layers.setValue(s.cpu_expert_layers or 0)
             index = self.kv_dtype.findData(s.kv_dtype)  # one this model cannot take (disabled): its own dtype
             self.kv_dtype.setCurrentIndex(index if index > 0 and self.kv_dtype.model().item(index).isEnabled() else 0)
             self.ram_limit.setValue(s.ram_limit_gib or 0.0)
@@ -308,6 +325,7 @@ class SettingsPanel(QWidget):
             self.sampling.read(self.settings),
             context_tokens=self.context.context_tokens,
             gpu_layers=None if self.gpu_auto.isChecked() else self.gpu_layers.value(),
+            cpu_expert_layers=None if self.expert_auto.isChecked() else self.cpu_expert_layers.value(),
             kv_dtype=self.kv_dtype.currentData(),
             ram_limit_gib=self.ram_limit.value() or None,
             overflow_policy=self.policy.currentData(),
@@ -374,23 +392,10 @@ class SettingsPanel(QWidget):
         self.loading.show_unloaded(text, error, self.can_load)
 
 
-def _stored_type(info) -> str:
-    """A GGUF model's quantization as its file names it ("Q4_K_M"), else the type most of its layers' weights are
-    stored in, by count ("Q4_1")."""
-    named = gguf_quant(info.model_dir)
-    if named:
-        return named
-    stored: dict[str, int] = {}
-    for layer in info.layers:
-        for dtype, numel, _ in layer.by_dtype:
-            stored[dtype] = stored.get(dtype, 0) + numel
-    return max(stored, key=stored.get).upper() if stored else "GGUF"
-
-
 def _placement(s: ModelSettings) -> tuple:
-    return (s.context_tokens, s.gpu_layers, s.kv_dtype, s.ram_limit_gib)
+    return (s.context_tokens, s.gpu_layers, s.cpu_expert_layers, s.kv_dtype, s.ram_limit_gib)
 
 
 def _limits(s: ModelSettings) -> tuple:
     """What moves the slider's top: everything but the context itself."""
-    return (s.gpu_layers, s.kv_dtype, s.ram_limit_gib)
+    return (s.gpu_layers, s.cpu_expert_layers, s.kv_dtype, s.ram_limit_gib)

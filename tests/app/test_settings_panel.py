@@ -177,3 +177,57 @@ def test_the_context_note_is_not_cut_and_goes_when_other_settings_change(panel, 
     assert "10,000,000" in note.text() and "4,096" in note.text()
     panel.kv_dtype.setCurrentIndex(panel.kv_dtype.findData("fp8"))
     assert note.isHidden()
+
+
+def test_a_model_of_experts_says_so_and_places_its_experts_as_asked(qtbot, tmp_path):
+    """Issue 28's app part: the model's line names its experts and the parameters a token reads; the bar shows the
+    experts apart, on the GPU and in RAM; "CPU expert layers" keeps the last N layers' experts in RAM."""
+    from moe_factory import make_moe_model
+
+    from stowage.app import model_facts
+
+    info = inspect(make_moe_model(tmp_path / "moe", "qwen3_moe"))
+    everything = plan(info, PlanRequest(1024), given_budgets([10**10], 10**10, gpu_safety_bytes=0))
+    gpu = everything.device("cuda:0")
+    assert gpu.experts == (0, 1, 2)
+    # a GPU that takes every layer's attention and the experts of one or two layers, not all three
+    budgets = given_budgets([gpu.total_bytes - info.expert_bytes()[2] * 3 // 2], 10**10, gpu_safety_bytes=0,
+                            ram_reserve_bytes=0)
+    panel = SettingsPanel([])
+    qtbot.addWidget(panel)
+    panel.show()
+    panel.set_model(Forecast(info, budgets), ModelSettings(context_tokens=1024))
+    assert panel.model_info.text().endswith(
+        f"\nMoE: 8 experts, 2 active, {model_facts.count(info.num_active_parameters)} of "
+        f"{model_facts.count(info.num_parameters)} parameters read per token")
+    assert info.num_active_parameters < info.num_parameters
+    on_gpu = panel.plan.device("cuda:0").experts
+    assert len(panel.plan.device("cuda:0").layers) == 3 and 0 < len(on_gpu) < 3
+    gpu_bar, ram_bar = panel.plan_bar.bars
+    assert gpu_bar.expert_bytes == sum(info.expert_bytes()[i] for i in on_gpu) and ram_bar.expert_bytes > 0
+    assert gpu_bar.total_bytes == panel.plan.device("cuda:0").total_bytes  # the experts counted once
+    assert "experts" in panel.plan_bar.toolTip()
+    form = panel.memory_form
+    assert form.isRowVisible(panel.expert_row) and panel.expert_auto.isEnabled()
+    assert not panel.cpu_expert_layers.isEnabled() and panel.cpu_expert_layers.maximum() == 3
+
+    panel.expert_auto.setChecked(False)
+    panel.cpu_expert_layers.setValue(3)  # every layer's experts in RAM
+    assert panel.settings.cpu_expert_layers == 3 and panel.plan.request.cpu_expert_layers == 3
+    assert panel.plan.expert_devices == ("cpu",) * 3 and panel.plan_bar.bars[0].expert_bytes == 0
+    panel.expert_auto.setChecked(True)
+    assert panel.settings.cpu_expert_layers is None and panel.plan.device("cuda:0").experts == on_gpu
+
+
+def test_a_dense_model_shows_no_expert_controls(panel):
+    assert "MoE" not in panel.model_info.text() and not panel.memory_form.isRowVisible(panel.expert_row)
+    assert "experts" not in panel.plan_bar.toolTip()
+
+
+def test_parameter_counts_are_cut_to_one_decimal_as_model_cards_write_them():
+    from stowage.app.model_facts import count
+
+    # Qwen3-30B-A3B as inspect counts it: 30,532,122,624 parameters, 3,353,032,704 read per token
+    assert (count(30_532_122_624), count(3_353_032_704)) == ("30.5 B", "3.3 B")
+    assert (count(740_400_000), count(96_250), count(999), count(123_456_789_000)) == ("740 M", "96.2 K", "999",
+                                                                                        "123 B")

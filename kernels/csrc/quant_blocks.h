@@ -9,7 +9,7 @@
 #include <immintrin.h>
 #endif
 
-enum { Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, NUM_TYPES };
+enum { Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4, NUM_TYPES };
 #define QK_K 256
 
 typedef struct {
@@ -21,7 +21,7 @@ typedef struct {
 static const block_type TYPES[NUM_TYPES] = {
     [Q8_0] = {"q8_0", 32, 34},       [Q4_0] = {"q4_0", 32, 18},       [Q4_1] = {"q4_1", 32, 20},
     [Q5_0] = {"q5_0", 32, 22},       [Q5_1] = {"q5_1", 32, 24},       [Q4_K] = {"q4_k", QK_K, 144},
-    [Q5_K] = {"q5_k", QK_K, 176},    [Q6_K] = {"q6_k", QK_K, 210},
+    [Q5_K] = {"q5_k", QK_K, 176},    [Q6_K] = {"q6_k", QK_K, 210},    [MXFP4] = {"mxfp4", 32, 17},
 };
 
 // An activation vector as the integer row dots read it (quant_dots.h's quantize_x): in blocks of 32 (as Q8_0
@@ -58,6 +58,18 @@ static inline float f16_to_f32(const uint8_t *p) {
     memcpy(&f, &bits, 4);
     return f;
 #endif
+}
+
+// MXFP4 (gpt-oss): an E8M0 scale byte e, then 32 E2M1 codes (weight j in byte j's low nibble, j + 16 in its high
+// one); a weight is MXFP4_VALUES[code] * 2^(e - 128), the E2M1 values doubled as ggml's kvalues_mxfp4 keeps them.
+static const int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// 2^(e - 128) as ggml_e8m0_to_fp32_half makes it (e = 0 and 1: float32 subnormals)
+static inline float mxfp4_scale(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
 }
 
 // The 8 six-bit scales and mins of a Q4_K / Q5_K super-block, packed in 12 bytes (get_scale_min_k4).
@@ -130,6 +142,14 @@ static inline void dequantize_block(int type, const uint8_t *b, float *out) {
                 out[64 * c + l] = d1 * (float)lo - m1;
                 out[64 * c + 32 + l] = d2 * (float)hi - m2;
             }
+        }
+        break;
+    }
+    case MXFP4: {
+        float d = mxfp4_scale(b[0]);
+        for (int j = 0; j < 16; j++) {
+            out[j] = (float)MXFP4_VALUES[b[1 + j] & 0x0F] * d;
+            out[j + 16] = (float)MXFP4_VALUES[b[1 + j] >> 4] * d;
         }
         break;
     }

@@ -49,7 +49,7 @@ typedef float (*row_dot)(const uint8_t *row, const qvec *x, int64_t num_blocks);
 #ifdef HAS_SIMD_DOTS
 static const row_dot DOTS[NUM_TYPES] = {
     [Q8_0] = dot_q8_0, [Q4_0] = dot_q4_0, [Q4_1] = dot_q4_1, [Q5_0] = dot_q5_0,
-    [Q5_1] = dot_q5_1, [Q4_K] = dot_q4_k, [Q5_K] = dot_q5_k, [Q6_K] = dot_q6_k,
+    [Q5_1] = dot_q5_1, [Q4_K] = dot_q4_k, [Q5_K] = dot_q5_k, [Q6_K] = dot_q6_k, [MXFP4] = dot_mxfp4,
 };
 #else
 // One block as integers: weight j = scale[j / 16] * q[j] - min[j / 32], each scale and minimum computed as
@@ -102,6 +102,13 @@ static inline void block_integers(int type, const uint8_t *b, int8_t *q, float *
         }
         break;
     }
+    case MXFP4:
+        for (int j = 0; j < 16; j++) {
+            q[j] = MXFP4_VALUES[b[1 + j] & 0x0F];
+            q[j + 16] = MXFP4_VALUES[b[1 + j] >> 4];
+        }
+        scale[0] = scale[1] = mxfp4_scale(b[0]);
+        break;
     case Q6_K: {
         float d = f16_to_f32(b + 208);
         const int8_t *sc = (const int8_t *)(b + 192);
@@ -150,9 +157,10 @@ REFERENCE_DOT(Q5_1)
 REFERENCE_DOT(Q4_K)
 REFERENCE_DOT(Q5_K)
 REFERENCE_DOT(Q6_K)
+REFERENCE_DOT(MXFP4)
 static const row_dot DOTS[NUM_TYPES] = {
     [Q8_0] = dot_reference_Q8_0, [Q4_0] = dot_reference_Q4_0, [Q4_1] = dot_reference_Q4_1,
     [Q5_0] = dot_reference_Q5_0, [Q5_1] = dot_reference_Q5_1, [Q4_K] = dot_reference_Q4_K,
-    [Q5_K] = dot_reference_Q5_K, [Q6_K] = dot_reference_Q6_K,
+    [Q5_K] = dot_reference_Q5_K, [Q6_K] = dot_reference_Q6_K, [MXFP4] = dot_reference_MXFP4,
 };
 #endif

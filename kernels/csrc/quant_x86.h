@@ -213,6 +213,20 @@ static float dot_q4_1(const uint8_t *r, const qvec *x, int64_t nb) { return dot_
 static float dot_q5_0(const uint8_t *r, const qvec *x, int64_t nb) { return dot_32_blocks(Q5_0, r, x, nb); }
 static float dot_q5_1(const uint8_t *r, const qvec *x, int64_t nb) { return dot_32_blocks(Q5_1, r, x, nb); }
 
+// MXFP4: the 32 codes looked up as signed weights (MXFP4_VALUES, |w| <= 12) in one byte shuffle, then as Q8_0's
+static float dot_mxfp4(const uint8_t *row, const qvec *x, int64_t nb) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_VALUES));
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    for (int64_t i = 0; i < nb; i++, row += 17) {
+        __m256 p = dot32_signed(_mm256_shuffle_epi8(table, nibbles32(row + 1)), x, 32 * i);
+        if (i & 1)
+            acc1 = _mm256_fmadd_ps(p, _mm256_set1_ps(mxfp4_scale(row[0]) * x->d[i]), acc1);
+        else
+            acc0 = _mm256_fmadd_ps(p, _mm256_set1_ps(mxfp4_scale(row[0]) * x->d[i]), acc0);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
 // The 8 six-bit scales (bytes 0..7) and minimums (8..15) of a Q4_K / Q5_K super-block, as k_scales unpacks them,
 // four at a time in 32-bit words.
 static inline __m128i k_scales16(const uint8_t *s) {

@@ -28,8 +28,6 @@ from .worker import EngineClient
 TITLE_CHARS = 40
 HINT_NO_MODEL = "Pick a model on the right, press Load, then type a message below."
 HINT_READY = "Type a message below: Enter sends it, Shift+Enter starts a new line."
-# The start of context_policy's refusal under "stop": the conversation, not the message alone, outgrew the context.
-CONVERSATION_FULL = "The conversation needs "
 NEW_CHAT = "New chat with this system prompt"
 DROP_OLDEST = "Drop the oldest turns and resend"
 # A regenerated reply at temperature 0 is the same word for word; this one is Stowage's usual temperature.
@@ -56,6 +54,7 @@ class ChatPanel(QWidget):
         self.model_name = ""  # of the loaded model, kept with each reply
         self._reply: StreamingReply | None = None  # the reply streaming now, whichever chat is on screen
         self._greedy_retry = False  # the streaming reply is a greedy one written again: the same text
+        self._outgrown: int | None = None  # the chat whose failure, next, is its conversation outgrowing the context
         self._presets = store.presets()  # kept here: the settings may change after the store is closed
         self._chat_preset = None  # this chat's preset (store.Preset), or None
 
@@ -119,6 +118,7 @@ class ChatPanel(QWidget):
         worker.token.connect(self._token)
         worker.reply_finished.connect(self._reply_finished)
         worker.reply_failed.connect(self._reply_failed)
+        worker.conversation_full.connect(self._conversation_full)
         worker.prefill_progress.connect(self._prefill_progress)
         self.view.set_placeholder(HINT_NO_MODEL)
         self._update_buttons()
@@ -465,8 +465,12 @@ class ChatPanel(QWidget):
         self._update_buttons()
         self.reply_done.emit(reply)
 
+    def _conversation_full(self, conversation_id: int) -> None:
+        self._outgrown = conversation_id
+
     def _reply_failed(self, conversation_id: int, message: str) -> None:
         # What streamed before the error is kept, marked as cut short by it.
+        outgrown, self._outgrown = self._outgrown == conversation_id, None
         streamed = self._reply
         stored = streamed.finish(streamed.text,
                                  streamed.meta("error", error=message, prompt_tokens=streamed.prompt_tokens))
@@ -478,7 +482,7 @@ class ChatPanel(QWidget):
             else:
                 self.view.end_reply(stored)
             self.show_error(message)
-            if message.startswith(CONVERSATION_FULL):
+            if outgrown:
                 self._offer_ways_on("overflow")
         self._update_buttons()
 

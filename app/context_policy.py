@@ -19,6 +19,11 @@ class ContextFullError(Exception):
     """The conversation does not fit the context and the policy says stop (or nothing more can go)."""
 
 
+class ConversationFullError(ContextFullError):
+    """The conversation as a whole outgrew the context under "stop": a new chat, or forgetting old turns, makes room
+    (not so when the last message alone is too long)."""
+
+
 @dataclass(frozen=True)
 class Fitted:
     messages: list[dict]  # what to send, system prompt first
@@ -62,7 +67,7 @@ def fit(
     if tokens <= budget_tokens:
         return Fitted(render(kept), kept, tokens)
     if policy == STOP:
-        raise ContextFullError(
+        raise ConversationFullError(
             f"The conversation needs {tokens:,} tokens but the context holds {budget_tokens:,} "
             f"(with room for the reply). Start a new conversation, load with a larger context, or choose "
             f"'{POLICIES[DROP_OLDEST]}' in the settings."

@@ -61,6 +61,7 @@ class EngineWorker(QObject):
     token = Signal(int, str)  # conversation_id, decoded text delta
     reply_finished = Signal(object)  # Reply
     reply_failed = Signal(int, str)  # conversation_id, message
+    conversation_full = Signal(int)  # conversation_id: its reply_failed, next, is context_policy's ConversationFullError
     # with the engine in a child process only:
     prefill_progress = Signal(int, int, int)  # conversation_id, prompt tokens done, total (a long prompt)
     engine_started = Signal(int)  # the engine process's id, for graphs that follow it
@@ -307,6 +308,8 @@ class EngineWorker(QObject):
             else:
                 r = self._reply_to_chat(cid, request)
         except context_policy.ContextFullError as e:
+            if isinstance(e, context_policy.ConversationFullError):
+                self.conversation_full.emit(cid)  # delivered before reply_failed: both queued from this thread
             self.reply_failed.emit(cid, str(e))
             return
         except EngineCrashedError as e:  # the child is gone; the window, the chat and the partial reply stay

@@ -17,6 +17,7 @@ class FakeWorker(QObject):
     token = Signal(int, str)
     reply_finished = Signal(object)
     reply_failed = Signal(int, str)
+    conversation_full = Signal(int)
     prefill_progress = Signal(int, int, int)  # conversation_id, done, total
 
 

@@ -129,6 +129,7 @@ class Matrices:
     layers: tuple[tuple[MatrixShape, bool], ...]  # distinct (shape, has a bias) over every layer
     embed: MatrixShape
     head: MatrixShape
+    widens: bool = False  # the other matrices are safetensors' own, widened in tiles (kernels/cpu_matmul.py)
 
     def workspace_bytes(self, dtype: torch.dtype, converts: bool, *, runs_layers: bool, holds_head: bool,
                         holds_embed: bool, num_tokens: int, num_seqs: int) -> int:
@@ -138,11 +139,22 @@ class Matrices:
         if runs_layers:
             rows = max(num_tokens, num_seqs)
             sizes += [workspace_bytes(s, rows, dtype, bias=b) for s, b in self.layers if tiled(s)]
+        if self.widens:  # the embeddings and head are safetensors' (mxfp4_matrices)
+            return max(sizes)
         if holds_head and tiled(self.head):
             sizes.append(workspace_bytes(self.head, num_seqs, dtype))  # logits of the last position only
         if holds_embed and tiled(self.embed):
             sizes.append(rows_workspace_bytes(self.embed, num_tokens))
         return max(sizes)
+
+
+def mxfp4_matrices(config: ModelConfig) -> Matrices:
+    """gpt-oss's MXFP4 experts in a Hugging Face checkpoint (kernels/quant_linear.py Mxfp4Weight, tiles as a GGUF
+    file's): gate_up [2 * inter, hidden] and down [hidden, inter], biased; the rest is safetensors', never tiled."""
+    inter, hidden = config.expert_intermediate_size, config.hidden_size
+    plain = MatrixShape("f32", config.vocab_size, hidden)  # read in torch: no tile (computes_in_tiles never asked)
+    return Matrices(((MatrixShape("mxfp4", 2 * inter, hidden), True), (MatrixShape("mxfp4", hidden, inter), True)),
+                    plain, plain, widens=True)
 
 
 def open_model(path: str | Path) -> "GGUFModel":

@@ -73,8 +73,15 @@ class ModelSource:
         return ModelLayout.of(self.config, self.specs, self.name)
 
     def matrices(self, layout: ModelLayout) -> Matrices | None:
-        """The shapes of the matrices kept in ggml blocks (None: a safetensors model, whose products are torch's)."""
-        return self.gguf.matrices(layout.layers, layout.embed, layout.lm_head, layout.experts) if self.gguf else None
+        """The shapes of the matrices kept in blocks (None: a safetensors model whose products are all torch's; gpt-oss's
+        MXFP4 experts are in blocks there too: gguf_model.mxfp4_matrices)."""
+        if self.gguf:
+            return self.gguf.matrices(layout.layers, layout.embed, layout.lm_head, layout.experts)
+        if layout.expert_form == "gate_up_mxfp4":
+            from .gguf_model import mxfp4_matrices
+
+            return mxfp4_matrices(layout.config)
+        return None
 
     @property
     def qk_order(self) -> torch.Tensor | None:

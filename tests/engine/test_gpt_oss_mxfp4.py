@@ -187,3 +187,17 @@ def test_the_native_decode_product_reads_mxfp4_blocks_on_every_instruction_set()
     for isa in cpu_quant.supported_isas():
         y = cpu_quant.matvec(torch.from_numpy(raw), "mxfp4", x, isa=isa)
         assert (y.double() - expected).abs().max() <= 1e-4 * expected.abs().max(), isa
+
+
+def test_the_plan_charges_the_mxfp4_experts_tiles(mxfp4_models):
+    """The experts' products dequantize a tile at a time (Mxfp4Weight): the planner charges that scratch, as for GGUF."""
+    from factory import cpu_plan
+
+    from stowage.kernels.quant_linear import MatrixShape, workspace_bytes
+
+    packed, decoded = mxfp4_models
+    ours, theirs = (cpu_plan(m, 64, prefill_chunk=16).device("cpu").workspace for m in (packed, decoded))
+    assert theirs.dequant_bytes == 0
+    assert ours.dequant_bytes == max(workspace_bytes(MatrixShape("mxfp4", *shape), 16, torch.float32, bias=True)
+                                     for shape in ((128, 64), (64, 64))) > 0
+    assert ours.widened_bytes == theirs.widened_bytes  # the rest is the same safetensors products

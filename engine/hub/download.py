@@ -1,5 +1,5 @@
 """Downloads into the Hugging Face cache, laid out as huggingface_hub lays it out (blobs/<etag>, snapshots/<commit>/
-<file> linking to it, refs/main), so Stowage's listing, `hf` and transformers all find the files.
+<file> linking to it, refs/<branch>), so Stowage's listing, `hf` and transformers all find the files.
 
 Each file streams through huggingface_hub's HTTP session into blobs/<etag>.incomplete, resumed with a Range
 request after a dropped connection, and by a later pull after a cancel or a restart; then it is checked against
@@ -16,10 +16,12 @@ import re
 import shutil
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from threading import Event
 
+from filelock import FileLock, Timeout
 from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
 from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.utils import get_session, hf_raise_for_status
@@ -28,7 +30,7 @@ from ..errors import DownloadCancelled, HubError
 from ..formats.discovery import Places
 from ..units import format_bytes
 from .client import Hub, TransportError
-from .files import RemoteFile, RemoteModel
+from .files import HASH_NAME, RemoteFile, RemoteModel
 
 PARTIAL_SUFFIX = ".incomplete"
 MIN_FREE_BYTES = 1 << 30  # left free on the disk after a download
@@ -113,28 +115,58 @@ def _fetch(hub: Hub, model: RemoteModel, f: RemoteFile, storage: Path, meter: "_
     if not meta.etag or meta.commit_hash is None:
         raise HubError(f"{hub.endpoint} did not say which version {model.repo}/{f.path} is (no ETag or X-Repo-Commit "
                        "header); is HF_ENDPOINT a Hugging Face Hub?")
+    if not (HASH_NAME.fullmatch(meta.etag) and HASH_NAME.fullmatch(meta.commit_hash)):  # they become file names here
+        raise HubError(f"{hub.endpoint} named {model.repo}/{f.path} {meta.etag!r:.80} at commit "
+                       f"{meta.commit_hash!r:.80}: not a hash; refusing to download from it")
     blob = storage / "blobs" / meta.etag
-    if blob.is_file():  # the same content under another name or revision: nothing to fetch
-        meter.start_file(f.path, meta.size if meta.size is not None else f.size)
-    else:
-        partial = partial_path(storage, meta.etag)
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        size = meta.size if meta.size is not None else f.size
-        done = partial.stat().st_size if partial.is_file() else 0
-        if done > size:  # not this file's bytes: start again
-            partial.unlink()
-            done = 0
-        if meta.location != url and not _same_host(url, meta.location):
-            headers.pop("authorization", None)  # a signed CDN address takes no token (as huggingface_hub does)
-        meter.start_file(f.path, done)
-        with open(partial, "ab") as out, hub.errors(model.repo, f.path):
-            _stream(meta.location, out, done, size, headers, meter, f"{model.repo}/{f.path}")
-        # a small file kept in git: its blob id, where the server's ETag agrees that it is one (huggingface.co's)
-        _verify(partial, f.sha256, None if f.sha256 or meta.etag != f.blob_id else f.blob_id, f"{model.repo}/{f.path}")
-        os.chmod(partial, 0o644)
-        os.replace(partial, blob)
+    # one writer per file across processes: huggingface_hub's own lock, so `hf download` waits for us and we for it
+    with _locked(storage.parent / ".locks" / storage.name / f"{meta.etag}.lock", meter):
+        if blob.is_file():  # the same content under another name or revision (or another pull's): nothing to fetch
+            meter.start_file(f.path, meta.size if meta.size is not None else f.size)
+        else:
+            _download(hub, model, f, url, meta, headers, storage, meter)
+            os.replace(partial_path(storage, meta.etag), blob)
     _link(blob, storage / "snapshots" / meta.commit_hash / f.path)
     return meta.commit_hash
+
+
+@contextmanager
+def _locked(path: Path, meter: "_Meter"):
+    """Hold the lock file `path` (waiting while another pull, CLI or app, fetches the same file; a cancel still
+    ends the wait)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(path)
+    while True:
+        meter.check()
+        try:
+            lock.acquire(timeout=0.2)
+            break
+        except Timeout:
+            continue
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _download(hub: Hub, model: RemoteModel, f: RemoteFile, url: str, meta, headers: dict, storage: Path,
+              meter: "_Meter") -> None:
+    """Fetch f's bytes into its partial file (resuming what is there) and check them against the Hub's hash."""
+    partial = partial_path(storage, meta.etag)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    size = meta.size if meta.size is not None else f.size
+    done = partial.stat().st_size if partial.is_file() else 0
+    if done > size:  # not this file's bytes: start again
+        partial.unlink()
+        done = 0
+    if meta.location != url and not _same_host(url, meta.location):
+        headers.pop("authorization", None)  # a signed CDN address takes no token (as huggingface_hub does)
+    meter.start_file(f.path, done)
+    with open(partial, "ab") as out, hub.errors(model.repo, f.path):
+        _stream(meta.location, out, done, size, headers, meter, f"{model.repo}/{f.path}")
+    # a small file kept in git: its blob id, where the server's ETag agrees that it is one (huggingface.co's)
+    _verify(partial, f.sha256, None if f.sha256 or meta.etag != f.blob_id else f.blob_id, f"{model.repo}/{f.path}")
+    os.chmod(partial, 0o644)
 
 
 def _stream(url: str, out, done: int, size: int, headers: dict, meter: "_Meter", what: str) -> None:

@@ -15,6 +15,7 @@ SAFETENSORS_EXTRAS = ("config.json", "generation_config.json", "model.safetensor
                       "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json")
 NOT_MODELS = re.compile(r"mmproj|projector", re.IGNORECASE)  # vision projectors kept beside GGUF models
 _SHARD = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
+HASH_NAME = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]*")  # a commit or ETag a Hub sends: a hash, never a path
 
 
 @dataclass(frozen=True)
@@ -97,9 +98,20 @@ def tree_files(entries) -> dict[str, RemoteFile]:
             for e in entries if hasattr(e, "size") and hasattr(e, "blob_id")}
 
 
+def _safe(path: str) -> bool:
+    """A relative path that stays inside the folder it is joined to (no "..", no root, no backslash)."""
+    parts = PurePosixPath(path).parts
+    return bool(parts) and not path.startswith("/") and "\\" not in path and ".." not in parts and ":" not in parts[0]
+
+
 def group_files(repo: str, info, files: dict[str, RemoteFile], gated_note: str | None = None) -> RepoFiles:
     """The models among `files` (GGUF ones sorted by size) of the repository `info` describes."""
+    from ..errors import HubError
+
     revision = info.sha or "main"  # a server that does not say the commit: its files as they are now
+    if not HASH_NAME.fullmatch(revision):  # it names a folder of the cache
+        raise HubError(f"the Hub named the commit of {repo} {revision!r:.80}: not a commit; refusing it")
+    files = {path: f for path, f in files.items() if _safe(path)}  # a listed path is a path in the cache
     models = _gguf_models(repo, revision, files) + _safetensors_models(repo, revision, info, files)
     return RepoFiles(repo, revision, tuple(models), gated_note)
 

@@ -244,6 +244,50 @@ def test_pull_files_the_branch_asked_for_and_no_ref_for_a_commit(server, tmp_pat
     assert not (tmp_path / "escape").exists()
 
 
+def test_a_request_one_file_cannot_take_is_that_files_verdict_not_an_error(server):
+    # before: plan() ran outside the try, so a q4_0 KV cache on a head_dim-16 model raised and ended the listing
+    hub = Hub(server.url)
+    model = hub.files("acme/Tiny-GGUF").find(quant="Q8_0")
+    v = verdict(HeaderReader(hub), model, PlanRequest(512, kv_dtype="q4_0"), given_budgets([], 8 * GiB))
+    assert v.plan is None and v.text.startswith("cannot plan: a q4_0 KV cache needs head_dim")
+
+
+def test_two_pulls_of_one_file_at_once_fetch_it_once(server, tmp_path, models):
+    # before: both appended to the same .incomplete file, and the mixed bytes failed the hash check
+    server.slow["Tiny-F16.gguf"] = 0.002
+    hub = Hub(server.url)
+    model = hub.files("acme/Tiny-GGUF").find(quant="F16")
+    paths, errors = [], []
+
+    def one():
+        try:
+            paths.append(pull(hub, model))
+        except Exception as e:  # noqa: BLE001 - reported by the assert below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(paths) == 2
+    assert paths[0].read_bytes() == models["f16"].read_bytes()
+    gets = [r for method, p, r, _ in server.requests if method == "GET" and p.startswith("/cdn-lfs/")]
+    assert gets == [None]  # the second waited for the first, then found the blob
+
+
+def test_a_hub_that_sends_paths_for_hashes_writes_nothing_outside_the_cache(server, tmp_path, models):
+    # before: a server's ETag "../../x" became the blob's path, and a listed "../x.gguf" the snapshot's
+    server.add(Repo("acme/Evil", {"../../../../evil-Q8_0.gguf": models["q8"], "ok-Q8_0.gguf": models["q8"]},
+                    tags=("gguf", "llama"), gguf_architecture="llama"))
+    hub = Hub(server.url)
+    assert [m.name for m in hub.files("acme/Evil").models] == ["ok-Q8_0.gguf"]
+    server.etag_override = "../../../../planted"
+    with pytest.raises(HubError, match="not a hash; refusing"):
+        pull(hub, hub.files("acme/Tiny-GGUF").find(quant="Q8_0"))
+    assert not list(tmp_path.rglob("planted*")) and not list(tmp_path.rglob("evil*"))
+
+
 def test_a_cancelled_pull_resumes_where_it_stopped_and_is_never_listed(server, tmp_path, models):
     server.slow["Tiny-F16.gguf"] = 0.02  # 16 KiB at a time: the cancel lands while bytes are still coming
     hub = Hub(server.url)

@@ -13,7 +13,7 @@ What it serves, as huggingface.co does (and as huggingface_hub's file_download.p
   401 GatedRepo, 404 EntryNotFound, 404 RevisionNotFound.
 Faults: `drop_after[path] = n` sends n bytes of a GET of that file then closes the connection (once per entry in
 `drops_left`); `corrupt` serves a file with a flipped byte while listing its true hash; `slow` paces a file.
-`requests` logs what came.
+`etag_override` names every LFS file by that ETag. `requests` logs what came.
 """
 
 from __future__ import annotations
@@ -105,6 +105,7 @@ class HubServer:
     drops_left: dict[str, int] = field(default_factory=dict)  # file path -> how many GETs still drop (default 1)
     corrupt: set[str] = field(default_factory=set)  # file paths served with one byte flipped
     slow: dict[str, float] = field(default_factory=dict)  # file path -> seconds to wait before each 16 KiB sent
+    etag_override: str | None = None  # a lying server: every resolve names this ETag (a path, say)
     info_blobs: bool = True  # False: model info ignores ?blobs=true (file sizes only in the tree listing)
     requests: list[tuple[str, str, str | None, bool]] = field(default_factory=list)  # method, path, Range, auth
 
@@ -303,7 +304,7 @@ def _handler(hub: HubServer):
                     quote(f'inline; filename="{file.rsplit("/", 1)[-1]}"')
                 body = b"Found. Redirecting to " + location.encode()
                 self.send_response(302)
-                for k, v in (common | {"Location": location, "X-Linked-Etag": f'"{b.sha256}"',
+                for k, v in (common | {"Location": location, "X-Linked-Etag": f'"{hub.etag_override or b.sha256}"',
                                        "X-Linked-Size": str(b.size), "ETag": f'"{b.oid(file)}"',
                                        "Content-Type": "text/plain; charset=utf-8",
                                        "Content-Length": str(len(body))}).items():

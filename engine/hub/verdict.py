@@ -42,6 +42,8 @@ class Verdict:
         has_gpu = any(d.device != "cpu" for d in p.devices)
         if not has_gpu:
             where = "fits in RAM (no GPU)"
+        elif self.gpu_layers == 0:
+            where = "fits in RAM (no layer fits on the GPU)"
         elif self.gpu_layers == p.num_layers:
             where = "fits on the GPU"
         else:
@@ -54,9 +56,8 @@ def verdict(reader: HeaderReader, model: RemoteModel, request: PlanRequest, budg
     """The model's plan for `request` from its headers alone; a header that cannot be planned is a Verdict with
     the reason, never an exception (the Hub's own errors, HubError, still raise: nothing can be listed then)."""
     try:
-        info = reader.model_info(model)
+        return Verdict(model, plan(reader.model_info(model), request, budgets))
     except HubError:
         raise
-    except StowageError as e:
+    except StowageError as e:  # a header Stowage cannot read, or a request this model cannot take (q4_0 KV, ...)
         return Verdict(model, None, str(e))
-    return Verdict(model, plan(info, request, budgets))

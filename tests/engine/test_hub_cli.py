@@ -64,7 +64,7 @@ def test_plan_of_a_repository_gives_a_verdict_per_file(hub, capsys):
     assert main(["plan", "acme/Tiny-GGUF", "--context", "512", *PLAN_BUDGETS]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == ["Tiny-Q8_0.gguf", "Tiny-F16.gguf"]
-    assert all("fits: 0 of 3 layers on the GPU at 512 tokens" in line for line in lines), lines
+    assert all("fits in RAM (no layer fits on the GPU) at 512 tokens" in line for line in lines), lines
     assert main(["plan", "acme/Tiny-GGUF", "--context", "512", "--ram-budget", "40MiB", "--gpu-budget", "0"]) == 1
     assert "does not fit" in capsys.readouterr().out
 

@@ -21,7 +21,7 @@ import triton.language as tl
 from .quants import FORMATS, dequantize
 
 # The types this module multiplies, and the code its kernel branches on (a constexpr: one compile per type).
-TYPES = {"q8_0": 0, "q4_0": 1, "q4_k": 2, "q5_k": 3, "q6_k": 4, "q4_1": 5, "q5_0": 6, "q5_1": 7}
+TYPES = {"q8_0": 0, "q4_0": 1, "q4_k": 2, "q5_k": 3, "q6_k": 4, "q4_1": 5, "q5_0": 6, "q5_1": 7, "mxfp4": 8}
 STEP = 32  # weights unpacked per step of the input dimension
 BLOCK_O = 64  # output features per program
 MIN_BLOCK_N, MAX_BLOCK_N = 16, 64  # tl.dot needs 16 rows; past 64, more programs
@@ -65,6 +65,16 @@ def _weights(w_ptr, row, s, k, TYPE: tl.constexpr):
         byte = tl.load(w_ptr + block[:, None] + 2 + (k % 16)[None, :]).to(tl.int32)
         q = ((byte >> (4 * (k // 16))[None, :]) & 0xF).to(tl.float32) - 8.0
         w = d[:, None] * q
+    elif TYPE == 8:  # mxfp4: e (E8M0), qs[16] of E2M1 codes as q4_0's nibbles; 17 bytes
+        block = row + s * 17
+        e = tl.load(w_ptr + block).to(tl.uint32)
+        # 2^(e - 128) as ggml_e8m0_to_fp32_half builds it: subnormal for e < 2
+        d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
+        byte = tl.load(w_ptr + block[:, None] + 1 + (k % 16)[None, :]).to(tl.int32)
+        code = (byte >> (4 * (k // 16))[None, :]) & 0xF
+        m = code & 7  # ggml's kvalues_mxfp4: 0, 1, 2, 3 as they are; 4, 6, 8, 12 for m = 4 .. 7
+        mag = tl.where(m < 4, m, (2 + (m & 1)) << ((m >> 1) - 1)).to(tl.float32)
+        w = tl.where(code >= 8, -mag, mag) * d[:, None]
     elif TYPE == 5 or TYPE == 6 or TYPE == 7:  # q4_1 (d, m, qs), q5_0 (d, qh: u32, qs), q5_1 (d, m, qh, qs)
         BYTES: tl.constexpr = 20 if TYPE == 5 else (22 if TYPE == 6 else 24)
         QS: tl.constexpr = 4 if TYPE == 5 else (6 if TYPE == 6 else 8)

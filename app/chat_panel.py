@@ -8,14 +8,13 @@ from dataclasses import asdict, replace
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from stowage.engine.errors import InvalidArgumentError
-
 from . import context_policy, theme, tool_messages
 from .chat_input import ChatInput
 from .chat_notice import ChatNotice
+from .chat_presets import ChatPresets
 from .chat_view import ChatView
 from .markdown_view import plain_text
-from .model_settings import DEFAULT_SAMPLING, SAMPLING_FIELDS, ModelSettings
+from .model_settings import DEFAULT_SAMPLING, ModelSettings
 from .prompt_progress import PromptProgress
 from .reply_options import ReplyOptions
 from .reply_options_button import ReplyOptionsButton
@@ -55,10 +54,9 @@ class ChatPanel(QWidget):
         self._reply: StreamingReply | None = None  # the reply streaming now, whichever chat is on screen
         self._greedy_retry = False  # the streaming reply is a greedy one written again: the same text
         self._outgrown: int | None = None  # the chat whose failure, next, is its conversation outgrowing the context
-        self._presets = store.presets()  # kept here: the settings may change after the store is closed
-        self._chat_preset = None  # this chat's preset (store.Preset), or None
 
         self.system_prompt = SystemPromptBar()
+        self.presets = ChatPresets(store, self.system_prompt)
         self.view = ChatView()
         self.input = ChatInput()
         self.send_button = QPushButton("Send")
@@ -131,13 +129,11 @@ class ChatPanel(QWidget):
         self.prompt_progress.hide()  # the streaming chat's shows again at its next chunk
         if self.conversation_id is None:
             self.view.set_messages([])
-            self._chat_preset = None
-            self._show_prompt(None)
+            self.presets.show(None)
             self.reply_options.set_options(ReplyOptions())
         else:
             row = self.store.conversation(self.conversation_id)
-            self._chat_preset = self.store.preset(row.preset_id) if row.preset_id is not None else None
-            self._show_prompt(row.system_prompt)
+            self.presets.show(row)
             self.reply_options.set_options(ReplyOptions.from_dict(row.reply_options))
             streaming = self._streaming_for(self.conversation_id)
             messages = [m for m in self.store.messages(self.conversation_id) if not (streaming and m.id == self._reply.id)]
@@ -164,22 +160,23 @@ class ChatPanel(QWidget):
 
     def set_settings(self, settings: ModelSettings) -> None:
         """The settings panel's choices: sampling, and the default system prompt for chats without their own."""
-        self.settings = settings
-        self._show_prompt(self.system_prompt.own)
+        self.settings = self.presets.settings = settings
+        self.presets.refresh(self.system_prompt.own)
         self._update_buttons()  # the Regenerate hint follows the temperature
 
-    def _system_prompt_changed(self, own: str | None) -> None:
+    def _chat_id(self) -> int:
+        """The chat on screen, made now if none is (a new chat is stored at its first choice or message)."""
         if self.conversation_id is None:
             self.conversation_id = self.store.create()
             self.conversation_created.emit(self.conversation_id)
-        self.store.set_system_prompt(self.conversation_id, own)
-        self._show_prompt(own)
+        return self.conversation_id
+
+    def _system_prompt_changed(self, own: str | None) -> None:
+        self.store.set_system_prompt(self._chat_id(), own)
+        self.presets.refresh(own)
 
     def _reply_options_changed(self, options: ReplyOptions) -> None:
-        if self.conversation_id is None:
-            self.conversation_id = self.store.create()
-            self.conversation_created.emit(self.conversation_id)
-        self.store.set_reply_options(self.conversation_id, options.to_dict())
+        self.store.set_reply_options(self._chat_id(), options.to_dict())
 
     def _pending_call(self) -> dict | None:
         """The tool call of this chat's last reply that waits for its result."""
@@ -194,40 +191,15 @@ class ChatPanel(QWidget):
         self.input.setPlaceholderText(f"The result of {name} (run it yourself): Enter sends it to the model"
                                       if call is not None else ChatInput.PLACEHOLDER)
 
-    # -- presets: a system prompt with sampling, by name, chosen per chat ------------------------
-    def _show_prompt(self, own: str | None) -> None:
-        """The bar: this chat's own prompt, else its preset's, else the settings' default; and its preset."""
-        preset = self._chat_preset
-        if preset is None:
-            self.system_prompt.show_prompt(own, self.settings.system_prompt)
-        else:
-            self.system_prompt.show_prompt(own, preset.system_prompt, f"preset “{preset.name}”")
-        self.system_prompt.set_presets(self._presets, preset.id if preset else None)
-
+    # -- presets: a system prompt with sampling, by name, chosen per chat (chat_presets.py) --------
     def choose_preset(self, preset_id: int | None) -> None:
-        """This chat follows the preset: its system prompt (unless the chat has its own) and its sampling."""
-        if self.conversation_id is None:
-            self.conversation_id = self.store.create()
-            self.conversation_created.emit(self.conversation_id)
-        self.store.set_preset(self.conversation_id, preset_id)
-        self._chat_preset = self.store.preset(preset_id) if preset_id is not None else None
-        self._show_prompt(self.store.conversation(self.conversation_id).system_prompt)
+        self.presets.choose(self._chat_id(), preset_id)
 
     def save_preset(self, name: str) -> int:
-        """Save this chat's system prompt and sampling under `name`, chosen for this chat from now on."""
-        sampling = self._chat_sampling()
-        preset_id = self.store.save_preset(name, self.system_prompt.prompt,
-                                           {f: getattr(sampling, f) for f in SAMPLING_FIELDS if f != "seed"})
-        self._presets = self.store.presets()
-        self.choose_preset(preset_id)
-        return preset_id
+        return self.presets.save(self._chat_id(), name)
 
     def delete_preset(self, preset_id: int) -> None:
-        self.store.delete_preset(preset_id)
-        self._presets = self.store.presets()
-        if self._chat_preset is not None and self._chat_preset.id == preset_id:
-            self._chat_preset = None
-        self._show_prompt(self.system_prompt.own)
+        self.presets.delete(preset_id)
 
     def set_model_loaded(self, context_tokens: int, model_name: str = "") -> None:
         self.context_tokens = context_tokens
@@ -265,10 +237,7 @@ class ChatPanel(QWidget):
         if not self.context_tokens:
             self.show_error("No model is loaded yet: choose one on the right and press Load. Your message is kept.")
             return
-        if self.conversation_id is None:
-            self.conversation_id = self.store.create()
-            self.conversation_created.emit(self.conversation_id)
-        row = self.store.conversation(self.conversation_id)
+        row = self.store.conversation(self._chat_id())
         if row.title == "New chat":
             title = plain_text(text) or " ".join(text.split())  # the words, not the Markdown's marks
             self.store.rename(self.conversation_id, title[:TITLE_CHARS] + ("…" if len(title) > TITLE_CHARS else ""))
@@ -296,7 +265,7 @@ class ChatPanel(QWidget):
         kept = messages[: last_question + 1]
         self.error.hide()
         self.view.set_messages(kept, self.store.conversation(self.conversation_id).memory_start_id)
-        sampling = self._chat_sampling()
+        sampling = self.presets.sampling()
         if temperature is not None:  # a new seed too: a fixed one would repeat this reply as well
             sampling = replace(sampling, temperature=temperature, seed=None)
         self._start_reply(kept, sampling)
@@ -367,16 +336,6 @@ class ChatPanel(QWidget):
         self.store.choose(message_id)
         self.show_conversation(self.conversation_id)
 
-    def _chat_sampling(self):
-        """The sampling this chat's replies use: the settings', with its preset's values over them."""
-        preset = self._chat_preset
-        if preset is None:
-            return self.settings.sampling
-        try:
-            return replace(self.settings.sampling, **{k: v for k, v in preset.sampling.items() if k in SAMPLING_FIELDS})
-        except (InvalidArgumentError, TypeError):  # a value the engine refuses (an edited file): the settings'
-            return self.settings.sampling
-
     def _start_reply(self, messages: list[Message], sampling=None) -> None:
         """Ask for a reply to `messages` (the branch on screen, up to the message answered), with `sampling` (None:
         the chat's)."""
@@ -386,7 +345,7 @@ class ChatPanel(QWidget):
             conversation_id=self.conversation_id,
             system=replace(self.settings, system_prompt=self.system_prompt.prompt).system_messages(),
             messages=[tool_messages.api_message(m) for m in messages],
-            sampling=sampling or self._chat_sampling(),
+            sampling=sampling or self.presets.sampling(),
             policy=self._policy(),
             completion=self.completion_button.isChecked(),
             options=self.reply_options.options,
@@ -434,16 +393,7 @@ class ChatPanel(QWidget):
 
     def _reply_finished(self, reply: Reply) -> None:
         r = reply.result
-        # A reply stopped mid-stream ends before the engine's usage arrives (0 tokens): what the panel counted
-        # stands in, so the counter and the stored figures still say what the context holds.
-        streamed = self._reply
-        prompt_tokens = r.prompt_tokens or streamed.prompt_tokens
-        completion_tokens = r.completion_tokens or (streamed.num_tokens if not r.prompt_tokens else 0)
-        meta = streamed.meta(
-            r.finish_reason, tokens_per_s=round(r.decode_tokens_per_s, 2), prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens, first_token_s=round(r.first_token_seconds, 3),
-            prompt_tokens_per_s=round(r.prefill_tokens_per_s, 1), **({"tool_calls": r.tool_calls} if r.tool_calls else {}))
-        message = streamed.finish(r.text, meta)
+        message, used = self._reply.end(r)
         self._reply = None
         self.prompt_progress.finish()
         if reply.conversation_id == self.conversation_id:
@@ -452,7 +402,7 @@ class ChatPanel(QWidget):
             else:
                 self.view.end_reply(message)
             speed = f"{r.decode_tokens_per_s:.1f} tokens/s · " if r.decode_tokens_per_s else ""
-            self.counter.setText(speed + self._context_text(prompt_tokens + completion_tokens))
+            self.counter.setText(speed + self._context_text(used))
             if r.finish_reason == "context_full":
                 self.show_error(self._context_full_text())
                 self._offer_ways_on("overflow")
@@ -516,7 +466,7 @@ class ChatPanel(QWidget):
         self.stop_button.setEnabled(generating)
         has_question = any(w.message.role == "user" for w in self.view.widgets)
         self.regenerate_button.setEnabled(not generating and bool(self.context_tokens) and has_question)
-        greedy = self._chat_sampling().temperature == 0
+        greedy = self.presets.sampling().temperature == 0
         self.regenerate_button.setToolTip(
             "Write the last reply again (the old one stays: ‹ › on the reply switches)"
             + (". At temperature 0 it comes out the same, word for word." if greedy else ""))

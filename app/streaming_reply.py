@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from stowage.engine.runtime.generation import GenerationResult
+
 from .store import ConversationStore, Message
 
 # A streamed reply is written at least this often, so a crash or kill loses at most this much of it.
@@ -58,6 +60,20 @@ class StreamingReply:
         else:
             return
         self._saved_at = now
+
+    def end(self, result: GenerationResult) -> tuple[Message | None, int]:
+        """The engine's record of the finished reply kept with it (finish): its text, tool calls and figures; and the
+        tokens the context holds after it."""
+        r = result
+        # A reply stopped mid-stream ends before the engine's usage arrives (0 tokens): what was counted here stands
+        # in, so the counter and the stored figures still say what the context holds.
+        prompt_tokens = r.prompt_tokens or self.prompt_tokens
+        completion_tokens = r.completion_tokens or (self.num_tokens if not r.prompt_tokens else 0)
+        meta = self.meta(
+            r.finish_reason, tokens_per_s=round(r.decode_tokens_per_s, 2), prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens, first_token_s=round(r.first_token_seconds, 3),
+            prompt_tokens_per_s=round(r.prefill_tokens_per_s, 1), **({"tool_calls": r.tool_calls} if r.tool_calls else {}))
+        return self.finish(r.text, meta), prompt_tokens + completion_tokens
 
     def finish(self, text: str, meta: dict) -> Message | None:
         """The reply's final text and meta in its row (made now if no token came); None when nothing is kept."""

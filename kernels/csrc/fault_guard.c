@@ -27,7 +27,7 @@ typedef struct {
 
 static range_t ranges[MAX_RANGES];
 static struct sigaction previous;
-static volatile int installed;
+static volatile sig_atomic_t passing; /* a foreign SIGBUS is on its way to the previous handler */
 
 static void on_sigbus(int sig, siginfo_t *info, void *context) {
     (void)context;
@@ -45,9 +45,16 @@ static void on_sigbus(int sig, siginfo_t *info, void *context) {
             return;
         }
     }
-    sigaction(SIGBUS, &previous, NULL); /* not ours (a fault elsewhere, or kill -BUS): the handler that was there */
-    installed = 0;
-    raise(sig);
+    /* Not ours (a fault elsewhere, or kill -BUS): to the handler that was there. If that one hands it back to us
+       (faulthandler, enabled after us, keeps us as its previous one), end as the default does. */
+    if (passing) {
+        signal(SIGBUS, SIG_DFL);
+    } else {
+        sigaction(SIGBUS, &previous, NULL);
+    }
+    passing = 1;
+    raise(sig); /* SA_NODEFER: delivered (and passed back, if it is) before raise returns */
+    passing = 0;
 }
 
 /* Install the handler unless it is the current one (faulthandler, enabled later, would have replaced it). */
@@ -60,9 +67,7 @@ static int ensure_installed(void) {
     ours.sa_sigaction = on_sigbus;
     ours.sa_flags = SA_SIGINFO | SA_NODEFER;
     sigemptyset(&ours.sa_mask);
-    if (sigaction(SIGBUS, &ours, &previous) != 0) return -1;
-    installed = 1;
-    return 0;
+    return sigaction(SIGBUS, &ours, &previous);
 }
 
 /* Watch [addr, addr + len): returns the slot (for faulted/unregister), or -1 when the table is full. */

@@ -69,3 +69,26 @@ def test_a_file_truncated_during_a_step_is_a_typed_error_not_sigbus(tmp_path):
     assert out.returncode == 3, (out.returncode, out.stdout, out.stderr[-2000:])
     assert out.stdout.startswith("stopped after ")
     assert "the weights file model.safetensors changed on disk while the model was loaded" in out.stdout
+
+
+FOREIGN_SIGBUS = r"""
+import faulthandler, os, signal, sys, numpy as np
+from stowage.kernels import fault_guard
+path = sys.argv[1]
+first = fault_guard.watch(np.memmap(path, dtype=np.uint8, mode="r"))
+faulthandler.enable()  # takes SIGBUS over, keeping the guard as the handler before it
+second = fault_guard.watch(np.memmap(path, dtype=np.uint8, mode="r"))  # the guard takes it back
+assert first.slot is not None and second.slot is not None
+os.kill(os.getpid(), signal.SIGBUS)
+print("survived a foreign SIGBUS")
+"""
+
+
+def test_a_sigbus_not_the_guards_reaches_faulthandler_once_then_ends_the_process(tmp_path):
+    # before: the guard and faulthandler handed it to each other: four dumps, then SIGSEGV (exit 139)
+    path = tmp_path / "w.bin"
+    path.write_bytes(b"x" * 8192)
+    out = run_fresh(FOREIGN_SIGBUS, path, timeout=120)
+    assert out.returncode == -7, (out.returncode, out.stderr[-2000:])  # SIGBUS, as without the guard
+    assert out.stderr.count("Fatal Python error: Bus error") == 1, out.stderr[-2000:]
+    assert "survived" not in out.stdout

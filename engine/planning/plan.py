@@ -281,7 +281,7 @@ def _place_experts(costs: _Costs, budgets: list[int], assigned: list[list[int]],
     on the CPU and puts every other GPU layer's with it, fitting or not (the plan then says it does not fit)."""
     forced = costs.request.cpu_expert_layers
     routed = [i for i in range(len(costs.expert_bytes)) if costs.expert_bytes[i]]
-    kept = set(routed[len(routed) - forced:]) if forced else set()
+    kept = set(routed[max(0, len(routed) - forced):]) if forced else set()  # N past the layers: all of them
     out = []
     for budget, mine, used in zip(budgets, assigned, used_by):
         experts = []

@@ -103,6 +103,10 @@ def test_cpu_expert_layers_keeps_the_last_n_on_the_cpu(info):
     # asked to hold more experts than fit, the plan says so rather than moving them
     small = plan(info, PlanRequest(4096, cpu_expert_layers=0), given_budgets([8 * GiB], 64 * GiB))
     assert not small.fits and small.device("cuda:0").experts == tuple(range(48))
+    # before: N above the layer count wrapped around (50 kept 2 layers' experts on the CPU, not all 48)
+    for n in (48, 50, 95):
+        every = plan(info, PlanRequest(4096, cpu_expert_layers=n), given_budgets([24 * GiB], 64 * GiB))
+        assert every.device("cpu").experts == tuple(range(48)), n
 
 
 def test_json_and_table(info):

@@ -9,6 +9,7 @@ when the model's forward pass (which it overlaps) ends: llguidance drops the GIL
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import weakref
@@ -51,9 +52,10 @@ def json_schema_grammar(schema, what: str = "response_format.json_schema.schema"
     return check(grammar, what)
 
 
-def _bounded(node):
-    """The schema with each number that sets no multipleOf made a multiple of 10**-FRACTION_DIGITS, and each object
-    that lists properties and says nothing of others closed to others."""
+def _bounded(node, *, close: bool = True):
+    """The schema with each number that sets no multipleOf made a multiple of 10**-FRACTION_DIGITS (where its range
+    holds one), and each object that lists properties and says nothing of others closed to others (not the
+    branches of an allOf: each lists only its share of the keys the value must have)."""
     if isinstance(node, list):
         return [_bounded(v) for v in node]
     if not isinstance(node, dict):
@@ -62,15 +64,35 @@ def _bounded(node):
     for key, value in node.items():
         if key in _MAPS and isinstance(value, dict):
             out[key] = {name: _bounded(v) for name, v in value.items()}
+        elif key == "allOf" and isinstance(value, list):
+            out[key] = [_bounded(v, close=False) for v in value]
         else:
             out[key] = value if key in _LITERALS else _bounded(value)
     kind = node.get("type")
-    if (kind == "number" or isinstance(kind, list) and "number" in kind) and "multipleOf" not in node:
-        out["multipleOf"] = 10.0 ** -FRACTION_DIGITS
-    if isinstance(node.get("properties"), dict) and not {"additionalProperties", "patternProperties",
-                                                         "unevaluatedProperties"} & set(node):
+    step = 10.0 ** -FRACTION_DIGITS
+    if (kind == "number" or isinstance(kind, list) and "number" in kind) and "multipleOf" not in node \
+            and _holds_a_multiple(node, step):
+        out["multipleOf"] = step
+    if close and isinstance(node.get("properties"), dict) and not {"additionalProperties", "patternProperties",
+                                                                   "unevaluatedProperties"} & set(node):
         out["additionalProperties"] = False
     return out
+
+
+def _holds_a_multiple(node: dict, step: float) -> bool:
+    """Whether a number schema's range (minimum/maximum, exclusive or not) holds a multiple of step."""
+    def bound(key):
+        value = node.get(key)
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    low, high = bound("minimum"), bound("maximum")
+    low_x, high_x = bound("exclusiveMinimum"), bound("exclusiveMaximum")
+    firsts = ([math.ceil(low / step - 1e-9)] if low is not None else []) + \
+        ([math.floor(low_x / step + 1e-9) + 1] if low_x is not None else [])
+    lasts = ([math.floor(high / step + 1e-9)] if high is not None else []) + \
+        ([math.ceil(high_x / step - 1e-9) - 1] if high_x is not None else [])
+    first, last = max(firsts, default=None), min(lasts, default=None)
+    return first is None or last is None or first <= last
 
 
 def check(grammar: str, what: str) -> str:

@@ -3,15 +3,13 @@ sliding-window layers, biased routers and experts with the clamped SwiGLU, YaRN.
 
 import json
 import math
-import shutil
 
 import pytest
 import torch
-from factory import cpu_plan, greedy_reference
+from factory import cpu_plan, edited_copy, greedy_reference, refused
 from moe_factory import make_moe_model
 from transformers import AutoModelForCausalLM
 
-from stowage.engine.errors import ModelFormatError
 from stowage.engine.formats.config import ModelConfig
 from stowage.engine.planning import inspect
 from stowage.engine.runtime.engine import Engine
@@ -116,24 +114,7 @@ def test_the_load_maps_what_the_plan_counted(model_dir):
 # -- bad input: typed errors naming the tensor, before anything is loaded --
 
 def edited(model_dir, tmp_path, edit_tensors=None, **config):
-    from safetensors.torch import load_file, save_file
-
-    bad = tmp_path / "bad"
-    shutil.copytree(model_dir, bad)
-    if edit_tensors:
-        tensors = load_file(bad / "model.safetensors")
-        edit_tensors(tensors)
-        save_file(tensors, bad / "model.safetensors")
-    if config:
-        raw = json.loads((bad / "config.json").read_text())
-        (bad / "config.json").write_text(json.dumps(raw | config))
-    return bad
-
-
-def refused(model_dir) -> str:
-    with pytest.raises(ModelFormatError) as e:
-        inspect(model_dir)
-    return str(e.value)
+    return edited_copy(model_dir, tmp_path / "bad", edit_tensors, **config)
 
 
 def test_missing_sinks_are_named(model_dir, tmp_path):

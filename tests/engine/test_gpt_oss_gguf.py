@@ -5,7 +5,7 @@ import pytest
 import torch
 
 gguf = pytest.importorskip("gguf")
-from factory import cpu_plan, greedy_reference  # noqa: E402
+from factory import compare_logits_and_tokens, cpu_plan  # noqa: E402
 from moe_factory import make_moe_model, write_gpt_oss_gguf  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
@@ -15,8 +15,6 @@ from stowage.engine.formats.gguf_model import gguf_name, hf_name  # noqa: E402
 from stowage.engine.formats.source import read_config  # noqa: E402
 from stowage.engine.planning import inspect  # noqa: E402
 from stowage.engine.runtime.engine import Engine  # noqa: E402
-from stowage.engine.runtime.kv_cache import Sequence  # noqa: E402
-from stowage.engine.runtime.sampler import SamplingParams  # noqa: E402
 from stowage.kernels import quant_linear  # noqa: E402
 from stowage.kernels.quant_linear import QuantizedWeight  # noqa: E402
 
@@ -54,21 +52,6 @@ def test_the_metadata_reads_as_config_json(hf, files):
     assert ours.rope.kind == "yarn" and not ours.rope.truncate
 
 
-def compare(engine, reference, tolerance, generate=True):
-    ids = engine.tokenizer.encode(PROMPT)
-    seq = Sequence()
-    ours = engine.model.forward(ids, seq, engine.cache, all_logits=True)
-    with torch.no_grad():
-        theirs = reference(torch.tensor([ids])).logits[0]
-    assert theirs.abs().max() > 1.0
-    assert (ours - theirs).abs().max().item() <= tolerance
-    engine.cache.release(seq)
-    if not generate:  # (a reply keeps its conversation cached: a later forward outside the engine would lack room)
-        return
-    result = engine.generate(ids, SamplingParams(temperature=0, max_tokens=16)).run()
-    assert result.token_ids == greedy_reference(reference, ids, engine.eos_ids, 16)
-
-
 @pytest.mark.parametrize("experts", EXPERTS)
 def test_logits_and_greedy_tokens_match_transformers(files, experts, monkeypatch):
     path, decoded = files[experts]
@@ -82,9 +65,9 @@ def test_logits_and_greedy_tokens_match_transformers(files, experts, monkeypatch
     report = engine.memory_report()["cpu"]
     assert report["weights_copied"] == 0 and report["weights_mapped"] == engine.plan.device("cpu").weights_bytes
     if experts != "f32":  # the native kernels quantize activations to 16 bits per 32 (docs/moe.md); the tiles: 1e-4
-        compare(engine, reference, 2e-3, generate=False)
+        compare_logits_and_tokens(engine, reference, PROMPT, 2e-3, max_tokens=16, generate=False)
         monkeypatch.setattr(quant_linear.cpu_quant, "is_available", lambda: False)
-    compare(engine, reference, 1e-4)
+    compare_logits_and_tokens(engine, reference, PROMPT, 1e-4, max_tokens=16)
 
 
 def test_the_plan_counts_each_expert_tensor_and_bias_once(files):

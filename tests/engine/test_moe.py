@@ -1,11 +1,8 @@
 """Mixture-of-experts models from Hugging Face folders (Qwen3-MoE, Mixtral) against transformers (docs/moe.md)."""
 
-import json
-import shutil
-
 import pytest
 import torch
-from factory import cpu_plan, greedy_reference
+from factory import cpu_plan, edited_copy, greedy_reference, refused
 from moe_factory import make_moe_model
 from transformers import AutoModelForCausalLM
 
@@ -124,24 +121,7 @@ def good(tmp_path_factory):
 
 
 def edited(good, tmp_path, edit_tensors=None, **config):
-    from safetensors.torch import load_file, save_file
-
-    model_dir = tmp_path / "bad"
-    shutil.copytree(good, model_dir)
-    if edit_tensors:
-        tensors = load_file(model_dir / "model.safetensors")
-        edit_tensors(tensors)
-        save_file(tensors, model_dir / "model.safetensors")
-    if config:
-        raw = json.loads((model_dir / "config.json").read_text())
-        (model_dir / "config.json").write_text(json.dumps(raw | config))
-    return model_dir
-
-
-def refused(model_dir) -> str:
-    with pytest.raises(ModelFormatError) as e:
-        inspect(model_dir)
-    return str(e.value)
+    return edited_copy(good, tmp_path / "bad", edit_tensors, **config)
 
 
 EXPERT = "model.layers.1.mlp.experts.5.up_proj.weight"

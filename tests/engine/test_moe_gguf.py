@@ -8,9 +8,9 @@ import pytest
 import torch
 
 gguf = pytest.importorskip("gguf")
-from factory import cpu_plan, greedy_reference  # noqa: E402
-from gguf_factory import random_k_blocks  # noqa: E402
-from moe_factory import make_moe_model, moe_dequantized_copy, write_moe_gguf  # noqa: E402
+from factory import compare_logits_and_tokens, cpu_plan  # noqa: E402
+from gguf_factory import dequantized_copy, random_k_blocks  # noqa: E402
+from moe_factory import gguf_stored, make_moe_model, write_moe_gguf  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from stowage.engine.errors import ModelFormatError  # noqa: E402
@@ -19,8 +19,6 @@ from stowage.engine.formats.gguf_model import gguf_name, hf_name  # noqa: E402
 from stowage.engine.formats.source import read_config  # noqa: E402
 from stowage.engine.planning import inspect  # noqa: E402
 from stowage.engine.runtime.engine import Engine  # noqa: E402
-from stowage.engine.runtime.kv_cache import Sequence  # noqa: E402
-from stowage.engine.runtime.sampler import SamplingParams  # noqa: E402
 from stowage.kernels import quant_linear  # noqa: E402
 from stowage.kernels.quant_linear import QuantizedWeight  # noqa: E402
 
@@ -40,7 +38,7 @@ def files(models, tmp_path_factory):
     """(arch, qtype) -> (the GGUF file, the HF folder with the weights that file holds)."""
     root = tmp_path_factory.mktemp("gguf")
     return {(arch, q): (write_moe_gguf(hf, root / f"{arch}-{q}.gguf", q),
-                        hf if q == "f32" else moe_dequantized_copy(hf, root / f"{arch}-{q}-hf", q))
+                        hf if q == "f32" else dequantized_copy(hf, root / f"{arch}-{q}-hf", q, gguf_stored))
             for arch, hf in models.items() for q in QTYPES}
 
 
@@ -67,19 +65,6 @@ def test_without_expert_weights_norm_a_qwen3moe_file_renormalizes_as_llama_cpp_d
     assert read_config(path).norm_topk_prob
 
 
-def compare(engine, reference, tolerance):
-    ids = engine.tokenizer.encode(PROMPT)
-    seq = Sequence()
-    ours = engine.model.forward(ids, seq, engine.cache, all_logits=True)
-    with torch.no_grad():
-        theirs = reference(torch.tensor([ids])).logits[0]
-    assert theirs.abs().max() > 1.0
-    assert (ours - theirs).abs().max().item() <= tolerance
-    engine.cache.release(seq)
-    result = engine.generate(ids, SamplingParams(temperature=0, max_tokens=24)).run()
-    assert result.token_ids == greedy_reference(reference, ids, engine.eos_ids, 24)
-
-
 @pytest.mark.parametrize("qtype", QTYPES)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_logits_and_greedy_tokens_match_transformers(files, arch, qtype, monkeypatch):
@@ -98,9 +83,9 @@ def test_logits_and_greedy_tokens_match_transformers(files, arch, qtype, monkeyp
     if qtype == "q8_0":
         # the native kernels quantize each activation row to 16 bits per 32 (kernels/cpu_quant.py): within 1e-3
         # of the dequantized weights' product (logits of ~6); the tile path is that product itself, within 1e-4
-        compare(engine, reference, 1e-3)
+        compare_logits_and_tokens(engine, reference, PROMPT, 1e-3)
         monkeypatch.setattr(quant_linear.cpu_quant, "is_available", lambda: False)
-    compare(engine, reference, 1e-4)
+    compare_logits_and_tokens(engine, reference, PROMPT, 1e-4)
 
 
 def test_q4_k_experts_match_their_dequantized_blocks(tmp_path, monkeypatch):
@@ -124,9 +109,9 @@ def test_q4_k_experts_match_their_dequantized_blocks(tmp_path, monkeypatch):
     engine = Engine.load(path, cpu_plan(path, 256, dtype="float32", prefill_chunk=7))
     assert engine.model.experts[1]["down.7"].type_name == "q4_k"
     reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32).eval()
-    compare(engine, reference, 1e-3)  # the native kernels (see above)
+    compare_logits_and_tokens(engine, reference, PROMPT, 1e-3)  # the native kernels (see above)
     monkeypatch.setattr(quant_linear.cpu_quant, "is_available", lambda: False)
-    compare(engine, reference, 1e-4)  # the tile path: the dequantized blocks' product
+    compare_logits_and_tokens(engine, reference, PROMPT, 1e-4)  # the tile path: the dequantized blocks' product
 
 
 def test_a_missing_expert_tensor_is_named(models, tmp_path):

@@ -88,6 +88,57 @@ def cpu_plan(model_dir, context_tokens: int, **request):
     return plan_for(model_dir, context_tokens, given_budgets([], 64 * GiB), **request)
 
 
+def compare_logits_and_tokens(engine, reference, prompt: str, tolerance: float, *, max_tokens: int = 24,
+                              generate: bool = True) -> None:
+    """`engine`'s float32 logits of `prompt` within `tolerance` of transformers' (`reference`), then (`generate`) its
+    greedy reply the same tokens. A reply keeps its conversation cached: call with generate=False before another."""
+    from stowage.engine.runtime.kv_cache import Sequence
+    from stowage.engine.runtime.sampler import SamplingParams
+
+    ids = engine.tokenizer.encode(prompt)
+    seq = Sequence()
+    ours = engine.model.forward(ids, seq, engine.cache, all_logits=True)
+    with torch.no_grad():
+        theirs = reference(torch.tensor([ids])).logits[0]
+    assert theirs.abs().max() > 1.0
+    assert (ours - theirs).abs().max().item() <= tolerance
+    engine.cache.release(seq)
+    if generate:
+        result = engine.generate(ids, SamplingParams(temperature=0, max_tokens=max_tokens)).run()
+        assert result.token_ids == greedy_reference(reference, ids, engine.eos_ids, max_tokens)
+
+
+def edited_copy(model_dir: Path, out_dir: Path, edit_tensors=None, **config) -> Path:
+    """A copy of `model_dir` in `out_dir` with `edit_tensors(dict)` applied to its model.safetensors and `config`
+    merged into its config.json: a broken model for the typed-error tests."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model_dir, out_dir)
+    if edit_tensors:
+        tensors = load_file(out_dir / "model.safetensors")
+        edit_tensors(tensors)
+        save_file(tensors, out_dir / "model.safetensors")
+    if config:
+        raw = json.loads((out_dir / "config.json").read_text())
+        (out_dir / "config.json").write_text(json.dumps(raw | config))
+    return out_dir
+
+
+def refused(model_dir) -> str:
+    """The ModelFormatError inspect (what `plan` reads, before any load) raises for `model_dir`, as text."""
+    import pytest
+
+    from stowage.engine.errors import ModelFormatError
+    from stowage.engine.planning import inspect
+
+    with pytest.raises(ModelFormatError) as e:
+        inspect(model_dir)
+    return str(e.value)
+
+
 def greedy_reference(reference, ids, eos_ids, max_tokens):
     """transformers' greedy continuation of ids (a model from_pretrained), the eos tokens left out."""
     with torch.no_grad():

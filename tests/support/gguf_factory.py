@@ -99,14 +99,31 @@ def roundtrip(t: torch.Tensor, qtype: str) -> torch.Tensor:
     return torch.from_numpy(gguf.quants.dequantize(raw, GGML[qtype.upper()]).copy()).reshape(t.shape)
 
 
-def dequantized_copy(model_dir: Path, out_dir: Path, qtype: str) -> Path:
-    """The HF model with the weights a `qtype` GGUF of it holds (the reference transformers runs)."""
+def dequantized_copy(model_dir: Path, out_dir: Path, qtype: str, stored=quantized) -> Path:
+    """The HF model with the weights a `qtype` GGUF of it holds (the reference transformers runs); `stored(qtype,
+    name, tensor)`: whether the file keeps that tensor in `qtype` (moe_factory.gguf_stored for models of experts)."""
     from safetensors.torch import save_file
 
     shutil.copytree(model_dir, out_dir)
-    tensors = {n: roundtrip(t, qtype) if quantized(qtype, n, t) else t for n, t in hf_tensors(model_dir).items()}
+    tensors = {n: roundtrip(t, qtype) if stored(qtype, n, t) else t for n, t in hf_tensors(model_dir).items()}
     save_file(tensors, out_dir / "model.safetensors")
     return out_dir
+
+
+def add_shape_keys(w: gguf.GGUFWriter, config: dict) -> None:
+    """The `{arch}.` keys every converter writes from a config.json dict: sizes, heads, head size, norm epsilon, rope
+    base (transformers 5's `rope_parameters` or a top-level `rope_theta`)."""
+    theta = config.get("rope_theta") or config["rope_parameters"]["rope_theta"]
+    w.add_context_length(config["max_position_embeddings"])
+    w.add_embedding_length(config["hidden_size"])
+    w.add_block_count(config["num_hidden_layers"])
+    w.add_feed_forward_length(config["intermediate_size"])
+    w.add_head_count(config["num_attention_heads"])
+    w.add_head_count_kv(config["num_key_value_heads"])
+    w.add_key_length(config["head_dim"])
+    w.add_value_length(config["head_dim"])
+    w.add_rope_freq_base(theta)
+    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
 
 
 def write_gguf(model_dir: Path, path: Path, qtype: str = "f32", *, drop: tuple[str, ...] = (),

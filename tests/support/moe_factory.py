@@ -113,19 +113,6 @@ def gguf_stored(qtype: str, name: str, t: torch.Tensor) -> bool:
     return not _router(name) and quantized(qtype, name, t)
 
 
-def moe_dequantized_copy(model_dir: Path, out_dir: Path, qtype: str) -> Path:
-    """The HF model with the weights a `qtype` GGUF of it holds (the reference transformers runs)."""
-    import shutil
-
-    from gguf_factory import hf_tensors, roundtrip
-    from safetensors.torch import save_file
-
-    shutil.copytree(model_dir, out_dir)
-    tensors = {n: roundtrip(t, qtype) if gguf_stored(qtype, n, t) else t for n, t in hf_tensors(model_dir).items()}
-    save_file(tensors, out_dir / "model.safetensors")
-    return out_dir
-
-
 def write_moe_gguf(model_dir: Path, path: Path, qtype: str = "f32", *, drop: tuple[str, ...] = (),
                    override: dict | None = None, weights_norm_key: bool = True) -> Path:
     """`model_dir` (make_moe_model) as a GGUF file with llama.cpp's names: each layer's experts stacked into 3-D
@@ -136,7 +123,7 @@ def write_moe_gguf(model_dir: Path, path: Path, qtype: str = "f32", *, drop: tup
 
     import gguf
     from gguf import GGMLQuantizationType as GGML
-    from gguf_factory import add_tokenizer, gguf_name, hf_tensors, permute
+    from gguf_factory import add_shape_keys, add_tokenizer, gguf_name, hf_tensors, permute
 
     override = dict(override or {})
     config = json.loads((model_dir / "config.json").read_text())
@@ -144,16 +131,7 @@ def write_moe_gguf(model_dir: Path, path: Path, qtype: str = "f32", *, drop: tup
     arch = GGUF_ARCH[model_type]
     heads, kv_heads, head_dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
     w = gguf.GGUFWriter(path, arch)
-    w.add_context_length(config["max_position_embeddings"])
-    w.add_embedding_length(config["hidden_size"])
-    w.add_block_count(config["num_hidden_layers"])
-    w.add_feed_forward_length(config["intermediate_size"])
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    add_shape_keys(w, config)
     w.add_rope_dimension_count(head_dim)
     w.add_expert_count(config["num_experts"] if model_type == "qwen2_moe" else config["num_local_experts"])
     w.add_expert_used_count(config["num_experts_per_tok"])
@@ -232,22 +210,13 @@ def write_gpt_oss_gguf(model_dir: Path, path: Path, reference_dir: Path, experts
 
     import gguf
     from gguf import GGMLQuantizationType as GGML
-    from gguf_factory import add_tokenizer, hf_tensors
+    from gguf_factory import add_shape_keys, add_tokenizer, hf_tensors
     from safetensors.torch import save_file
 
     config = json.loads((model_dir / "config.json").read_text())
     rope = config["rope_parameters"]
     w = gguf.GGUFWriter(path, "gpt-oss")
-    w.add_context_length(config["max_position_embeddings"])
-    w.add_embedding_length(config["hidden_size"])
-    w.add_block_count(config["num_hidden_layers"])
-    w.add_feed_forward_length(config["intermediate_size"])
-    w.add_head_count(config["num_attention_heads"])
-    w.add_head_count_kv(config["num_key_value_heads"])
-    w.add_key_length(config["head_dim"])
-    w.add_value_length(config["head_dim"])
-    w.add_rope_freq_base(rope["rope_theta"])
-    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    add_shape_keys(w, config)
     w.add_expert_count(config["num_local_experts"])
     w.add_expert_used_count(config["num_experts_per_tok"])
     w.add_expert_feed_forward_length(config["intermediate_size"])
@@ -304,23 +273,14 @@ def write_sparse_moe_gguf(path: Path, config: dict, default: str = "q4_k", types
     """A real-shape `qwen3moe` GGUF whose tensor data is a hole (gguf_factory._write_sparse): headers, metadata and a
     `vocab_size`-token tokenizer, a few MiB of disk. Returns the tensors' bytes."""
     import gguf
-    from gguf_factory import _write_sparse, byte_level_vocab
+    from gguf_factory import _write_sparse, add_shape_keys, byte_level_vocab
 
     c = config
     hidden, layers, heads, kv_heads, d = (c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
                                           c["num_key_value_heads"], c["head_dim"])
     experts, inter, vocab = c["num_experts"], c["moe_intermediate_size"], c["vocab_size"]
     w = gguf.GGUFWriter(path, "qwen3moe")
-    w.add_context_length(c["max_position_embeddings"])
-    w.add_embedding_length(hidden)
-    w.add_block_count(layers)
-    w.add_feed_forward_length(c["intermediate_size"])
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_key_length(d)
-    w.add_value_length(d)
-    w.add_rope_freq_base(c["rope_theta"])
-    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    add_shape_keys(w, c)
     w.add_expert_count(experts)
     w.add_expert_used_count(c["num_experts_per_tok"])
     w.add_expert_feed_forward_length(inter)

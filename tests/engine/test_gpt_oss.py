@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from factory import cpu_plan, edited_copy, greedy_reference, refused
+from factory import compare_logits_and_tokens, cpu_plan, edited_copy, greedy_reference, refused
 from moe_factory import make_moe_model
 from transformers import AutoModelForCausalLM
 
@@ -46,14 +46,7 @@ def test_logits_match_transformers(model_dir, reference):
     engine = Engine.load(model_dir, cpu_plan(model_dir, 256, prefill_chunk=5))
     assert engine.model.native(engine.cache) is None  # sinks and biased experts: the torch path runs it
     for prompt in PROMPTS:
-        ids = engine.tokenizer.encode(prompt)
-        seq = Sequence()
-        ours = engine.model.forward(ids, seq, engine.cache, all_logits=True)
-        with torch.no_grad():
-            theirs = reference(torch.tensor([ids])).logits[0]
-        assert theirs.abs().max() > 1.0
-        assert (ours - theirs).abs().max().item() <= 1e-4
-        engine.cache.release(seq)
+        compare_logits_and_tokens(engine, reference, prompt, 1e-4, generate=False)
 
 
 def test_greedy_tokens_identical_one_and_two_at_a_time(model_dir, reference):

@@ -18,19 +18,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from PySide6.QtCore import Qt
+from shots import open_window, when
 
-from PySide6.QtCore import QTimer  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
-
-from PySide6.QtCore import Qt  # noqa: E402
-
-from stowage.app import paths, theme, worker  # noqa: E402
-from stowage.app.conversation_list import ID_ROLE  # noqa: E402
-from stowage.app.main_window import MainWindow  # noqa: E402
-from stowage.app.paths import demo_model_dir  # noqa: E402
-from stowage.app.store import FILE_NAME  # noqa: E402
-from stowage.engine.planning.plan import PlanRequest, plan  # noqa: E402
+from stowage.app import paths, theme, worker
+from stowage.app.conversation_list import ID_ROLE
+from stowage.app.paths import demo_model_dir
+from stowage.app.store import FILE_NAME
+from stowage.engine.planning.plan import PlanRequest, plan
 
 QUESTIONS = ["What does Stowage do when I move the context slider?", "What if it does not fit?"]
 ANSWER = """Here is a function that does it, and what it returns:
@@ -48,26 +43,12 @@ def largest_context(free_bytes: int, bytes_per_token: int) -> int:
 """
 
 
-def when(condition, then, interval_ms=100):
-    """Call `then` once `condition()` holds, polling from the event loop."""
-    def poll():
-        if condition():
-            then()
-        else:
-            QTimer.singleShot(interval_ms, poll)
-    QTimer.singleShot(interval_ms, poll)
-
-
 def main(state: str) -> None:
-    app = QApplication(sys.argv)
     if state == "history":
         (paths.data_dir() / FILE_NAME).write_bytes(b"this is not an SQLite database " * 100)
     if state == "prompt":
         worker.ENGINE_PROCESS = True  # the child streams the prefill's progress
-    window = MainWindow()
-    window.move(0, 0)
-    window.resize(*((1000, 700) if state in ("small", "small-reply") else (1280, 800)))
-    window.show()
+    app, window = open_window((1000, 700) if state in ("small", "small-reply") else (1280, 800))
     panel = window.settings_panel
     planned = lambda: panel.plan is not None  # noqa: E731
 

@@ -14,30 +14,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "support"))  # gguf_factory: GGUF files of the demo model
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtTest import QTest
+from shots import open_window, planned, when
 
-from PySide6.QtCore import Qt, QTimer  # noqa: E402
-from PySide6.QtTest import QTest  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
-
-from stowage.app import theme  # noqa: E402
-from stowage.app.main_window import MainWindow  # noqa: E402
-from stowage.app.paths import demo_model_dir  # noqa: E402
-
-
-def when(condition, then, interval_ms=100):
-    """Call `then` once `condition()` holds, polling from the event loop."""
-    def poll():
-        if condition():
-            then()
-        else:
-            QTimer.singleShot(interval_ms, poll)
-    QTimer.singleShot(interval_ms, poll)
-
-
-def planned(window):
-    return lambda: window.settings_panel.plan is not None and window.forecast is not None
+from stowage.app import theme
+from stowage.app.paths import demo_model_dir
 
 
 def type_context(window, text):
@@ -83,9 +65,7 @@ def dark(window, held):
 
 def main() -> int:
     state = sys.argv[1]
-    app = QApplication(sys.argv)
-    window = MainWindow()
-    window.show()
+    app, window = open_window(None)
     held = socket.socket()  # "another program" on Serve's port while the app runs
     {"folder": folder, "predicted": predicted}.get(state, lambda w: dark(w, held))(window)
     return app.exec()

@@ -14,28 +14,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "support"))
+from shots import open_window, when
 
-from PySide6.QtCore import QTimer  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
-
-from gguf_factory import write_sparse_gguf  # noqa: E402
+from gguf_factory import write_sparse_gguf  # noqa: E402 (tests/support, which shots puts on the path)
 from hub_server import HubServer, Repo  # noqa: E402
 
 LLAMA_1B = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
             "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072,
             "rope_theta": 500000.0, "rms_norm_eps": 1e-5}
 QUANTS = {"Q4_K_M": "q4_k", "Q6_K": "q6_k", "Q8_0": "q8_0"}
-
-
-def when(condition, then, interval_ms=100):
-    def poll():
-        if condition():
-            then()
-        else:
-            QTimer.singleShot(interval_ms, poll)
-    QTimer.singleShot(interval_ms, poll)
 
 
 def main() -> None:
@@ -56,13 +43,7 @@ def main() -> None:
     os.environ["HF_ENDPOINT"] = server.url
     os.environ["HF_HUB_CACHE"] = str(folder / "hf-cache")
 
-    from stowage.app.main_window import MainWindow
-
-    app = QApplication(sys.argv)
-    window = MainWindow()
-    window.move(0, 0)
-    window.resize(1280, 800)
-    window.show()
+    app, window = open_window()
 
     def open_dialog():
         window.get_models_action.trigger()

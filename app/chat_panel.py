@@ -190,6 +190,7 @@ class ChatPanel(QWidget):
         name = call["function"].get("name", "?") if call is not None else ""
         self.input.setPlaceholderText(f"The result of {name} (run it yourself): Enter sends it to the model"
                                       if call is not None else ChatInput.PLACEHOLDER)
+        self.input.viewport().update()  # a placeholder changed on an empty box is not repainted by itself
 
     # -- presets: a system prompt with sampling, by name, chosen per chat (chat_presets.py) --------
     def choose_preset(self, preset_id: int | None) -> None:

@@ -61,20 +61,32 @@ def name_of(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def compute_dtype(name: str) -> torch.dtype:
+def check_compute(name: str) -> None:
+    """Raise ValueError naming the choices unless `name` is a compute dtype."""
     if name not in COMPUTE_NAMES:
         raise ValueError(f"dtype {name!r} is not one of {', '.join(COMPUTE_NAMES)}")
+
+
+def check_kv(name: str) -> None:
+    """Raise ValueError naming the choices unless `name` is a KV dtype name: one for both, or "K/V"."""
+    k, _, v = name.partition("/")
+    _check_one_kv(k)
+    _check_one_kv(v or k)
+
+
+def _check_one_kv(name: str) -> None:
+    if name not in KV_NAMES:
+        raise ValueError(f"KV dtype {name!r} is not one of {', '.join(KV_NAMES)}, nor two of them as K/V (q8_0/q4_0)")
+
+
+def compute_dtype(name: str) -> torch.dtype:
+    check_compute(name)
     return __getattr__("COMPUTE")[name]
 
 
 def kv_dtype(name: str) -> torch.dtype:
-    _check_kv(name)
+    _check_one_kv(name)
     return __getattr__("KV")[name]
-
-
-def _check_kv(name: str) -> None:
-    if name not in KV_NAMES:
-        raise ValueError(f"KV dtype {name!r} is not one of {', '.join(KV_NAMES)}, nor two of them as K/V (q8_0/q4_0)")
 
 
 def kv_dtypes(name: str) -> tuple[torch.dtype, torch.dtype]:
@@ -88,6 +100,5 @@ def kv_name(name: str) -> str:
     "q8_0/q8_0" -> "q8_0". Raises ValueError naming the choices ("auto" is the CLI's, not a dtype)."""
     k, _, v = name.partition("/")
     k, v = KV_ALIASES.get(k, k), KV_ALIASES.get(v or k, v or k)
-    _check_kv(k)  # raises ValueError naming the choices
-    _check_kv(v)
+    check_kv(f"{k}/{v}")  # raises ValueError naming the choices
     return k if k == v else f"{k}/{v}"

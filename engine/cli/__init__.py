@@ -11,6 +11,7 @@ conversation with any OpenAI-compatible server.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -29,7 +30,7 @@ from ..protocol import API_KEY_ENV, write_progress
 from .serve import add_serve_parser
 
 if TYPE_CHECKING:  # the sampler imports torch; the parser (`stowage --help`, `list`, `plan`) must not
-    from ..runtime.sampler import SamplingParams
+    from ..runtime.sampling_params import SamplingParams
 
 
 def _add_sampling(p: argparse.ArgumentParser, temperature: float) -> None:
@@ -55,38 +56,46 @@ def _add_sampling(p: argparse.ArgumentParser, temperature: float) -> None:
 
 
 def _sampling(args) -> SamplingParams:
-    from ..runtime.sampler import SamplingParams
+    from ..runtime.sampling_params import SamplingParams
 
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repetition_penalty=args.repetition_penalty, max_tokens=args.max_tokens, seed=args.seed,
                           stop=tuple(args.stop))
 
 
-def _start(args, context_tokens: int):
-    """The engine in its child process; the child plans first (a shortage is its one-line refusal, before anything
-    is allocated), and its loading progress goes to stderr so stdout stays the generated text (or the JSON) alone."""
-    from ..planning.plan import PlanRequest
+def _launch(args):
+    """The engine in its child process, started before its plan request is known: its start (importing the engine)
+    runs while this process counts the prompt's tokens. `_load` then sends the request; the child plans it first (a
+    shortage is its one-line refusal, before anything is allocated)."""
     from ..process.engine_process import CAN_UNIX, EngineProcess
 
-    request = PlanRequest(context_tokens, dtype=args.dtype, kv_dtype=args.kv_dtype)
     # on a private Unix socket where there are such sockets (Linux, macOS), so no other user can reach it
-    return EngineProcess.start(args.model_dir, request, progress=write_progress, unix=CAN_UNIX)
+    return EngineProcess.launch(args.model_dir, unix=CAN_UNIX)
+
+
+def _load(engine, args, context_tokens: int):
+    """Send the plan request and wait for the load; its progress goes to stderr so stdout stays the generated text
+    (or the JSON) alone."""
+    from ..plan_request import PlanRequest
+
+    engine.send(PlanRequest(context_tokens, dtype=args.dtype, kv_dtype=args.kv_dtype))
+    return engine.wait_ready(progress=write_progress)
 
 
 def run_generate(args) -> int:
-    from ..formats.source import open_source
+    from ..formats.source import read_tokenizer
     from ..text.tokenizer import check_text
 
-    sampling = _sampling(args)  # every argument is checked before anything is read or loaded
-    check_text(args.prompt, "--prompt")
-    response_format = _json_schema(args.json_schema) if args.json_schema else None
-    # the config is the first thing to be wrong with a model; the tokenizer is tokenizer.json or GGUF metadata
-    tokenizer = open_source(args.model_dir).tokenizer
-    messages = [{"role": "user", "content": args.prompt}]
-    ids = tokenizer.apply_chat_template(messages) if args.chat else tokenizer.encode(args.prompt)
-    if not ids:
-        raise InvalidArgumentError("the prompt is empty (and the model adds no start token); give some text")
-    with _start(args, len(ids) + args.max_tokens) as engine:
+    with _launch(args) as engine:
+        sampling = _sampling(args)  # every argument is checked before anything is loaded
+        check_text(args.prompt, "--prompt")
+        response_format = _json_schema(args.json_schema) if args.json_schema else None
+        tokenizer = read_tokenizer(args.model_dir)  # tokenizer.json, or GGUF metadata (built once, cached)
+        messages = [{"role": "user", "content": args.prompt}]
+        ids = tokenizer.apply_chat_template(messages) if args.chat else tokenizer.encode(args.prompt)
+        if not ids:
+            raise InvalidArgumentError("the prompt is empty (and the model adds no start token); give some text")
+        _load(engine, args, len(ids) + args.max_tokens)
         stream = engine.complete(ids, sampling, response_format=response_format)  # the ids exactly as counted here
         for text in stream:
             if not args.json:
@@ -133,23 +142,28 @@ def run_chat(args) -> int:
         check_text(args.system, "--system")
     if args.remote is not None:
         return _chat_remote(args, sampling)
-    if args.context_tokens is None:
-        from ..planning import default_context_tokens
+    with _launch(args) as engine:
+        if args.context_tokens is None:
+            from ..planning import default_context_tokens
 
-        args.context_tokens = default_context_tokens(args.model_dir)
-    with _start(args, args.context_tokens) as engine:
+            args.context_tokens = default_context_tokens(args.model_dir)
+        _load(engine, args, args.context_tokens)
         return _converse(lambda messages: engine.chat(messages, sampling), Path(args.model_dir).name,
                          args.context_tokens, args.system, _prompt_counter(args.model_dir))
 
 
 def _prompt_counter(model_dir):
-    """Counts a conversation's prompt tokens as the engine does: a reply stopped with Ctrl-C never hears its count."""
-    from ..formats.source import open_source
+    """Counts a conversation's prompt tokens as the engine does: a reply stopped with Ctrl-C never hears its count.
+    The model is opened at the first count, not before the first prompt."""
+    @functools.cache
+    def tokenizer():
+        from ..formats.source import open_source
 
-    source = open_source(model_dir)
-    tokenizer = source.tokenizer
-    tokenizer.use_builtin_template(source.config.model_type)  # as the engine does
-    return lambda messages: len(tokenizer.apply_chat_template(messages))
+        source = open_source(model_dir)
+        source.tokenizer.use_builtin_template(source.config.model_type)  # as the engine does
+        return source.tokenizer
+
+    return lambda messages: len(tokenizer().apply_chat_template(messages))
 
 
 def _chat_remote(args, sampling: SamplingParams) -> int:

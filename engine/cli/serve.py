@@ -20,7 +20,7 @@ from .plan import KV_DTYPE_HELP, _gpu_layers, _kv_dtype, _size
 from ..protocol import API_KEY_ENV, DEFAULT_HOST, DEFAULT_PORT, UNIX_SCHEME, write_progress
 
 if TYPE_CHECKING:  # the engine and the server import torch: only `serve` itself needs them, never the parser
-    from ..planning.plan import PlanRequest
+    from ..plan_request import PlanRequest
 
 DEFAULT_MAX_QUEUE = 16
 
@@ -69,7 +69,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--plan-request", metavar="JSON", default=None,
                    help="the whole plan request as one JSON object, as the app and `stowage chat` pass it to their "
                         "engine (context_tokens, num_seqs, dtype, kv_dtype, gpu_layers, kv_disk_budget, ...); "
-                        "instead of --context, --parallel, --dtype, --kv-dtype, --gpu-layers and --kv-disk-budget")
+                        "instead of --context, --parallel, --dtype, --kv-dtype, --gpu-layers and --kv-disk-budget. "
+                        "'-': one line of it on stdin, sent once the parent knows it (`stowage generate`)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the process that started this one ends (an app running its engine as a child)")
     p.set_defaults(func=run_serve)
@@ -131,7 +132,8 @@ def _origin(text: str) -> str:
 def _plan_request(args: argparse.Namespace) -> PlanRequest:
     """--plan-request as it came, or the request the flags describe (the context: --context, or the default)."""
     from ..planning import default_context_tokens
-    from ..planning.plan import PlanRequest
+    from ..plan_request import PlanRequest
+    from ..process.engine_process import STDIN_REQUEST
 
     flags = {"--context": args.context_tokens, "--parallel": args.parallel, "--dtype": args.dtype,
              "--kv-dtype": args.kv_dtype, "--gpu-layers": args.gpu_layers, "--kv-disk-budget": args.kv_disk_budget}
@@ -139,6 +141,12 @@ def _plan_request(args: argparse.Namespace) -> PlanRequest:
         given = [flag for flag, value in flags.items() if value is not None]
         if given:
             raise InvalidArgumentError(f"--plan-request holds the whole request; give it without {', '.join(given)}")
+        if args.plan_request == STDIN_REQUEST:  # sent by the parent once it knows it (EngineProcess.launch)
+            text = sys.stdin.readline()
+            if not text:
+                raise InvalidArgumentError("--plan-request -: stdin ended before a request came; the process that "
+                                           "started this engine gave up")
+            return PlanRequest.from_json(text)
         return PlanRequest.from_json(args.plan_request)
     return PlanRequest(args.context_tokens or default_context_tokens(args.model_dir), dtype=args.dtype,
                        kv_dtype=args.kv_dtype, gpu_layers=args.gpu_layers, num_seqs=args.parallel or 1,

@@ -11,15 +11,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from .checkpoint import Checkpoint
 from .config import ModelConfig
-from .gguf import is_gguf_file
-from .gguf_model import GGUFModel, Matrices, open_model
-from .layout import ModelLayout, TensorInfo
+from .gguf import find_gguf, is_gguf_file, open_gguf
+from ..text.gguf_tokenizer import cached_tokenizer
 from ..text.tokenizer import TOKENIZER_FILE, Tokenizer
+
+if TYPE_CHECKING:  # the formats' weights are torch's; what only reads a tokenizer (the CLI's parent) never imports it
+    import torch
+
+    from .checkpoint import Checkpoint
+    from .gguf_model import GGUFModel, Matrices
+    from .layout import ModelLayout, TensorInfo
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -38,11 +42,13 @@ class ModelSource:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.name = self.path.name
-        self.gguf: GGUFModel | None = open_model(self.path) if is_gguf(self.path) else None
+        self.gguf: GGUFModel | None = _open_gguf_model(self.path) if is_gguf(self.path) else None
         self.config: ModelConfig = self.gguf.config if self.gguf else ModelConfig.from_dir(self.path)
 
     @cached_property
     def _checkpoint(self) -> Checkpoint:
+        from .checkpoint import Checkpoint
+
         return Checkpoint(self.path)
 
     @property
@@ -70,6 +76,8 @@ class ModelSource:
         return self.gguf.tokenizer if self.gguf else Tokenizer(self.path)
 
     def layout(self) -> ModelLayout:
+        from .layout import ModelLayout
+
         return ModelLayout.of(self.config, self.specs, self.name)
 
     def matrices(self, layout: ModelLayout) -> Matrices | None:
@@ -94,6 +102,12 @@ class ModelSource:
         return self.gguf.weights(dtype, converts=converts) if self.gguf else self._checkpoint
 
 
+def _open_gguf_model(path: Path) -> GGUFModel:
+    from .gguf_model import open_model  # torch: a safetensors folder's config and tokenizer are read without it
+
+    return open_model(path)
+
+
 def open_source(path: str | Path) -> ModelSource:
     """The model at `path`, whatever its format: the one way in."""
     return ModelSource(path)
@@ -105,5 +119,9 @@ def read_config(path: str | Path) -> ModelConfig:
 
 
 def read_tokenizer(path: str | Path) -> Tokenizer:
-    """The model's tokenizer: tokenizer.json, or the one the GGUF metadata describes."""
-    return open_source(path).tokenizer
+    """The model's tokenizer: tokenizer.json, or the one the GGUF metadata describes, read back from its cache without
+    parsing the file where it was built before (GGUFModel.tokenizer keeps the same one). Imports no torch."""
+    if not is_gguf(path):
+        return open_source(path).tokenizer
+    file = find_gguf(path)
+    return cached_tokenizer(file, lambda: open_gguf(file).metadata, file.name)

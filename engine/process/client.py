@@ -19,7 +19,7 @@ import httpx
 
 from ..errors import GenerationCancelled, InsufficientMemoryError, InvalidArgumentError, RemoteError, StowageError
 from ..runtime.generation import GenerationResult
-from ..runtime.sampler import SamplingParams
+from ..runtime.sampling_params import SamplingParams
 from ..protocol import UNIX_SCHEME
 
 Progress = Callable[[int, int], None]  # prompt tokens read so far, of the whole prompt

@@ -23,11 +23,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .client import RemoteServer, RemoteStream
+from .client import RemoteServer
 from ..errors import EngineCrashedError, EngineStartError, GenerationCancelled, RemoteError
-from ..planning.plan import PlanRequest
 from ..protocol import API_KEY_ENV, DEFAULT_HOST, UNIX_SCHEME, parse_progress
+
+if TYPE_CHECKING:
+    from .client import RemoteStream
+    from ..plan_request import PlanRequest
 
 LoadProgress = Callable[[float, str], None]  # fraction, message: as Engine.load reports it
 POLL_SECONDS = 0.05
@@ -36,6 +40,7 @@ DEATH_SECONDS = 2.0  # a broken stream waits this long for the process to be see
 STOP_SECONDS = 10.0
 CAN_UNIX = os.name == "posix"  # Linux, macOS: Unix sockets, whose file mode keeps other users out
 SOCKET_NAME = "engine.sock"
+STDIN_REQUEST = "-"  # `serve --plan-request -`: the request follows on stdin, one line of JSON
 
 # What usually sends each signal to an engine; the message names the likely cause and the user's next step.
 _CAUSES = {
@@ -70,13 +75,14 @@ def engine_command() -> list[str]:
     return [sys.executable, "-P", "-m", "stowage.engine.cli"]
 
 
-def serve_command(model_dir: str | Path, request: PlanRequest, *, port: int = 0, host: str = DEFAULT_HOST,
+def serve_command(model_dir: str | Path, request: PlanRequest | None, *, port: int = 0, host: str = DEFAULT_HOST,
                   unix: str | Path | None = None) -> list[str]:
-    """The child's command line: the plan request itself (the child plans it against the memory free then), on
-    host:port or on the Unix socket at `unix` (no key: that goes in the environment, where `ps` does not show it)."""
+    """The child's command line: the plan request itself (the child plans it against the memory free then), or `-`
+    for one that follows on its stdin (EngineProcess.launch); on host:port or on the Unix socket at `unix` (no key:
+    that goes in the environment, where `ps` does not show it)."""
     listen = ["--unix", str(unix)] if unix is not None else ["--port", str(port), "--host", host]
-    return [*engine_command(), "serve", str(model_dir), *listen, "--plan-request", request.to_json(),
-            "--exit-with-parent"]
+    return [*engine_command(), "serve", str(model_dir), *listen, "--plan-request",
+            request.to_json() if request is not None else STDIN_REQUEST, "--exit-with-parent"]
 
 
 def client_url(url: str) -> str:
@@ -99,15 +105,19 @@ class EngineProcess:
     """A started engine child: `server` is its client; `chat`/`complete` report the child's death as
     EngineCrashedError. Start with `EngineProcess.start(...)`; `close()` ends it."""
 
-    def __init__(self, proc: subprocess.Popen, socket_dir: str | None = None):
+    def __init__(self, proc: subprocess.Popen, key: str, socket_dir: str | None = None):
         self.proc = proc
+        self.key = key
         self.socket_dir = socket_dir  # the private folder of its Unix socket, removed when it ends
         self.server: RemoteServer | None = None  # once the child printed its URL
         self._log: deque[str] = deque(maxlen=50)  # the child's last stderr lines, for the message when it dies
         self._progress: queue.SimpleQueue[tuple[float, str]] = queue.SimpleQueue()  # its loading, read by _wait
+        self._urls: queue.Queue[str] = queue.Queue()  # the one line it prints on stdout: its base URL
         self._stderr = threading.Thread(target=_read_stderr, args=(proc, self._log, self._progress), daemon=True,
                                         name="stowage-engine-stderr")
         self._stderr.start()
+        threading.Thread(target=_read_stdout, args=(proc, self._urls), daemon=True,
+                         name="stowage-engine-stdout").start()
 
     @classmethod
     def start(cls, model_dir: str | Path, request: PlanRequest, *, progress: LoadProgress | None = None,
@@ -125,6 +135,16 @@ class EngineProcess:
         Raises EngineStartError with the child's own message when it refuses (a plan that does not fit, a
         malformed model, a port that is taken), EngineCrashedError when it dies, GenerationCancelled (the
         child ended) on cancel.set()."""
+        process = cls.launch(model_dir, request, env=env, nice=nice, port=port, host=host, api_key=api_key, unix=unix)
+        return process.wait_ready(progress=progress, cancel=cancel)
+
+    @classmethod
+    def launch(cls, model_dir: str | Path, request: PlanRequest | None = None, *, env: dict[str, str] | None = None,
+               nice: int = 0, port: int = 0, host: str = DEFAULT_HOST, api_key: str | None = None,
+               unix: bool = False) -> "EngineProcess":
+        """Start the child and return at once (arguments as `start`). With request None the child starts on what
+        needs no request (importing the engine, most of its start) and waits for `send(request)`: a caller that
+        counts a prompt's tokens to size the context does that meanwhile. Then `wait_ready`."""
         if unix and not CAN_UNIX:
             raise EngineStartError("this system has no Unix domain sockets; start the engine on a port")
         key = api_key or secrets.token_urlsafe(32)
@@ -133,9 +153,9 @@ class EngineProcess:
         command = serve_command(model_dir, request, port=port, host=host,
                                 unix=Path(socket_dir, SOCKET_NAME) if socket_dir else None)
         try:  # its own session: Ctrl-C in a terminal stops the caller's reply, not the engine
-            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, env=child_env, text=True, encoding="utf-8",
-                                    errors="replace", start_new_session=True)
+            proc = subprocess.Popen(command, stdin=subprocess.PIPE if request is None else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env, text=True,
+                                    encoding="utf-8", errors="replace", start_new_session=True)
         except BaseException:
             if socket_dir:
                 shutil.rmtree(socket_dir, ignore_errors=True)
@@ -145,30 +165,41 @@ class EngineProcess:
                 os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
             except (AttributeError, OSError):
                 pass
-        urls: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=_read_stdout, args=(proc, urls), daemon=True, name="stowage-engine-stdout").start()
-        process = cls(proc, socket_dir)
+        return cls(proc, key, socket_dir)
+
+    def send(self, request: PlanRequest) -> None:
+        """The plan request of a child launched without one (one line on its stdin, which then closes)."""
         try:
-            url = process._wait(lambda: _get(urls), cancel, progress)
+            self.proc.stdin.write(request.to_json() + "\n")
+            self.proc.stdin.close()
+        except OSError:  # it has already ended: wait_ready says how
+            pass
+
+    def wait_ready(self, *, progress: LoadProgress | None = None,
+                   cancel: threading.Event | None = None) -> "EngineProcess":
+        """Forward the child's loading progress until it answers /health (errors as `start`; the child is ended on
+        any of them); returns self."""
+        try:
+            url = self._wait(lambda: _get(self._urls), cancel, progress)
             if not url:  # stdout closed before a URL: the child is ending
-                process._wait(lambda: None, cancel, progress)
+                self._wait(lambda: None, cancel, progress)
             # a proxy must never see the key
-            process.server = RemoteServer(client_url(url), key, trust_env=False)
+            self.server = RemoteServer(client_url(url), self.key, trust_env=False)
             deadline = time.monotonic() + HEALTH_SECONDS
 
             def healthy() -> bool | None:
-                if process.server.health():
+                if self.server.health():
                     return True
                 if time.monotonic() > deadline:
                     raise EngineStartError(f"the engine process printed {url} but did not answer there within "
                                            f"{HEALTH_SECONDS:.0f} s")
                 return None
 
-            process._wait(healthy, cancel, progress)
+            self._wait(healthy, cancel, progress)
         except BaseException:
-            process.kill()
+            self.kill()
             raise
-        return process
+        return self
 
     def __enter__(self) -> "EngineProcess":
         return self
@@ -214,6 +245,11 @@ class EngineProcess:
 
     def kill(self) -> None:
         """End the child now (SIGTERM, then SIGKILL) and let go of it."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:  # launched, its request never sent
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

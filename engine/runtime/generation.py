@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .sampler import SamplingParams
+from .sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

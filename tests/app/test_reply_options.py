@@ -134,3 +134,25 @@ def test_tool_messages_read_and_answer():
     assert tool_messages.pending_call([user, reply, result, Message(4, "tool", "x", {"tool_call_id": "call_2"})]) \
         is None
     assert tool_messages.pending_call([user]) is None
+
+
+def test_json_replies_with_the_engine_in_the_apps_process(app_driver, qtbot, tiny_model_dir, files, monkeypatch):
+    """STOWAGE_ENGINE_PROCESS=0: the grammar is bound in the worker, as the engine's server binds it; tools, which
+    need the server, are a message in the chat and the chat goes on."""
+    from stowage.app import worker
+
+    monkeypatch.setattr(worker, "ENGINE_PROCESS", False)
+    window = app_driver.open(tiny_model_dir)
+    app_driver.load(window)
+    assert window.client.worker.engine is not None  # in this process
+    window.settings_panel.max_tokens.setValue(96)
+    chat = window.chat
+    assert chat.reply_options.choose_schema(str(files["schema"]))
+    reply = _ask(app_driver, window, "Answer as JSON.")
+    jsonschema.validate(json.loads(reply.result.text), ANSWER)
+    assert chat.reply_options.choose_tools(str(files["tools"]))
+    failed = []
+    window.client.worker.reply_failed.connect(lambda cid, message: failed.append(message))
+    app_driver.send(window, "And the weather?")
+    qtbot.waitUntil(lambda: bool(failed), timeout=app_driver.timeout_ms)
+    assert "tools need the engine in its own process" in failed[0] and chat.send_button.isEnabled()

@@ -56,12 +56,14 @@ def fit(
 
     `system` is kept always; whole user/assistant turns are dropped, never half a turn, and the last
     turn (the message being answered) is never dropped. `count_tokens` renders through the chat
-    template, so the count includes the template's own tokens.
+    template, so the count includes the template's own tokens. Replies before the first user message
+    are left out (templates such as Gemma's and Mistral's refuse a chat that starts with one).
     """
-    kept = list(range(len(messages)))
+    first_user = next((i for i, m in enumerate(messages) if m["role"] != "assistant"), 0)
+    kept = list(range(first_user, len(messages)))
 
     def render(indices):
-        return system + [messages[i] for i in indices]
+        return system + alternating([messages[i] for i in indices])
 
     tokens = count_tokens(render(kept))
     if tokens <= budget_tokens:
@@ -72,7 +74,7 @@ def fit(
             f"(with room for the reply). Start a new conversation, load with a larger context, or choose "
             f"'{POLICIES[DROP_OLDEST]}' in the settings."
         )
-    turns = _turns(len(messages), messages)
+    turns = _turns(kept, messages)
     # For 'truncate middle' the first turn stays while it can (it usually sets up the task), and goes last:
     # a first turn too long to keep beside the new message must not leave the chat stuck.
     if policy == DROP_OLDEST:
@@ -90,10 +92,25 @@ def fit(
     )
 
 
-def _turns(count: int, messages: list[dict]) -> list[list[int]]:
+def alternating(messages: list[dict]) -> list[dict]:
+    """The messages with same-role neighbours sent as one, their texts a blank line apart: a deleted message, or a
+    reply that failed before its first word, leaves two questions (or two replies) in a row, which the templates of
+    Gemma and Mistral (and our built-in Gemma one) refuse. Tool calls and results are never merged."""
+    out: list[dict] = []
+    for m in messages:
+        prev = out[-1] if out else None
+        if (prev is not None and m["role"] == prev["role"] and m["role"] in ("user", "assistant")
+                and not prev.get("tool_calls") and not m.get("tool_calls")):
+            out[-1] = {**prev, "content": f"{prev['content']}\n\n{m['content']}"}
+        else:
+            out.append(m)
+    return out
+
+
+def _turns(indices: list[int], messages: list[dict]) -> list[list[int]]:
     """Group message indices into turns, each starting at a user message."""
     turns: list[list[int]] = []
-    for i in range(count):
+    for i in indices:
         if messages[i]["role"] == "user" or not turns:
             turns.append([i])
         else:

@@ -20,6 +20,9 @@ a fresh process per side, the sides alternating; Stowage's KV store is an empty 
 budget) and its prefix pool is cleared, llama.cpp's context reset, so nothing of the prompt is read back. The prompt
 is token ids (no tokenizer in the timing), prefilled in chunks of 512 on both sides (PREFILL_CHUNK, n_batch), then
 DECODE greedy tokens. Figures: prefill and decode tok/s, medians; ratios Stowage / llama.cpp.
+
+`--kernels [--runs 7]`: the int8 prefill products (kernels/cpu_quant_matmul.py) alone against the float32 tiles, one
+thread, GFLOP/s of CPU time on the bench files' matrix shapes.
 """
 
 from __future__ import annotations
@@ -59,6 +62,46 @@ def prefill(backend: str, model_dir: Path, threads: int, runs: int, env: dict[st
                 os.environ[k] = v
 
 
+# --kernels: one product of a 512-token chunk per matrix, the shapes of the bench files (135m, Gemma 3 270M, 1.7b)
+KERNEL_CASES = [("q4_1", 1536, 576), ("q4_1", 576, 1536), ("q8_0", 1536, 576), ("q5_0", 2048, 640),
+                ("q4_k", 640, 1024), ("q6_k", 640, 2048), ("q4_k", 8192, 2048), ("q6_k", 2048, 8192)]
+
+
+def kernels_main(args) -> None:
+    """GFLOP/s of one thread's CPU time (process_time: a busy machine's waits not counted), int8 tiles against the
+    float32 tiles of kernels/quant_linear.py, medians of --runs calls."""
+    import torch
+
+    sys.path.insert(0, str(common.ROOT / "tests" / "kernels"))
+    from quant_blocks import random_blocks
+
+    from stowage.kernels import cpu_quant, cpu_quant_matmul
+    from stowage.kernels.quant_linear import QuantizedWeight
+
+    torch.set_num_threads(1)
+    print(f"load average before: {common.load_average()}; int8 level: {cpu_quant.selected_isa()}")
+    print("| type | rows x cols | int8 tiles GFLOP/s | float32 tiles GFLOP/s | ratio |\n|---|---|---|---|---|")
+    for type_name, rows, cols in KERNEL_CASES:
+        raw = torch.from_numpy(random_blocks(type_name, (rows, cols), seed=1))
+        x = torch.randn(PROMPT, cols)
+        weight = QuantizedWeight(raw, type_name, (rows, cols), torch.float32)  # float32: the tiles
+
+        def cpu_seconds(f):
+            f()
+            times = []
+            for _ in range(args.runs):
+                start = time.process_time()
+                f()
+                times.append(time.process_time() - start)
+            return sorted(times)[len(times) // 2]
+
+        flops = 2 * rows * cols * PROMPT
+        native = flops / cpu_seconds(lambda: cpu_quant_matmul.matmul(raw, type_name, x)) / 1e9
+        tiles = flops / cpu_seconds(lambda: weight.linear(x)) / 1e9
+        print(f"| {type_name} | {rows} x {cols} | {native:.0f} | {tiles:.0f} | {native / tiles:.1f}x |", flush=True)
+    print(f"load average after: {common.load_average()}")
+
+
 def gguf_prompt(num_tokens: int, vocab: int, seed: int) -> list[int]:
     return [(7919 * i + 13 + seed) % (vocab - 20) + 10 for i in range(num_tokens)]  # past the special ids
 
@@ -79,11 +122,15 @@ def work_gguf_stowage(path: Path, threads: int, prompt: int) -> dict:
 
     def generate(ids, max_tokens):
         engine.pool.clear()  # nothing cached: the whole prompt is prefilled
-        return engine.generate(ids, SamplingParams(temperature=0, max_tokens=max_tokens)).run()
+        reply = engine.generate(ids, SamplingParams(temperature=0, max_tokens=max_tokens))
+        start, first = time.process_time(), None
+        for _ in reply:
+            first = first or time.process_time() - start  # the process's CPU time (every thread) to the first token
+        return reply.result, first
 
     generate(gguf_prompt(24, vocab, 1), 2)  # warm-up: the native kernels built and loaded
-    r = generate(gguf_prompt(prompt, vocab, 0), GGUF_BENCH_DECODE)
-    return {"prefill_tok_s": r.prefill_tokens_per_s, "decode_tok_s": r.decode_tokens_per_s,
+    r, cpu_s = generate(gguf_prompt(prompt, vocab, 0), GGUF_BENCH_DECODE)
+    return {"prefill_tok_s": r.prefill_tokens_per_s, "decode_tok_s": r.decode_tokens_per_s, "prefill_cpu_s": cpu_s,
             "prefill_kernels": f"int8 {cpu_quant.selected_isa()}" if cpu_quant_matmul.is_available() else "tiles"}
 
 
@@ -96,16 +143,18 @@ def work_gguf_llama(path: Path, threads: int, prompt: int) -> dict:
 
     def generate(ids, max_tokens):
         llm.reset()  # nothing reused
-        times, start = [], time.perf_counter()
+        times, start, cpu_start, cpu_s = [], time.perf_counter(), time.process_time(), None
         for _ in llm.generate(ids, temp=0.0, top_k=1, reset=True):
             times.append(time.perf_counter())
+            cpu_s = cpu_s or time.process_time() - cpu_start
             if len(times) == max_tokens:
                 break
-        return start, times
+        return start, times, cpu_s
 
     generate(gguf_prompt(24, vocab, 1), 2)
-    start, times = generate(gguf_prompt(prompt, vocab, 0), GGUF_BENCH_DECODE)
+    start, times, cpu_s = generate(gguf_prompt(prompt, vocab, 0), GGUF_BENCH_DECODE)
     return {"prefill_tok_s": prompt / (times[0] - start), "decode_tok_s": (len(times) - 1) / (times[-1] - times[0]),
+            "prefill_cpu_s": cpu_s,
             "llama_cpp": llama_cpp.__version__}
 
 
@@ -149,6 +198,7 @@ def gguf_main(args, argv) -> None:
             s, ll = common.medians(got["stowage"]), common.medians(got["llama_cpp"])
             rows.append(f"| {path.name} | {threads} | {args.prompt:,} | {s['prefill_tok_s']:,.0f} | "
                         f"{ll['prefill_tok_s']:,.0f} | **{s['prefill_tok_s'] / ll['prefill_tok_s']:.2f}x** | "
+                        f"{ll['prefill_cpu_s'] / s['prefill_cpu_s']:.2f}x | "
                         f"{s['decode_tok_s']:.1f} | {ll['decode_tok_s']:.1f} | "
                         f"**{s['decode_tok_s'] / ll['decode_tok_s']:.2f}x** |")
             print(rows[-1], f"(load {common.load_average()})", flush=True)
@@ -159,11 +209,13 @@ def gguf_main(args, argv) -> None:
         f"engine {engine} (source {source}); Stowage's prefill products: {s['prefill_kernels']}; llama-cpp-python "
         f"{ll['llama_cpp']}. Cold prefill (empty KV store, nothing reused) of a {args.prompt:,}-token prompt of token "
         f"ids, then {GGUF_BENCH_DECODE} greedy tokens; medians of {args.runs} fresh processes per side, the sides "
-        "alternating; the same GGUF file in both engines.",
+        "alternating; the same GGUF file in both engines. \"By CPU time\": the prefill's rate in the process's CPU "
+        "time (every thread, to the first token), a ratio a busy machine's waits do not enter at 1 thread; at 2 it "
+        "counts each engine's spinning threads too.",
         "",
-        "| file | threads | prompt | Stowage prefill tok/s | llama.cpp | Stowage / llama.cpp | Stowage decode tok/s | "
-        "llama.cpp | Stowage / llama.cpp |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| file | threads | prompt | Stowage prefill tok/s | llama.cpp | Stowage / llama.cpp | by CPU time | "
+        "Stowage decode tok/s | llama.cpp | Stowage / llama.cpp |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *rows, "",
         f"The run took {round((time.time() - began) / 60)} minutes."])
     print(body)
@@ -184,6 +236,7 @@ def main(argv=None) -> None:
     ap.add_argument("--requantize", help="--gguf: add the first file requantized to this type (q8_0)")
     ap.add_argument("--shape", help="--gguf: add a random Llama of this shape quantized to Q4_K_M")
     ap.add_argument("--prompt", type=int, default=721)
+    ap.add_argument("--kernels", action="store_true", help="the int8 prefill products alone against the tiles")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--path", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -192,6 +245,8 @@ def main(argv=None) -> None:
         work = {"stowage": work_gguf_stowage, "llama_cpp": work_gguf_llama}[args.worker]
         args.result.write_text(json.dumps(work(args.path, int(args.threads), args.prompt)))
         return
+    if args.kernels:
+        return kernels_main(args)
     if args.gguf:
         return gguf_main(args, argv if argv is not None else sys.argv[1:])
     began = time.time()

@@ -14,7 +14,12 @@
 #define MM_SIMD 1
 #endif
 
-#define NR 4            // tokens per tile
+#ifndef NR
+#define NR 3            // tokens per tile
+#endif
+#ifndef MG
+#define MG 2            // groups of 8 weight rows per tile
+#endif
 #define PANEL_ROWS 32   // weight rows unpacked at a time by one thread: their bytes and scales stay in L2
 
 // How a type's unpacked weights are multiplied: unsigned of 4 bits (Q4_0, Q4_1, Q4_K), 5 bits (Q5_0, Q5_1, Q5_K)
@@ -227,41 +232,49 @@ typedef struct {
 // each step's 4 bytes of a token broadcast against the 8 rows' 4 bytes, pair sums held in int16 for the kind's run
 // of steps, then in int32; once per block (per 16 for Q6_K) the sums are converted and scaled by the rows' scales
 // times the token's step, and the rows' minimums times the token's sums are added.
-static inline __attribute__((always_inline)) void group_tile(int kind, int T, const uint8_t *gq, const float *gsc,
-                                                             const float *gmn, const qrows *x, int64_t t0,
-                                                             int64_t cols, const float *bias, int R, float *y,
-                                                             int64_t ld_y) {
-    const int64_t nb = cols / 32;
+static inline __attribute__((always_inline)) void group_tile(int kind, int G, int T, const uint8_t *gq,
+                                                             const float *gsc, const float *gmn, const qrows *x,
+                                                             int64_t t0, int64_t cols, const float *bias, int R,
+                                                             float *y, int64_t ld_y) {
+    const int64_t nb = cols / 32, gs = nb * (kind == K6 ? 2 : 1) * 8;  // a group's scales (and minimums)
     const int S = kind == K6 ? 2 : 1, run = kind == K4 ? 8 : kind == K5 ? 4 : kind == K6 ? 2 : 1;
 #ifdef MM_SIMD
-    __m256 acc[NR];
-    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    __m256 acc[MG][NR];
+    for (int g = 0; g < G; g++)
+        for (int t = 0; t < T; t++) acc[g][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *wb = gq + 256 * b;
-        __m256i isum[NR][2];
-        for (int t = 0; t < T; t++) isum[t][0] = isum[t][1] = _mm256_setzero_si256();
+        __m256i isum[MG][NR][2];
+        for (int g = 0; g < G; g++)
+            for (int t = 0; t < T; t++) isum[g][t][0] = isum[g][t][1] = _mm256_setzero_si256();
         for (int k0 = 0; k0 < 8; k0 += run) {
-            __m256i p16[NR];
-            for (int t = 0; t < T; t++) p16[t] = _mm256_setzero_si256();
+            __m256i p16[MG][NR];
+            for (int g = 0; g < G; g++)
+                for (int t = 0; t < T; t++) p16[g][t] = _mm256_setzero_si256();
             for (int k = k0; k < k0 + run; k++) {
-                const __m256i wv = _mm256_loadu_si256((const __m256i *)(wb + 32 * k));
-                const __m256i u = kind == K8 ? _mm256_sign_epi8(wv, wv) : wv;
+                __m256i wv[MG], u[MG];
+                for (int g = 0; g < G; g++) {
+                    wv[g] = _mm256_loadu_si256((const __m256i *)(gq + g * nb * 256 + 256 * b + 32 * k));
+                    u[g] = kind == K8 ? _mm256_sign_epi8(wv[g], wv[g]) : wv[g];
+                }
                 for (int t = 0; t < T; t++) {
                     int32_t four;
                     memcpy(&four, x->q + (t0 + t) * cols + 32 * b + 4 * k, 4);
-                    __m256i xb = _mm256_set1_epi32(four);
-                    if (kind == K8) xb = _mm256_sign_epi8(xb, wv);
+                    const __m256i xb = _mm256_set1_epi32(four);
+                    for (int g = 0; g < G; g++) {
+                        const __m256i xs = kind == K8 ? _mm256_sign_epi8(xb, wv[g]) : xb;
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-                    isum[t][k / 4 * (S - 1)] = _mm256_dpbusd_epi32(isum[t][k / 4 * (S - 1)], u, xb);
+                        isum[g][t][k / 4 * (S - 1)] = _mm256_dpbusd_epi32(isum[g][t][k / 4 * (S - 1)], u[g], xs);
 #else
-                    p16[t] = _mm256_add_epi16(p16[t], _mm256_maddubs_epi16(u, xb));
+                        p16[g][t] = _mm256_add_epi16(p16[g][t], _mm256_maddubs_epi16(u[g], xs));
 #endif
+                    }
                 }
             }
 #if !(defined(__AVX512VNNI__) && defined(__AVX512VL__))
-            for (int t = 0; t < T; t++)
-                isum[t][k0 / 4 * (S - 1)] = _mm256_add_epi32(isum[t][k0 / 4 * (S - 1)],
-                                                             _mm256_madd_epi16(p16[t], _mm256_set1_epi16(1)));
+            for (int g = 0; g < G; g++)
+                for (int t = 0; t < T; t++)
+                    isum[g][t][k0 / 4 * (S - 1)] = _mm256_add_epi32(isum[g][t][k0 / 4 * (S - 1)],
+                                                                    _mm256_madd_epi16(p16[g][t], _mm256_set1_epi16(1)));
 #else
             (void)p16;
 #endif
@@ -269,35 +282,41 @@ static inline __attribute__((always_inline)) void group_tile(int kind, int T, co
         for (int t = 0; t < T; t++) {
             const __m256 dx = _mm256_broadcast_ss(x->d + (t0 + t) * nb + b);
             for (int s = 0; s < S; s++) {
-                const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(gsc + 8 * (S * b + s)), dx);
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t][s]), scale, acc[t]);
-                if (kind != K8)
-                    acc[t] = _mm256_fmadd_ps(_mm256_loadu_ps(gmn + 8 * (S * b + s)),
-                                             _mm256_broadcast_ss(x->s + (t0 + t) * x->ng + S * b + s), acc[t]);
+                const __m256 xs = _mm256_broadcast_ss(x->s + (t0 + t) * x->ng + S * b + s);
+                for (int g = 0; g < G; g++) {
+                    const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(gsc + g * gs + 8 * (S * b + s)), dx);
+                    acc[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[g][t][s]), scale, acc[g][t]);
+                    if (kind != K8)
+                        acc[g][t] = _mm256_fmadd_ps(_mm256_loadu_ps(gmn + g * gs + 8 * (S * b + s)), xs, acc[g][t]);
+                }
             }
         }
     }
-    for (int t = 0; t < T; t++) {
-        float out[8];
-        _mm256_storeu_ps(out, acc[t]);
-        for (int r = 0; r < R; r++) y[(t0 + t) * ld_y + r] = out[r] + (bias ? bias[r] : 0.0f);
-    }
+    for (int g = 0; g < G; g++)
+        for (int t = 0; t < T; t++) {
+            float out[8];
+            _mm256_storeu_ps(out, acc[g][t]);
+            for (int r = 0; r < 8 && 8 * g + r < R; r++)
+                y[(t0 + t) * ld_y + 8 * g + r] = out[r] + (bias ? bias[8 * g + r] : 0.0f);
+        }
 #else
     (void)run;
     for (int t = 0; t < T; t++)
         for (int r = 0; r < R; r++) {
+            const uint8_t *q = gq + r / 8 * nb * 256;
+            const float *sc = gsc + r / 8 * gs, *mn = gmn + r / 8 * gs;
             float sum = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
                 int32_t isum[2] = {0, 0};
                 for (int k = 0; k < 8; k++)
                     for (int j = 0; j < 4; j++) {
-                        const uint8_t wj = gq[256 * b + 32 * k + 4 * r + j];
+                        const uint8_t wj = q[256 * b + 32 * k + 4 * (r % 8) + j];
                         isum[k / 4 * (S - 1)] += (kind == K8 ? (int)(int8_t)wj : (int)wj) *
                                                  x->q[(t0 + t) * cols + 32 * b + 4 * k + j];
                     }
                 for (int s = 0; s < S; s++) {
-                    sum += (float)isum[s] * (gsc[8 * (S * b + s) + r] * x->d[(t0 + t) * nb + b]);
-                    if (kind != K8) sum += gmn[8 * (S * b + s) + r] * x->s[(t0 + t) * x->ng + S * b + s];
+                    sum += (float)isum[s] * (sc[8 * (S * b + s) + r % 8] * x->d[(t0 + t) * nb + b]);
+                    if (kind != K8) sum += mn[8 * (S * b + s) + r % 8] * x->s[(t0 + t) * x->ng + S * b + s];
                 }
             }
             y[(t0 + t) * ld_y + r] = sum + (bias ? bias[r] : 0.0f);
@@ -305,8 +324,10 @@ static inline __attribute__((always_inline)) void group_tile(int kind, int T, co
 #endif
 }
 
-// Rows [0, rows) of the panel (at most PANEL_ROWS) against every token, NR tokens at a time: their activations stay
-// in L1 while the panel's groups stream from L2.
+#define TILE(G, T) group_tile(kind, G, T, gq, gsc, gmn, x, t, cols, gb, R, y + 8 * g, ld_y)
+
+// Rows [0, rows) of the panel (at most PANEL_ROWS) against every token, tiles of MG groups of 8 rows x NR tokens:
+// a tile's activations stay in L1 while the panel's groups stream from L2.
 static inline __attribute__((always_inline)) void panel_product(int kind, const panel *p, int64_t rows,
                                                                 const qrows *x, int64_t n, int64_t cols,
                                                                 const float *bias, float *y, int64_t ld_y) {
@@ -314,16 +335,29 @@ static inline __attribute__((always_inline)) void panel_product(int kind, const 
     const int64_t nb = cols / 32;
     for (int64_t t = 0; t < n; t += NR) {
         const int T = n - t < NR ? (int)(n - t) : NR;
-        for (int64_t g = 0; 8 * g < rows; g++) {
-            const int R = rows - 8 * g < 8 ? (int)(rows - 8 * g) : 8;
+        for (int64_t g = 0; 8 * g < rows; g += MG) {
+            const int R = rows - 8 * g < 8 * MG ? (int)(rows - 8 * g) : 8 * MG, G = (R + 7) / 8;
             const uint8_t *gq = p->q + g * nb * 256;
             const float *gsc = p->sc + g * nb * S * 8, *gmn = p->mn + g * nb * S * 8;
             const float *gb = bias ? bias + 8 * g : NULL;
-            switch (T) {
-            case 4: group_tile(kind, 4, gq, gsc, gmn, x, t, cols, gb, R, y + 8 * g, ld_y); break;
-            case 3: group_tile(kind, 3, gq, gsc, gmn, x, t, cols, gb, R, y + 8 * g, ld_y); break;
-            case 2: group_tile(kind, 2, gq, gsc, gmn, x, t, cols, gb, R, y + 8 * g, ld_y); break;
-            default: group_tile(kind, 1, gq, gsc, gmn, x, t, cols, gb, R, y + 8 * g, ld_y); break;
+            if (G == MG) {
+                switch (T) {
+                case NR: TILE(MG, NR); break;
+#if NR > 3
+                case 3: TILE(MG, 3); break;
+#endif
+                case 2: TILE(MG, 2); break;
+                default: TILE(MG, 1); break;
+                }
+            } else {  // the panel's last group alone
+                switch (T) {
+                case NR: TILE(1, NR); break;
+#if NR > 3
+                case 3: TILE(1, 3); break;
+#endif
+                case 2: TILE(1, 2); break;
+                default: TILE(1, 1); break;
+                }
             }
         }
     }

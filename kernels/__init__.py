@@ -30,14 +30,12 @@ def forced_reference() -> bool:
 
 def attention_ops(device: torch.device | str, *, sinks: bool = False) -> ModuleType:
     """The attention implementation that runs on `device` (also asked when planning for a GPU not present).
-    Attention sinks (gpt-oss) run in the reference alone: the native and Triton kernels have none yet."""
+    Attention sinks (gpt-oss): the native CPU kernel and the reference have them, the Triton kernels not yet."""
     torch, cpu_attention, reference = _torch_modules()
     device = torch.device(device)
-    if sinks:
-        return reference
     if device.type == "cpu":  # the cache read in place in C where the native library is, else the reference
         return cpu_attention if cpu_decode.current() is not None else reference
-    if device.type != "cuda" or forced_reference():
+    if device.type != "cuda" or forced_reference() or sinks:
         return reference
     return _cuda_ops(device.index)
 

@@ -120,7 +120,7 @@ def library(isa: str) -> ctypes.CDLL | None:
     lib.attention_prefill.argtypes = [ptr, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ptr, ptr, ctypes.c_int32,
                                       ctypes.c_int32, ctypes.c_float, ctypes.c_float, ptr, ctypes.c_int32, ctypes.c_int32,
                                       ctypes.c_int32, ctypes.c_int32, ctypes.c_float, ctypes.c_float, ctypes.c_int32,
-                                      ptr, ctypes.c_int32]
+                                      ptr, ctypes.c_int32, ptr]  # the last: sinks (float32 [heads]) or NULL
     lib.attention_prefill.restype = ctypes.c_int
     lib.decode_type_id.argtypes = [ctypes.c_char_p]
     lib.decode_type_id.restype = ctypes.c_int

@@ -34,19 +34,25 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.
 
 
 def decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, k_scale=1.0, v_scale=1.0, *,
-                     window=None, softcap=None):
-    """One new query token per sequence attends to its cached context, its last `window` tokens when set (Triton)."""
-    ops = reference if _fp8_unsupported(k_cache) else _kernel("triton_decode")
-    return ops.decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale,
-                                window=window, softcap=softcap)
+                     window=None, softcap=None, sinks=None):
+    """One new query token per sequence attends to its cached context, its last `window` tokens when set (Triton;
+    the reference for attention sinks, which the kernels do not have yet: kernels.attention_ops never sends them)."""
+    if sinks is not None or _fp8_unsupported(k_cache):
+        return reference.decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, k_scale,
+                                          v_scale, window=window, softcap=softcap, sinks=sinks)
+    return _kernel("triton_decode").decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale,
+                                                     k_scale, v_scale, window=window, softcap=softcap)
 
 
 def prefill_attention(query, k_cache, v_cache, block_table, start_pos, scale, k_scale=1.0, v_scale=1.0, *,
-                      window=None, softcap=None):
-    """A chunk of new tokens (their K/V already written) attends causally to the cache (Triton)."""
-    ops = reference if _fp8_unsupported(k_cache) else _kernel("triton_prefill")
-    return ops.prefill_attention(query, k_cache, v_cache, block_table, start_pos, scale, k_scale, v_scale,
-                                 window=window, softcap=softcap)
+                      window=None, softcap=None, sinks=None):
+    """A chunk of new tokens (their K/V already written) attends causally to the cache (Triton; sinks: the
+    reference)."""
+    if sinks is not None or _fp8_unsupported(k_cache):
+        return reference.prefill_attention(query, k_cache, v_cache, block_table, start_pos, scale, k_scale, v_scale,
+                                           window=window, softcap=softcap, sinks=sinks)
+    return _kernel("triton_prefill").prefill_attention(query, k_cache, v_cache, block_table, start_pos, scale,
+                                                       k_scale, v_scale, window=window, softcap=softcap)
 
 
 def workspace_bytes(*, num_tokens: int, context_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int,

@@ -26,6 +26,7 @@ typedef struct {
     int num_heads, num_kv_heads, head_dim, block_size, window, tile;
     int64_t num_tiles;
     void *out;
+    const float *sinks;  // [num_heads] or NULL: gpt-oss's attention sinks, a logit per head in every softmax
 } prefill_task;
 
 static void store_scalar(void *p, int32_t type, int64_t i, float v) {
@@ -85,7 +86,8 @@ static void prefill_chunk(void *ctx, int64_t begin, int64_t end) {
         for (int i = 0; i < states; i++) {
             const int64_t row = state_row(t, &u, i);
             for (int d = 0; d < hd; d++) q[i * hd + d] = load_scalar(t->query, t->q_type, row + d) * t->scale;
-            m[i] = -INFINITY, l[i] = 0.0f;
+            // a sink joins the softmax as one more score that adds no value: the running max and sum start from it
+            m[i] = t->sinks ? t->sinks[u.kh * group + i % group] : -INFINITY, l[i] = t->sinks ? 1.0f : 0.0f;
             memset(acc + i * hd, 0, (size_t)hd * 4);
         }
         for (int64_t pos = u.lo; pos <= u.last_q;) {
@@ -157,11 +159,12 @@ static void prefill_chunk(void *ctx, int64_t begin, int64_t end) {
 // out [n, num_heads, head_dim] (out_type) for queries [n, num_heads, head_dim] (q_type) at positions start.. of
 // one sequence, against its cache through block_table (softcap 0: none; window 0: the whole context). cache_type
 // is K's, v_type V's; q8_0 / q4_0 rows are widened a step's keys at a time (load_row), never the whole cache.
+// sinks: float32 [num_heads] or NULL; given, the portable kernel runs (the vector ones have no sinks yet).
 int attention_prefill(const void *query, int32_t q_type, int64_t n, int64_t start, const void *k_cache,
                       const void *v_cache, int32_t cache_type, int32_t v_type, float k_scale, float v_scale,
                       const int32_t *block_table,
                       int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t block_size, float scale,
-                      float softcap, int32_t window, void *out, int32_t out_type) {
+                      float softcap, int32_t window, void *out, int32_t out_type, const float *sinks) {
     if (head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads) return -1;
     if ((cache_is_blocks(cache_type) || cache_is_blocks(v_type)) && head_dim % 32) return -1;
     const int group = num_heads / num_kv_heads;
@@ -169,17 +172,17 @@ int attention_prefill(const void *query, int32_t q_type, int64_t n, int64_t star
     task_fn chunk = prefill_chunk;
     int states = PF_STATES;
 #ifdef VEC_LANES
-    if (start + n < (1 << 24)) chunk = prefill_chunk_lanes;  // positions exact as float32 lanes
+    if (start + n < (1 << 24) && sinks == NULL) chunk = prefill_chunk_lanes;  // positions exact as float32 lanes
 #endif
 #if defined(__AVX512BF16__)
     if (q_type == W_BF16 && (cache_type == W_BF16 || cache_type == CACHE_FP8) && v_type == cache_type &&
-        softcap == 0.0f &&
+        softcap == 0.0f && sinks == NULL &&
         head_dim % 16 == 0 && group <= PB_STATES)
         chunk = prefill_chunk_bf16, states = PB_STATES;
 #endif
     prefill_task t = {query, q_type, cache_type, out_type, v_type, n, start, k_cache, v_cache, k_scale, v_scale, scale,
                       softcap, block_table, num_heads, num_kv_heads, head_dim, block_size, window, states / group, 0,
-                      out};
+                      out, sinks};
     // smaller tiles when there are too few units for the threads
     while (t.tile > 1 && num_kv_heads * ((n + t.tile - 1) / t.tile) < 4 * pool.num_threads) t.tile /= 2;
     t.num_tiles = (n + t.tile - 1) / t.tile;

@@ -94,7 +94,8 @@ def test_the_plan_counts_sinks_and_biases_where_they_run(model_dir):
     plan = cpu_plan(model_dir, 256, prefill_chunk=16)
     engine = Engine.load(model_dir, plan)
     assert engine.cache.num_bytes == plan.kv_bytes < 4 * 256 * 2 * kv * d * 4
-    assert plan.device("cpu").attention == "reference"
+    # the sinks run in the native attention where its library is (the reference elsewhere): planned as it runs
+    assert plan.device("cpu").attention == engine.model.attention_kernels()["cpu"]
 
 
 def test_the_load_maps_what_the_plan_counted(model_dir):
@@ -134,3 +135,29 @@ def test_a_router_bias_that_disagrees_with_num_experts_is_named(model_dir, tmp_p
 
 def test_a_bad_swiglu_limit_is_refused(model_dir, tmp_path):
     assert "swiglu_limit" in refused(edited(model_dir, tmp_path, swiglu_limit=-1.0))
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("num_new", [1, 7])
+def test_native_attention_with_sinks_matches_the_reference(window, num_new):
+    """kernels/csrc/prefill_attention.h starts each head's online softmax from its sink: the reference's numbers."""
+    from stowage.kernels import cpu_attention, cpu_decode, reference
+
+    if cpu_decode.current() is None:
+        pytest.skip("no native library here")
+    g = torch.Generator().manual_seed(num_new)
+    num_blocks, block_size, kv_heads, heads, d = 6, 4, 2, 4, 16
+    k_cache, v_cache = (torch.randn(num_blocks, block_size, kv_heads, d, generator=g) for _ in range(2))
+    table = torch.randperm(num_blocks, generator=g).to(torch.int32)
+    start = 20 - num_new
+    query = torch.randn(num_new, heads, d, generator=g)
+    sinks = torch.randn(heads, generator=g) * 2
+    kind = dict(window=window, sinks=sinks)
+    ours = cpu_attention.prefill_attention(query, k_cache, v_cache, table, start, 0.25, **kind)
+    theirs = reference.prefill_attention(query, k_cache, v_cache, table, start, 0.25, **kind)
+    without = reference.prefill_attention(query, k_cache, v_cache, table, start, 0.25, window=window)
+    assert (ours - theirs).abs().max() <= 1e-5 < (theirs - without).abs().max()
+    lens = torch.tensor([start + 1], dtype=torch.int32)
+    ours = cpu_attention.decode_attention(query[:1], k_cache, v_cache, table[None], lens, 0.25, **kind)
+    theirs = reference.decode_attention(query[:1], k_cache, v_cache, table[None], lens, 0.25, **kind)
+    assert (ours - theirs).abs().max() <= 1e-5

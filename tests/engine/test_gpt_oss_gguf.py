@@ -107,3 +107,28 @@ def _drop(hf, path, tmp_path, name):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def test_a_gpt_oss_20b_shaped_file_plans_from_its_headers(tmp_path):
+    """gpt-oss-20b's shapes (MXFP4 experts, Q8_0 elsewhere), its data a hole: what a plan counts and charges."""
+    from moe_factory import GPT_OSS_20B, write_sparse_gpt_oss_gguf
+
+    from stowage.engine.planning.budgets import given_budgets
+    from stowage.engine.planning.plan import PlanRequest, plan
+    from stowage.engine.units import GiB
+
+    path = tmp_path / "gpt-oss-20b-shaped.gguf"
+    write_sparse_gpt_oss_gguf(path, GPT_OSS_20B | {"vocab_size": 32768})  # a 201k-token vocabulary reads for seconds
+    info = inspect(path)
+    experts = 32 * 3 * 2880 * 2880  # one layer's
+    assert info.expert_bytes() == (experts // 32 * 17 + 32 * 3 * 2880 * 4,) * 24  # MXFP4 blocks, f32 biases
+    assert info.config.layer_windows == (128, None) * 12
+    # 20.9 B with gpt-oss's own 201k vocabulary; 4 of 32 experts read per token
+    assert info.num_parameters - 2 * 2880 * (32768 - 201088) == pytest.approx(20.91e9, rel=1e-3)
+    routed = 24 * (experts + 32 * 3 * 2880)  # the experts' weights and biases
+    assert info.num_active_parameters == info.num_parameters - routed + routed * 4 // 32
+    p = plan(info, PlanRequest(131072), given_budgets([24 * GiB], 64 * GiB))
+    cpu_kv = info.kv_bytes_per_token()
+    # the 12 sliding layers keep their window and a prefill chunk; the 12 full ones the whole context
+    assert 12 * 131072 * cpu_kv < p.kv_bytes < 12 * 131072 * cpu_kv * 1.01
+    assert all(e in ("cuda:0", "cpu") for e in p.expert_devices) and p.layer_devices == ("cuda:0",) * 24

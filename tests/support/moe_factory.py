@@ -303,3 +303,53 @@ def write_sparse_moe_gguf(path: Path, config: dict, default: str = "q4_k", types
                    f"blk.{i}.ffn_up_exps.weight": (experts, inter, hidden),
                    f"blk.{i}.ffn_down_exps.weight": (experts, hidden, inter)}
     return _write_sparse(w, path, shapes, {"ffn_gate_inp.weight": "f32", **(types or {})}, default)
+
+
+# gpt-oss-20b's shapes (its config.json), for plans made from headers alone
+GPT_OSS_20B = dict(hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_attention_heads=64,
+                   num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4, vocab_size=201088,
+                   max_position_embeddings=131072, rms_norm_eps=1e-5, sliding_window=128, rope_theta=150000.0)
+
+
+def write_sparse_gpt_oss_gguf(path: Path, config: dict, default: str = "q8_0") -> int:
+    """A real-shape `gpt-oss` GGUF (MXFP4 experts, the other matrices `default`, vectors and biases f32) whose tensor
+    data is a hole (gguf_factory._write_sparse), with the keys GptOssModel writes. Returns the tensors' bytes."""
+    import gguf
+    from gguf_factory import _write_sparse, add_shape_keys, byte_level_vocab
+
+    c = config
+    hidden, layers, heads, kv_heads, d = (c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
+                                          c["num_key_value_heads"], c["head_dim"])
+    experts, inter, vocab = c["num_local_experts"], c["intermediate_size"], c["vocab_size"]
+    w = gguf.GGUFWriter(path, "gpt-oss")
+    add_shape_keys(w, c)
+    w.add_expert_count(experts)
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(inter)
+    w.add_sliding_window(c["sliding_window"])
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(32.0)
+    w.add_rope_scaling_orig_ctx_len(4096)
+    tokens, merges = byte_level_vocab(vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.NORMAL] * vocab)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,), "output.weight": (vocab, hidden)}
+    for i in range(layers):
+        b = f"blk.{i}."
+        shapes |= {b + "attn_norm.weight": (hidden,), b + "post_attention_norm.weight": (hidden,),
+                   b + "attn_sinks.weight": (heads,), b + "attn_q.weight": (heads * d, hidden),
+                   b + "attn_k.weight": (kv_heads * d, hidden), b + "attn_v.weight": (kv_heads * d, hidden),
+                   b + "attn_output.weight": (hidden, heads * d), b + "attn_q.bias": (heads * d,),
+                   b + "attn_k.bias": (kv_heads * d,), b + "attn_v.bias": (kv_heads * d,), b + "attn_output.bias": (hidden,),
+                   b + "ffn_gate_inp.weight": (experts, hidden), b + "ffn_gate_inp.bias": (experts,),
+                   b + "ffn_gate_exps.weight": (experts, inter, hidden), b + "ffn_up_exps.weight": (experts, inter, hidden),
+                   b + "ffn_down_exps.weight": (experts, hidden, inter), b + "ffn_gate_exps.bias": (experts, inter),
+                   b + "ffn_up_exps.bias": (experts, inter), b + "ffn_down_exps.bias": (experts, hidden)}
+    types = {f"ffn_{r}_exps.weight": "mxfp4" for r in ("gate", "up", "down")} | {
+        f"ffn_{r}_exps.bias": "f32" for r in ("gate", "up", "down")} | {"ffn_gate_inp.weight": "f32"}
+    return _write_sparse(w, path, shapes, types, default)

@@ -30,7 +30,7 @@ def library(isa: str) -> ctypes.CDLL | None:
     lib = load_library(quant_matmul_library(isa))
     if lib is None:
         return None
-    lib.quant_matmul.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    lib.quant_matmul.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int] * 2
     lib.quant_matmul.restype = ctypes.c_int
     lib.quant_matmul_type_id.argtypes = [ctypes.c_char_p]
     lib.quant_matmul_type_id.restype = ctypes.c_int
@@ -53,21 +53,26 @@ def supports(type_name: str) -> bool:
     return library(cpu_quant.selected_isa()).quant_matmul_type_id(type_name.encode()) >= 0
 
 
+X_BF16, Y_BF16 = 1, 2  # quant_matmul's flags
+
+
 def matmul(raw: torch.Tensor, type_name: str, x: torch.Tensor, bias: torch.Tensor | None = None, *,
            isa: str | None = None) -> torch.Tensor:
-    """x [n, in] float32 @ W.T (+ bias float32 [out]) -> float32 [n, out]; raw: W's blocks, uint8 [out, row_bytes]."""
+    """x [n, in] @ W.T (+ bias [out]) -> [n, out] in x's dtype (float32 or bfloat16; bf16 is read and rounded in C,
+    with no float32 copy); raw: W's blocks, uint8 [out, row_bytes]."""
     lib = library(isa or cpu_quant.selected_isa())
     type_id = lib.quant_matmul_type_id(type_name.encode())
     if type_id < 0:
         raise ValueError(f"no native prefill kernel for {type_name!r}")
     out_features, (n, in_features) = raw.shape[0], x.shape
-    assert raw.is_contiguous() and raw.dtype == torch.uint8 and x.dtype == torch.float32
+    assert raw.is_contiguous() and raw.dtype == torch.uint8 and x.dtype in (torch.float32, torch.bfloat16)
     x = x.contiguous()
-    y = torch.empty(n, out_features, dtype=torch.float32)
+    y = torch.empty(n, out_features, dtype=x.dtype)
+    flags = X_BF16 | Y_BF16 if x.dtype == torch.bfloat16 else 0
     if bias is not None:
         bias = bias.float().contiguous()
     status = lib.quant_matmul(type_id, raw.data_ptr(), x.data_ptr(), bias.data_ptr() if bias is not None else None,
-                              y.data_ptr(), out_features, in_features, n, torch.get_num_threads())
+                              y.data_ptr(), out_features, in_features, n, flags, torch.get_num_threads())
     if status != 0:
         raise MemoryError(f"quant_matmul could not allocate {n * in_features * 2:,} bytes of quantized activations")
     return y

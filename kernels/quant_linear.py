@@ -119,8 +119,9 @@ class QuantizedWeight:
         # float32 activations ask for the exact product, which the tiles give.
         if x.shape[0] > MAX_NATIVE_TOKENS and self.dtype != torch.float32 and self.raw.device.type == "cpu" \
                 and cpu_quant_matmul.runs(self.type_name):
-            y = cpu_quant_matmul.matmul(self.raw, self.type_name, x.float(), bias)
-            return y if self.dtype == torch.float32 else y.to(self.dtype)
+            y = cpu_quant_matmul.matmul(self.raw, self.type_name,
+                                        x if x.dtype == self.dtype == torch.bfloat16 else x.float(), bias)
+            return y if y.dtype == self.dtype else y.to(self.dtype)
         out_features, in_features = self.shape.out_features, self.shape.in_features
         x32 = x.float()
         # Accumulated transposed, so each tile's product fills a contiguous slice: acc[r0:r1] = W[r0:r1] @ x.T.

@@ -53,9 +53,24 @@ const char *quant_matmul_isa(void) {
 // One activation row x[cols] quantized per 32: step = max |x| / 127, q = round(x / step) (ties to even; all 0 where
 // the 32 are 0); d[k] = step, s[g] = step * sum of q over each group of `group` (32, or 16 for Q6_K).
 // tests/kernels/test_quant_matmul.py repeats these float32 steps in torch.
-static void quantize_row(const float *x, int64_t cols, int group, int8_t *q, float *d, float *s) {
+static void quantize_row(const void *x, int x_bf16, int64_t cols, int group, int8_t *q, float *d, float *s) {
     for (int64_t k = 0; k < cols / 32; k++) {
-        const float *v = x + 32 * k;
+        const float *v = (const float *)x + 32 * k;
+        float widened[32];
+        if (x_bf16) {  // bf16 activations widened here (exact): no float32 copy of the chunk
+            const uint16_t *h = (const uint16_t *)x + 32 * k;
+#ifdef MM_SIMD
+            for (int j = 0; j < 4; j++)
+                _mm256_storeu_ps(widened + 8 * j, _mm256_castsi256_ps(_mm256_slli_epi32(
+                    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + 8 * j))), 16)));
+#else
+            for (int j = 0; j < 32; j++) {
+                const uint32_t bits = (uint32_t)h[j] << 16;
+                memcpy(widened + j, &bits, 4);
+            }
+#endif
+            v = widened;
+        }
 #ifdef MM_SIMD
         const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
         __m256 xv[4], m = _mm256_setzero_ps();
@@ -221,6 +236,24 @@ typedef struct {
     uint8_t *rows8;  // scratch: 8 rows' bytes in order, before they are interleaved
 } panel;
 
+// Where the products go: float32 or bf16 (rounded to nearest even, as torch rounds), rows of ld values.
+typedef struct {
+    void *p;
+    int bf16;
+    int64_t ld;
+} output;
+
+static inline void store(const output *y, int64_t t, int64_t r, float v) {
+    if (!y->bf16) {
+        ((float *)y->p)[t * y->ld + r] = v;
+        return;
+    }
+    uint32_t bits;
+    memcpy(&bits, &v, 4);
+    bits = v != v ? 0x7fc00000u : bits + 0x7fffu + ((bits >> 16) & 1);
+    ((uint16_t *)y->p)[t * y->ld + r] = (uint16_t)(bits >> 16);
+}
+
 // The activations quantized: q [n][cols], d [n][cols / 32], s [n][ng] (ng sums per row: one per 32, per 16 for Q6_K).
 typedef struct {
     int8_t *q;
@@ -235,7 +268,7 @@ typedef struct {
 static inline __attribute__((always_inline)) void group_tile(int kind, int G, int T, const uint8_t *gq,
                                                              const float *gsc, const float *gmn, const qrows *x,
                                                              int64_t t0, int64_t cols, const float *bias, int R,
-                                                             float *y, int64_t ld_y) {
+                                                             const output *y, int64_t r0) {
     const int64_t nb = cols / 32, gs = nb * (kind == K6 ? 2 : 1) * 8;  // a group's scales (and minimums)
     const int S = kind == K6 ? 2 : 1, run = kind == K4 ? 8 : kind == K5 ? 4 : kind == K6 ? 2 : 1;
 #ifdef MM_SIMD
@@ -297,7 +330,7 @@ static inline __attribute__((always_inline)) void group_tile(int kind, int G, in
             float out[8];
             _mm256_storeu_ps(out, acc[g][t]);
             for (int r = 0; r < 8 && 8 * g + r < R; r++)
-                y[(t0 + t) * ld_y + 8 * g + r] = out[r] + (bias ? bias[8 * g + r] : 0.0f);
+                store(y, t0 + t, r0 + 8 * g + r, out[r] + (bias ? bias[8 * g + r] : 0.0f));
         }
 #else
     (void)run;
@@ -319,18 +352,18 @@ static inline __attribute__((always_inline)) void group_tile(int kind, int G, in
                     if (kind != K8) sum += mn[8 * (S * b + s) + r % 8] * x->s[(t0 + t) * x->ng + S * b + s];
                 }
             }
-            y[(t0 + t) * ld_y + r] = sum + (bias ? bias[r] : 0.0f);
+            store(y, t0 + t, r0 + r, sum + (bias ? bias[r] : 0.0f));
         }
 #endif
 }
 
-#define TILE(G, T) group_tile(kind, G, T, gq, gsc, gmn, x, t, cols, gb, R, y + 8 * g, ld_y)
+#define TILE(G, T) group_tile(kind, G, T, gq, gsc, gmn, x, t, cols, gb, R, y, r0 + 8 * g)
 
 // Rows [0, rows) of the panel (at most PANEL_ROWS) against every token, tiles of MG groups of 8 rows x NR tokens:
 // a tile's activations stay in L1 while the panel's groups stream from L2.
 static inline __attribute__((always_inline)) void panel_product(int kind, const panel *p, int64_t rows,
                                                                 const qrows *x, int64_t n, int64_t cols,
-                                                                const float *bias, float *y, int64_t ld_y) {
+                                                                const float *bias, const output *y, int64_t r0) {
     const int S = kind == K6 ? 2 : 1;
     const int64_t nb = cols / 32;
     for (int64_t t = 0; t < n; t += NR) {
@@ -364,12 +397,12 @@ static inline __attribute__((always_inline)) void panel_product(int kind, const 
 }
 
 static void panel_product_kind(int kind, const panel *p, int64_t rows, const qrows *x, int64_t n, int64_t cols,
-                               const float *bias, float *y, int64_t ld_y) {
+                               const float *bias, const output *y, int64_t r0) {
     switch (kind) {  // one instance per kind, so the tiles' branches on it fold away
-    case K4: panel_product(K4, p, rows, x, n, cols, bias, y, ld_y); break;
-    case K5: panel_product(K5, p, rows, x, n, cols, bias, y, ld_y); break;
-    case K6: panel_product(K6, p, rows, x, n, cols, bias, y, ld_y); break;
-    default: panel_product(K8, p, rows, x, n, cols, bias, y, ld_y); break;
+    case K4: panel_product(K4, p, rows, x, n, cols, bias, y, r0); break;
+    case K5: panel_product(K5, p, rows, x, n, cols, bias, y, r0); break;
+    case K6: panel_product(K6, p, rows, x, n, cols, bias, y, r0); break;
+    default: panel_product(K8, p, rows, x, n, cols, bias, y, r0); break;
     }
 }
 
@@ -425,10 +458,13 @@ static void unpack_panel(int type, const uint8_t *w, int64_t r0, int64_t count, 
 }
 
 // y[t, r] = sum_c W[r, c] x[t, c] (+ bias[r]) for t < n: W [rows, cols] in blocks of `type` (rows contiguous, cols
-// a multiple of the type's block), x float32 [n, cols], bias float32 [rows] or NULL, y float32 [n, rows].
-// Returns 0, -1 when out of memory, -2 for a type it does not take.
-int quant_matmul(int type, const uint8_t *w, const float *x, const float *bias, float *y, int64_t rows,
-                 int64_t cols, int64_t n, int num_threads) {
+// a multiple of the type's block), x [n, cols] and y [n, rows] float32 or bf16 (`flags`: MM_X_BF16, MM_Y_BF16), bias
+// float32 [rows] or NULL. Returns 0, -1 when out of memory, -2 for a type it does not take.
+enum { MM_X_BF16 = 1, MM_Y_BF16 = 2 };
+int quant_matmul(int type, const uint8_t *w, const void *x, const float *bias, void *y, int64_t rows, int64_t cols,
+                 int64_t n, int flags, int num_threads) {
+    const int x_bf16 = flags & MM_X_BF16;
+    const output out = {y, flags & MM_Y_BF16 ? 1 : 0, rows};
     if (type < 0 || type >= NUM_TYPES || quant_matmul_type_id(TYPES[type].name) < 0) return -2;
     const int kind = kind_of(type), S = kind == K6 ? 2 : 1;
     const int64_t nb = cols / 32, ng = S * nb;
@@ -438,7 +474,8 @@ int quant_matmul(int type, const uint8_t *w, const float *x, const float *bias, 
     if (status == 0) {
 #pragma omp parallel for schedule(static) num_threads(num_threads)
         for (int64_t t = 0; t < n; t++)
-            quantize_row(x + t * cols, cols, 32 / S, xq.q + t * cols, xq.d + t * nb, xq.s + t * ng);
+            quantize_row((const char *)x + t * cols * (x_bf16 ? 2 : 4), x_bf16, cols, 32 / S, xq.q + t * cols,
+                         xq.d + t * nb, xq.s + t * ng);
         const int64_t num_panels = (rows + PANEL_ROWS - 1) / PANEL_ROWS;
 #pragma omp parallel num_threads(num_threads)
         {
@@ -455,7 +492,7 @@ int quant_matmul(int type, const uint8_t *w, const float *x, const float *bias, 
                 if (!ok) continue;
                 const int64_t r0 = i * PANEL_ROWS, count = rows - r0 < PANEL_ROWS ? rows - r0 : PANEL_ROWS;
                 unpack_panel(type, w, r0, count, cols, &p);
-                panel_product_kind(kind, &p, count, &xq, n, cols, bias ? bias + r0 : NULL, y + r0, rows);
+                panel_product_kind(kind, &p, count, &xq, n, cols, bias ? bias + r0 : NULL, &out, r0);
             }
             free(p.q);
             free(p.sc);

@@ -79,6 +79,16 @@ def test_zeros_ties_and_large_values(isa, type_name):
     check_close(ours, x, dequantize(raw, type_name, (24, cols)))
 
 
+@pytest.mark.parametrize("type_name", ["q4_1", "q6_k"])
+def test_bf16_in_and_out_round_as_torch(isa, type_name):
+    # bf16 x is widened in C (exact) and y rounded there to nearest even: the float32 path's result, as torch rounds it
+    raw = torch.from_numpy(random_blocks(type_name, (40, 512), seed=5))
+    x = torch.randn(11, 512).bfloat16()
+    ours = cpu_quant_matmul.matmul(raw, type_name, x, isa=isa)
+    assert ours.dtype == torch.bfloat16
+    assert torch.equal(ours, cpu_quant_matmul.matmul(raw, type_name, x.float(), isa=isa).bfloat16())
+
+
 def test_a_mapped_weight_and_a_strided_input(isa, tmp_path):
     rows, cols = 19, 768
     raw = random_blocks("q4_k", (rows, cols), seed=4)

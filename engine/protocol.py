@@ -12,6 +12,7 @@ API_KEY_ENV = "STOWAGE_API_KEY"  # the key without putting it on the command lin
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 UNIX_SCHEME = "unix:"  # the base URL of a server on a Unix socket, `unix:/path/to.sock` (serve --unix; the client)
+STDIN_REQUEST = "-"  # `serve --plan-request -`: the plan request follows on stdin, one line of JSON
 _PROGRESS = re.compile(r"\[\s*(\d+(?:\.\d+)?)%\] (.*)")
 
 

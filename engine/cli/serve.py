@@ -17,7 +17,7 @@ from ..dtypes import COMPUTE_NAMES
 from ..errors import InvalidArgumentError
 from ..units import format_bytes
 from .plan import KV_DTYPE_HELP, _gpu_layers, _kv_dtype, _size
-from ..protocol import API_KEY_ENV, DEFAULT_HOST, DEFAULT_PORT, UNIX_SCHEME, write_progress
+from ..protocol import API_KEY_ENV, DEFAULT_HOST, DEFAULT_PORT, STDIN_REQUEST, UNIX_SCHEME, write_progress
 
 if TYPE_CHECKING:  # the engine and the server import torch: only `serve` itself needs them, never the parser
     from ..plan_request import PlanRequest
@@ -98,6 +98,8 @@ def run_serve(args: argparse.Namespace) -> int:
     cpu_decode.use_default_threads()  # the cores it may use, or the CLI's --threads
     if args.exit_with_parent:
         _exit_with_parent()
+    if args.plan_request == STDIN_REQUEST:  # the request is still being made: meanwhile, what needs none
+        _open_gguf(args.model_dir)
     request = _plan_request(args)
     # Planned against this machine first: a shortage is an error before anything is allocated.
     plan = plan_serving(args.model_dir, request)
@@ -120,6 +122,15 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _open_gguf(model_dir: Path) -> None:
+    """A GGUF file parsed and its tokenizer built (or read back), once per process, as the plan will ask: the parent
+    that sends the request may be building the same tokenizer (its first use), and this need not wait for it."""
+    from ..formats.source import is_gguf, open_source
+
+    if is_gguf(model_dir):
+        open_source(model_dir).tokenizer  # noqa: B018 (the property builds and keeps it)
+
+
 def _origin(text: str) -> str:
     from ..server.guards import parse_origin
 
@@ -133,7 +144,6 @@ def _plan_request(args: argparse.Namespace) -> PlanRequest:
     """--plan-request as it came, or the request the flags describe (the context: --context, or the default)."""
     from ..planning import default_context_tokens
     from ..plan_request import PlanRequest
-    from ..process.engine_process import STDIN_REQUEST
 
     flags = {"--context": args.context_tokens, "--parallel": args.parallel, "--dtype": args.dtype,
              "--kv-dtype": args.kv_dtype, "--gpu-layers": args.gpu_layers, "--kv-disk-budget": args.kv_disk_budget}

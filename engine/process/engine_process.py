@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from .client import RemoteServer
 from ..errors import EngineCrashedError, EngineStartError, GenerationCancelled, RemoteError
-from ..protocol import API_KEY_ENV, DEFAULT_HOST, UNIX_SCHEME, parse_progress
+from ..protocol import API_KEY_ENV, DEFAULT_HOST, STDIN_REQUEST, UNIX_SCHEME, parse_progress
 
 if TYPE_CHECKING:
     from .client import RemoteStream
@@ -40,7 +40,6 @@ DEATH_SECONDS = 2.0  # a broken stream waits this long for the process to be see
 STOP_SECONDS = 10.0
 CAN_UNIX = os.name == "posix"  # Linux, macOS: Unix sockets, whose file mode keeps other users out
 SOCKET_NAME = "engine.sock"
-STDIN_REQUEST = "-"  # `serve --plan-request -`: the request follows on stdin, one line of JSON
 
 # What usually sends each signal to an engine; the message names the likely cause and the user's next step.
 _CAUSES = {

@@ -16,7 +16,7 @@ from stowage.engine.plan_request import PlanRequest
 from stowage.engine.process.engine_process import EngineProcess
 from stowage.engine.runtime.sampling_params import SamplingParams
 
-HEAVY = ("torch", "transformers", "PySide6", "numpy", "tokenizers", "jinja2")
+HEAVY = ("torch", "transformers", "PySide6", "numpy", "tokenizers", "jinja2", "httpx")
 
 # Runs the command as `stowage` does (stowage_entry.main), then prints the heavy modules it imported.
 PROBE = """

@@ -473,6 +473,22 @@ class MainWindow(QMainWindow):
             self.error_box.close()
         self.error_box = self._open_warning(title, message)
 
+    def showEvent(self, event) -> None:
+        # A drag reaches the window's QWindow before the child under the cursor: a text box there (the message, the
+        # search, a system prompt) would paste a dropped model's path instead of passing it on to the window.
+        self.windowHandle().installEventFilter(self)  # installed once: Qt moves an installed filter, never doubles it
+        super().showEvent(event)
+
+    def eventFilter(self, watched, event) -> bool:
+        if (event.type() in _MODEL_DROP_EVENTS and watched is self.windowHandle()
+                and _dropped_models(event.mimeData())):
+            if event.type() == QEvent.Type.Drop:
+                self.dropEvent(event)
+            else:
+                event.acceptProposedAction()
+            return True
+        return super().eventFilter(watched, event)
+
     def _show_history_warning(self, message: str) -> None:
         if not self._closed:
             self.history_box = self._open_warning("Conversation history", message)
@@ -525,6 +541,9 @@ def _dropped_models(mime) -> list[str]:
 
 
 def _separator() -> QLabel:
+_MODEL_DROP_EVENTS = (QEvent.Type.DragEnter, QEvent.Type.DragMove, QEvent.Type.Drop)
+
+
     label = QLabel("|")
     theme.tint(label, "muted")
     return label

@@ -460,19 +460,6 @@ class MainWindow(QMainWindow):
             picker.add_folder(path)
         picker.open_path(dropped[0])
 
-    def changeEvent(self, event) -> None:
-        # Back from a browser or a file manager: a model may have been downloaded or copied meanwhile.
-        if event.type() == QEvent.Type.ActivationChange and self.isActiveWindow() and self.model_watch is not None:
-            self.model_watch.refresh_soon()
-        super().changeEvent(event)
-
-    # -- errors ----------------------------------------------------------------------------------
-    def show_error(self, title: str, message: str) -> None:
-        """A dialog that does not block the event loop: the engine thread keeps reporting behind it."""
-        if self.error_box is not None:
-            self.error_box.close()
-        self.error_box = self._open_warning(title, message)
-
     def showEvent(self, event) -> None:
         # A drag reaches the window's QWindow before the child under the cursor: a text box there (the message, the
         # search, a system prompt) would paste a dropped model's path instead of passing it on to the window.
@@ -488,6 +475,19 @@ class MainWindow(QMainWindow):
                 event.acceptProposedAction()
             return True
         return super().eventFilter(watched, event)
+
+    def changeEvent(self, event) -> None:
+        # Back from a browser or a file manager: a model may have been downloaded or copied meanwhile.
+        if event.type() == QEvent.Type.ActivationChange and self.isActiveWindow() and self.model_watch is not None:
+            self.model_watch.refresh_soon()
+        super().changeEvent(event)
+
+    # -- errors ----------------------------------------------------------------------------------
+    def show_error(self, title: str, message: str) -> None:
+        """A dialog that does not block the event loop: the engine thread keeps reporting behind it."""
+        if self.error_box is not None:
+            self.error_box.close()
+        self.error_box = self._open_warning(title, message)
 
     def _show_history_warning(self, message: str) -> None:
         if not self._closed:
@@ -528,6 +528,9 @@ class MainWindow(QMainWindow):
         super().closeEvent(event)
 
 
+_MODEL_DROP_EVENTS = (QEvent.Type.DragEnter, QEvent.Type.DragMove, QEvent.Type.Drop)
+
+
 def _dropped_models(mime) -> list[str]:
     """The dropped local folders and GGUF files (a model folder, a folder of .gguf files, or .gguf files)."""
     if not mime.hasUrls():
@@ -541,9 +544,6 @@ def _dropped_models(mime) -> list[str]:
 
 
 def _separator() -> QLabel:
-_MODEL_DROP_EVENTS = (QEvent.Type.DragEnter, QEvent.Type.DragMove, QEvent.Type.Drop)
-
-
     label = QLabel("|")
     theme.tint(label, "muted")
     return label

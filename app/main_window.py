@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import gc
+import logging
 from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QEvent, Qt, QTimer
 from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QSizePolicy, QSplitter
 
-from stowage.engine.formats.discovery import gguf_models, is_model_dir
+from stowage.engine.formats.discovery import gguf_models, is_model_dir, remember_app_opened
 from stowage.engine.formats.gguf import is_gguf_file
 from stowage.engine.planning.report import summary
 
@@ -30,6 +31,8 @@ from .serve_settings import (ServeSettings, load_serve_settings, port_taken, res
 from .settings_panel import SettingsPanel
 from .store import ConversationStore
 from .worker import EngineClient
+
+log = logging.getLogger(__name__)
 
 TITLE = "Stowage"
 RESTARTING = "Restarting the engine to listen as asked…"  # Serve's note while its change restarts the engine
@@ -160,6 +163,7 @@ class MainWindow(QMainWindow):
         for folder in self._remembered_folders():
             if Path(folder).exists():
                 panel.picker.add_folder(folder)
+        self._share_opened(self._remembered_folders())  # settings kept by an older version, shared from now on
         panel.serve.set_settings(self.serve_settings)
         panel.set_num_seqs(self.serve_settings.plan_seqs)
         # First run: the demo model (first in the list); later runs: the model used last.
@@ -227,6 +231,15 @@ class MainWindow(QMainWindow):
     def _remember_folder(self, model_dir: str, keep: bool) -> None:
         folders = [f for f in self._remembered_folders() if f != model_dir] + ([model_dir] if keep else [])
         self.qsettings.setValue("model_folders", folders)
+        self._share_opened(folders)
+
+    @staticmethod
+    def _share_opened(folders: list[str]) -> None:
+        """Where `stowage list` finds what was opened here (a JSON file of the data folder, on every platform)."""
+        try:
+            remember_app_opened(folders)
+        except OSError as e:  # a read-only data folder: the CLI lists less, the app goes on
+            log.warning("cannot write the opened models for `stowage list`: %s", e)
 
     # -- remote servers --------------------------------------------------------------------------
     def add_server_dialog(self) -> None:

@@ -5,17 +5,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import platformdirs
+from ..engine import defaults
 
 APP_NAME = "Stowage"
-# Tests and portable installs point the app at another folder; nothing then touches the user's files.
-DATA_DIR_ENV = "STOWAGE_DATA_DIR"
+DATA_DIR_ENV = defaults.DATA_DIR_ENV
 
 
 def data_dir() -> Path:
-    """The user data folder (created on first use); STOWAGE_DATA_DIR overrides it."""
-    override = os.environ.get(DATA_DIR_ENV)
-    path = Path(override) if override else Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+    """The user data folder (created on first use); STOWAGE_DATA_DIR overrides it (engine/defaults.py)."""
+    path = defaults.data_dir()
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
+from ..defaults import OPENED_MODELS_FILE, data_dir
 from ..errors import ModelFormatError
 from ..units import format_bytes
 
@@ -331,55 +332,26 @@ def run_list(args, *, places: Places | None = None, out=None) -> int:
 
 
 def default_models_dir(env: Mapping[str, str] = os.environ) -> Path:
-    """The desktop app's models folder (app/paths.py models_dir): STOWAGE_DATA_DIR/models, else the user data one."""
-    if env.get("STOWAGE_DATA_DIR"):
-        return Path(env["STOWAGE_DATA_DIR"]) / "models"
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir("Stowage", appauthor=False)) / "models"
+    """The desktop app's models folder (app/paths.py models_dir): the data folder's models/."""
+    return data_dir(env) / "models"
 
 
-def app_opened_models(env: Mapping[str, str] = os.environ, home: Path | None = None) -> tuple[Path, ...]:
-    """The folders and .gguf files opened in the desktop app (its settings' model_folders, app/main_window.py), read
-    without Qt: STOWAGE_DATA_DIR/settings.ini, else Qt's native file on Linux ($XDG_CONFIG_HOME/Stowage/Stowage.conf).
-    Elsewhere (a macOS plist, the Windows registry) and for a file that cannot be read: none."""
-    if env.get("STOWAGE_DATA_DIR"):
-        path = Path(env["STOWAGE_DATA_DIR"]) / "settings.ini"
-    elif sys.platform.startswith("linux"):
-        config = Path(env["XDG_CONFIG_HOME"]) if env.get("XDG_CONFIG_HOME") else (home or Path.home()) / ".config"
-        path = config / "Stowage" / "Stowage.conf"
-    else:
-        return ()
+def app_opened_models(env: Mapping[str, str] = os.environ) -> tuple[Path, ...]:
+    """The folders and .gguf files opened in the desktop app, as it last wrote them (remember_app_opened); none
+    where the app never ran or the file cannot be read."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
+        paths = json.loads((data_dir(env) / OPENED_MODELS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return ()
-    section = None
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("[") and line.endswith("]"):
-            section = line[1:-1]
-        elif section == "General" and line.startswith("model_folders="):
-            return tuple(Path(p) for p in _qt_string_list(line.removeprefix("model_folders=")) if p)
-    return ()
+    return tuple(Path(p) for p in paths if isinstance(p, str) and p) if isinstance(paths, list) else ()
 
 
-def _qt_string_list(value: str) -> list[str]:
-    """A QStringList as QSettings writes it in an INI file: items joined by ", ", an item quoted when it holds a
-    comma, backslash escapes inside."""
-    items, item, quoted, escaped, started = [], [], False, False, False
-    for ch in value:
-        if escaped:
-            item.append(ch)
-            escaped = False
-        elif ch == "\\":
-            escaped = True
-        elif ch == '"':
-            quoted, started = not quoted, True
-        elif ch == "," and not quoted:
-            items.append("".join(item).strip() if not started else "".join(item))
-            item, started = [], False
-        elif not (ch == " " and not item and not quoted):
-            item.append(ch)
-    items.append("".join(item).strip() if not started else "".join(item))
-    return items
+def remember_app_opened(paths: list[str], env: Mapping[str, str] = os.environ) -> None:
+    """Write the app's opened models where `stowage list` reads them (whole or not at all)."""
+    folder = data_dir(env)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{OPENED_MODELS_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps([str(p) for p in paths], ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, folder / OPENED_MODELS_FILE)
+
+

@@ -63,15 +63,13 @@ def test_list_shows_the_demo_model_and_what_the_app_opened(tmp_path, monkeypatch
 
     from factory import make_model
     from gguf_factory import write_gguf
-    from PySide6.QtCore import QSettings
+    from stowage.engine.formats.discovery import remember_app_opened
 
     folder = make_model(tmp_path / "a folder, with a comma", "llama")
     gguf = write_gguf(folder, tmp_path / "Opened-Q8_0.gguf", "q8_0")
     data = tmp_path / "data"
-    data.mkdir()
-    settings = QSettings(str(data / "settings.ini"), QSettings.Format.IniFormat)  # where the app keeps them
-    settings.setValue("model_folders", [str(folder), str(gguf), str(tmp_path / "gone")])
-    settings.sync()
+    # as the app shares them (tests/app/test_opened_models_listed.py drives the app itself)
+    remember_app_opened([str(folder), str(gguf), str(tmp_path / "gone")], {"STOWAGE_DATA_DIR": str(data)})
     for name, value in {"STOWAGE_DATA_DIR": data, "HOME": tmp_path, "HF_HUB_CACHE": tmp_path / "hf",
                         "OLLAMA_MODELS": tmp_path / "ollama"}.items():
         monkeypatch.setenv(name, str(value))

@@ -115,7 +115,7 @@ class HeaderReader:
         by_name = {f.path: f for f in model.extras}
         config_file = by_name["config.json"]
         config_raw = self._kept(config_file)
-        if config_raw is None:
+        if config_raw is None or len(config_raw) != config_file.size:  # not kept, or cut short on disk
             config_raw = self._read_whole(model, config_file)
             self._keep(config_file, config_raw)
         try:
@@ -128,6 +128,8 @@ class HeaderReader:
         specs: dict = {}
         for f in model.weights:
             kept = self._kept(f)
+            if kept is not None and (len(kept) < 8 or len(kept) < 8 + header_length(kept[:8], f.path, f.size)):
+                kept = None  # cut short on disk (the file is written whole, then renamed; a disk can still fail)
             first = kept[:8] if kept is not None else self._read(model, f, 0, min(8, f.size))
             length = header_length(first, f.path, f.size)
             raw = kept[8 : 8 + length] if kept is not None else self._read(model, f, 8, 8 + length)

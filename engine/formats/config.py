@@ -34,7 +34,8 @@ SUPPORTED = {
     "gemma3_text": ("Gemma3ForCausalLM",),
 }
 _GEMMA = ("gemma2", "gemma3_text")
-MOE = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss")  # the model types whose layers route through experts (docs/moe.md)
+# the model types whose layers route through experts (docs/moe.md)
+MOE = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss")
 # transformers' defaults for keys a Gemma config.json may leave out (Gemma2Config, Gemma3TextConfig)
 _GEMMA_DEFAULTS = {
     "gemma2": dict(query_pre_attn_scalar=256, final_logit_softcapping=30.0, attn_logit_softcapping=50.0,

@@ -64,7 +64,8 @@ _SHARED_EXPERT = {"ffn_gate_inp_shexp": "mlp.shared_expert_gate", "ffn_gate_shex
 
 # gpt-oss (llama.cpp's LLM_ARCH_OPENAI_MOE): the norm after attention is post_attention_norm, the router is biased
 # and named as transformers' GptOssTopKRouter, each head's sink is attn_sinks.weight (transformers: self_attn.sinks)
-_GPT_OSS = {"post_attention_norm": "post_attention_layernorm", "ffn_gate_inp": "mlp.router", "attn_sinks": "self_attn.sinks"}
+_GPT_OSS = {"post_attention_norm": "post_attention_layernorm", "ffn_gate_inp": "mlp.router",
+            "attn_sinks": "self_attn.sinks"}
 SINKS = "attn_sinks"
 
 

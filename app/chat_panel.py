@@ -291,7 +291,8 @@ class ChatPanel(QWidget):
         self.show_conversation(self.conversation_id)
 
     def new_chat_like_this(self) -> None:
-        """A new chat with this one's system prompt (and preset); the last message waits in the input box."""
+        """A new chat with this one's system prompt, preset and reply options; the last message waits in the input
+        box."""
         if self.conversation_id is None or self.client.is_generating:
             return
         row = self.store.conversation(self.conversation_id)
@@ -299,6 +300,7 @@ class ChatPanel(QWidget):
         new = self.store.create()
         self.store.set_system_prompt(new, row.system_prompt)
         self.store.set_preset(new, row.preset_id)
+        self.store.set_reply_options(new, row.reply_options)
         self.conversation_id = new
         self.conversation_created.emit(new)
         self.show_conversation(new)

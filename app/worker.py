@@ -327,7 +327,8 @@ class EngineWorker(QObject):
         sampling = request.sampling
         # Leave room for a reply: the whole max_tokens when the context allows, else a quarter of it.
         reserve = min(sampling.max_tokens, self.context_tokens // 4)
-        count = self.estimate.count if self.remote is not None else self._count_tokens
+        tools = list(request.options.tools) or None  # the template writes them into the prompt: they count
+        count = self.estimate.count if self.remote is not None else lambda m: self._count_tokens(m, tools)
         fitted = context_policy.fit(
             request.system, request.messages, count, self.context_tokens - reserve, request.policy
         )
@@ -396,8 +397,8 @@ class EngineWorker(QObject):
             self.token.emit(cid, text)
         return stream.result
 
-    def _count_tokens(self, messages: list[dict]) -> int:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    def _count_tokens(self, messages: list[dict], tools: list[dict] | None = None) -> int:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
         if isinstance(ids, str):
             ids = self.tokenizer.encode(ids)
         return len(ids)

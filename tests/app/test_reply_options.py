@@ -20,6 +20,19 @@ ANSWER = {"type": "object", "additionalProperties": False, "required": ["answer"
 
 
 @pytest.fixture
+def tools_model_dir(tmp_path, tiny_model_dir):
+    """The tiny model with a template that writes the tools into the prompt, as tool-calling models' templates do."""
+    import shutil
+
+    from factory import TEMPLATE, save_tokenizer
+
+    model_dir = tmp_path / "tiny-tools"
+    shutil.copytree(tiny_model_dir, model_dir)
+    save_tokenizer(model_dir, "{% if tools %}<|system|>\nTools: {{ tools | tojson }}<|end|>\n{% endif %}" + TEMPLATE)
+    return model_dir
+
+
+@pytest.fixture
 def files(tmp_path):
     paths = {"tools": tmp_path / "weather-tools.json", "schema": tmp_path / "answer.json",
              "unsatisfiable": tmp_path / "unsatisfiable.json", "not json": tmp_path / "broken.json"}
@@ -41,7 +54,10 @@ def _call_and_answer(app_driver, qtbot, window, files):
     chat = window.chat
     assert chat.reply_options.choose_tools(str(files["tools"]))
     assert chat.reply_options.text() == "Reply: 1 tool (weather-tools.json)"
+    counted = []  # the prompt as the app counts it for the context policy
+    window.client.worker.reply_started.connect(lambda started: counted.append(started.prompt_tokens))
     reply = _ask(app_driver, window, "What is the weather in Paris?")
+    app_counted = counted[-1]
     assert reply.result.finish_reason == "tool_calls"
     (call,) = reply.result.tool_calls
     assert call["function"]["name"] == "get_weather" and call["id"]
@@ -52,6 +68,8 @@ def _call_and_answer(app_driver, qtbot, window, files):
     shown = chat.view.widgets[-1].body.markdown
     assert "**Calls `get_weather`**" in shown and "```json\n{\n  \"city\"" in shown  # the arguments indented
     assert "The result of get_weather" in chat.input.placeholderText()
+    if window.loaded_dir is not None:  # the model is here: the app's count is the engine's, the tools' tokens too
+        assert app_counted == reply.result.prompt_tokens
 
     # the user runs the tool and types its result: kept as the call's answer, and the model goes on
     after = _ask(app_driver, window, '{"temperature": 21, "sky": "clear"}')
@@ -77,8 +95,8 @@ def _json_reply(app_driver, window, files):
     assert options.response_format["json_schema"]["schema"] == ANSWER and not options.tools
 
 
-def test_tool_calls_and_json_replies_from_the_local_engine(app_driver, qtbot, tiny_model_dir, files):
-    window = app_driver.open(tiny_model_dir)
+def test_tool_calls_and_json_replies_from_the_local_engine(app_driver, qtbot, tools_model_dir, files):
+    window = app_driver.open(tools_model_dir)
     app_driver.load(window)
     window.settings_panel.max_tokens.setValue(96)
     cid = _call_and_answer(app_driver, qtbot, window, files)

@@ -157,3 +157,23 @@ def test_deleting_one_message_keeps_the_ones_after_it(tmp_path):
     store.delete_message(retry)  # a version goes with its branch; the other version shows
     assert [m.content for m in store.messages(cid)] == ["q2", "a2"]
     store.close()
+
+
+def test_reply_options_come_with_version_3_and_are_kept_per_chat(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "c.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript(VERSION_1)
+    db.close()
+    store = ConversationStore(path)
+    assert store.conversation(1).reply_options == {}  # an old chat: free text, no tools
+    options = {"response_format": {"type": "json_object"}, "tools": [{"type": "function", "function": {"name": "f"}}]}
+    store.set_reply_options(1, options)
+    other = store.create()
+    store.close()
+    again = ConversationStore(path)
+    assert again.conversation(1).reply_options == options and again.conversation(other).reply_options == {}
+    again.set_reply_options(1, {})
+    assert again.conversation(1).reply_options == {}
+    again.close()

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import shiboken6
-from PySide6.QtCore import QEvent, QObject, Qt, Signal
+from PySide6.QtCore import QEvent, QObject, Qt, Signal, Slot
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication, QStyleFactory
 
@@ -146,18 +145,24 @@ def watcher() -> _Watcher:
     return _watcher
 
 
+class _Follower(QObject):
+    """A widget's restyle, called after each palette change. A child of the widget: Qt ends its connection when the
+    widget goes, so a widget freed (a chat switched away from) is never kept alive by it."""
+
+    def __init__(self, widget, restyle):
+        super().__init__(widget)
+        self._restyle = restyle
+        watcher().changed.connect(self.restyle)
+
+    @Slot()
+    def restyle(self) -> None:
+        self._restyle()
+
+
 def watch(widget, restyle) -> None:
     """Call `restyle()` now and after every palette change while `widget` lives."""
     restyle()
-    changed = watcher().changed
-
-    def follow() -> None:
-        if shiboken6.isValid(widget):
-            restyle()
-        else:  # the widget is gone: its restyle goes too
-            changed.disconnect(follow)
-
-    changed.connect(follow)
+    _Follower(widget, restyle)
 
 
 SETTINGS_KEY = "theme"

@@ -21,7 +21,7 @@ from .native_libs import ISAS, choose, decode_layer, supported
 # Weight and cache type codes of the C side: floats; ggml block types are their quant_type_id (q8_0 / q4_0 caches too).
 W_F32, W_F16, W_BF16, CACHE_FP8 = 100, 101, 102, 3
 CACHE_Q4_0, CACHE_Q8_0 = 2, 8
-ACT_SILU, ACT_GELU_TANH = 0, 1
+ACT_SILU, ACT_GELU_TANH, ACT_SWIGLU_CLAMPED = 0, 1, 2
 
 
 MAX_LANES = 64  # decode_types.h's: the most sequences one batched step takes
@@ -43,7 +43,8 @@ class Layer(ctypes.Structure):
                                             "k_norm")] + \
                [("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p), ("k_scale", ctypes.c_float),
                 ("v_scale", ctypes.c_float), ("window", ctypes.c_int32), ("local_rope", ctypes.c_int32),
-                ("router", Matrix), ("experts", ctypes.POINTER(Matrix))]  # experts: [num_experts * 3] or NULL
+                ("router", Matrix), ("experts", ctypes.POINTER(Matrix)),  # experts: [num_experts * 3] or NULL
+                ("sinks", ctypes.c_void_p)]  # float32 [num_heads] or NULL
 
 
 class Model(ctypes.Structure):
@@ -53,7 +54,8 @@ class Model(ctypes.Structure):
                [("eps", ctypes.c_float), ("attn_scale", ctypes.c_float), ("attn_softcap", ctypes.c_float),
                 ("inv_freq", ctypes.c_void_p), ("inv_freq_local", ctypes.c_void_p), ("qk_order", ctypes.c_void_p),
                 ("layers", ctypes.POINTER(Layer)), ("num_experts", ctypes.c_int32), ("top_k", ctypes.c_int32),
-                ("norm_topk", ctypes.c_int32)]
+                ("norm_topk", ctypes.c_int32), ("rope_scale", ctypes.c_float), ("swiglu_limit", ctypes.c_float),
+                ("swiglu_alpha", ctypes.c_float), ("softmax_after_topk", ctypes.c_int32)]
 
 
 def enabled() -> bool:

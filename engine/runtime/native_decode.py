@@ -94,8 +94,8 @@ class NativeDecode:
         if cfg.is_moe and (cfg.num_experts_per_tok > cpu_decode.MAX_TOPK or cfg.expert_intermediate_size % 32
                            or cfg.shared_expert_intermediate_size):  # decode_layer.c has no shared expert
             raise Unsupported("experts")
-        if cfg.attention_sinks or cfg.moe_bias or cfg.swiglu_limit is not None or cfg.rope.attention_factor != 1.0:
-            raise Unsupported("gpt-oss")  # sinks, biased experts, the clamped SwiGLU, YaRN's scaled cos/sin
+        if transformer.local_rotary is not None and transformer.local_rotary.attention_factor != 1.0:
+            raise Unsupported("a scaled rope on the sliding layers")  # one rope_scale for both tables
         if cfg.hidden_act not in ACTS or cfg.head_dim > MAX_HEAD_DIM or cfg.head_dim % 2 \
                 or cfg.num_heads // cfg.num_kv_heads > MAX_GROUP \
                 or transformer.dtype not in FLOAT_CODES or cache.spec.dtype not in CACHE_CODES \
@@ -111,8 +111,11 @@ class NativeDecode:
             s = structs[i]
             experts = transformer.experts[i]
             if experts is not None:  # the router here, each expert's gate, up, down in one array
-                s.router = _matrix(w["router"], None)
-                array = (Matrix * (3 * cfg.num_experts))(*(_matrix(experts[f"{role}.{e}"], None)
+                if "gate_up.0" in experts.tensors:  # gpt-oss's Hugging Face experts: gate and up rows interleaved
+                    raise Unsupported("gate_up experts")
+                s.router = _matrix(w["router"], w.get("router_bias"))
+                array = (Matrix * (3 * cfg.num_experts))(*(_matrix(experts[f"{role}.{e}"],
+                                                                   experts.get(f"{role}_bias.{e}"))
                                                            for e in range(cfg.num_experts)
                                                            for role in ("gate", "up", "down")))
                 keep.append(array)
@@ -126,6 +129,10 @@ class NativeDecode:
             s.k_cache, s.v_cache = cache.k_cache[i].data_ptr(), cache.v_cache[i].data_ptr()
             s.k_scale, s.v_scale = float(cache.k_scale[i]), float(cache.v_scale[i])
             s.window = cfg.window(i) or 0
+            if "sinks" in w.tensors:
+                sinks = w["sinks"].float().contiguous()
+                keep.append(sinks)
+                s.sinks = _vector_ptr(sinks, cfg.num_heads)[0]
             s.local_rope = int(cfg.window(i) is not None and transformer.local_rotary is not None)
         inv_freq = transformer.rotary.inv_freq.float().contiguous()
         local = transformer.local_rotary.inv_freq.float().contiguous() if transformer.local_rotary else None
@@ -136,11 +143,13 @@ class NativeDecode:
         model = Model(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, native_intermediate(cfg),
                       cache.spec.block_size, CACHE_CODES[cache.spec.dtype], CACHE_CODES[cache.spec.value_dtype],
                       int(cfg.norm_plus_one), int(cfg.sandwich_norm),
-                      int(cfg.qk_norm), ACTS[cfg.hidden_act], len(layers), cfg.rms_norm_eps, cfg.attention_scale,
+                      int(cfg.qk_norm), cpu_decode.ACT_SWIGLU_CLAMPED if cfg.swiglu_limit is not None
+                      else ACTS[cfg.hidden_act], len(layers), cfg.rms_norm_eps, cfg.attention_scale,
                       cfg.attn_softcap or 0.0, inv_freq.data_ptr(),
                       local.data_ptr() if local is not None else None,
                       order.data_ptr() if order is not None else None, structs, cfg.num_experts,
-                      cfg.num_experts_per_tok, int(cfg.norm_topk_prob))
+                      cfg.num_experts_per_tok, int(cfg.norm_topk_prob), transformer.rotary.attention_factor,
+                      cfg.swiglu_limit or 0.0, cfg.swiglu_alpha, int(cfg.softmax_after_topk))
         head = None
         if transformer.head_device.type == "cpu":
             try:

@@ -460,6 +460,10 @@ static void attention(const model *m, const layer *l, int lanes, const int32_t *
                 float mx = s->part[(k * m->num_heads + h) * (hd + 2)];
                 if (mx > top) top = mx;
             }
+            if (l->sinks) {  // gpt-oss: the head's sink joins the softmax as a score with no value
+                if (l->sinks[h] > top) top = l->sinks[h];
+                total = expf(l->sinks[h] - top);
+            }
             memset(out, 0, (size_t)hd * 4);
             for (int64_t k = 0; k < task[b].splits; k++) {
                 const float *p = s->part + (k * m->num_heads + h) * (hd + 2);

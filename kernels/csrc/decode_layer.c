@@ -47,7 +47,7 @@ static void rms_norm(const float *in, float *out, int64_t n, const vector *w, fl
 typedef struct {
     const matrix *gate, *up;
     const input *in;         // [lanes]
-    int act;
+    const model *m;          // its act (and ACT_SWIGLU_CLAMPED's limit and alpha)
     const input *out;        // [lanes]: act, the down product's input
     scratch *const *s;       // [lanes]
     int lanes;
@@ -68,20 +68,29 @@ static void ffn_chunk(void *ctx, int64_t begin, int64_t end) {
     lane_rows(t->up, begin, end, t->in, up, begin, t->lanes);
     for (int b = 0; b < t->lanes; b++) {
         scratch *s = t->s[b];
-        for (int64_t r = begin; r < end; r++) {
-            float g = s->gate[r];
-            float a = t->act == ACT_GELU_TANH ? gelu_tanh(g) : g / (1.0f + expf(-g));
-            s->act[r] = a * s->up[r];
+        if (t->m->act == ACT_SWIGLU_CLAMPED) {  // gpt-oss: (clamp(up) + 1) * g * sigmoid(alpha g), g = min(gate, limit)
+            const float limit = t->m->swiglu_limit, alpha = t->m->swiglu_alpha;
+            for (int64_t r = begin; r < end; r++) {
+                float g = s->gate[r] < limit ? s->gate[r] : limit, u = s->up[r];
+                u = u < -limit ? -limit : u > limit ? limit : u;
+                s->act[r] = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+            }
+        } else {
+            for (int64_t r = begin; r < end; r++) {
+                float g = s->gate[r];
+                float a = t->m->act == ACT_GELU_TANH ? gelu_tanh(g) : g / (1.0f + expf(-g));
+                s->act[r] = a * s->up[r];
+            }
         }
         prepare_part(&t->out[b], begin, end);  // chunks are whole groups of 32
     }
 }
 
 // gate/up, the activation and down for `lanes` inputs: out[b] = down . (f(gate . in[b]) * (up . in[b]))
-static void mlp(const matrix *gate, const matrix *up, const matrix *down, int act, const input *in, const input *mid,
-                scratch *const *s, float *const *out, int lanes) {
+static void mlp(const model *m, const matrix *gate, const matrix *up, const matrix *down, const input *in,
+                const input *mid, scratch *const *s, float *const *out, int lanes) {
     // every gate/up chunk reads x's copies and writes its rows of act's copies: two sets of buffers
-    ffn_task f = {gate, up, in, act, mid, s, lanes};
+    ffn_task f = {gate, up, in, m, mid, s, lanes};
     int64_t grain = (grain_for(gate->rows) + 31) & ~(int64_t)31;
     parallel(ffn_chunk, &f, gate->rows, grain);
     matvecs(down, NULL, NULL, mid, out, lanes);
@@ -99,7 +108,9 @@ static void moe(const model *m, const layer *l, const input *in, const input *mi
     for (int b = 0; b < lanes; b++) {
         float *p = logits[b], top = p[0], sum = 0.0f;
         for (int64_t e = 1; e < ne; e++) top = p[e] > top ? p[e] : top;
-        for (int64_t e = 0; e < ne; e++) sum += p[e] = expf(p[e] - top);
+        // softmax_after_topk (gpt-oss): the top-k of the logits themselves, then a softmax over those k
+        if (!m->softmax_after_topk)
+            for (int64_t e = 0; e < ne; e++) sum += p[e] = expf(p[e] - top);
         float chosen_sum = 0.0f;
         for (int j = 0; j < k; j++) {  // the largest, the lowest index first among equals
             int best = -1;
@@ -109,10 +120,10 @@ static void moe(const model *m, const layer *l, const input *in, const input *mi
                 if (!taken && (best < 0 || p[e] > p[best])) best = (int)e;
             }
             chosen[b][j] = best;
-            weight[b][j] = p[best] / sum;
+            weight[b][j] = m->softmax_after_topk ? expf(p[best] - top) : p[best] / sum;
             chosen_sum += weight[b][j];
         }
-        if (m->norm_topk)
+        if (m->norm_topk || m->softmax_after_topk)
             for (int j = 0; j < k; j++) weight[b][j] /= chosen_sum;
         memset(LANES[b].moe, 0, (size_t)hidden * 4);
     }
@@ -130,7 +141,7 @@ static void moe(const model *m, const layer *l, const input *in, const input *mi
                 }
         if (!n) continue;
         const matrix *x = &l->experts[3 * e];
-        mlp(&x[0], &x[1], &x[2], m->act, sub_in, sub_mid, sub, out, n);
+        mlp(m, &x[0], &x[1], &x[2], sub_in, sub_mid, sub, out, n);
         for (int i = 0; i < n; i++)
             for (int64_t r = 0; r < hidden; r++) sub[i]->moe[r] += w[i] * sub[i]->o[r];
     }
@@ -177,8 +188,8 @@ static void layer_step(const model *m, const layer *l, int lanes, const int32_t 
         o[b] = s->o;
         for (int i = 0; i < m->head_dim / 2; i++) {  // as Hugging Face: the angle in float32, then its cos and sin
             float angle = (float)positions[b] * inv[i];
-            s->cos[i] = cosf(angle);
-            s->sin[i] = sinf(angle);
+            s->cos[i] = cosf(angle) * m->rope_scale;  // YaRN's attention factor; 1 otherwise
+            s->sin[i] = sinf(angle) * m->rope_scale;
         }
         rms_norm(s->h, s->x, hidden, &l->input_norm, m->eps, m->norm_plus_one);
         prepare(&in[b], hidden);
@@ -214,7 +225,7 @@ static void layer_step(const model *m, const layer *l, int lanes, const int32_t 
     } else {
         scratch *s[MAX_LANES];
         for (int b = 0; b < lanes; b++) s[b] = &LANES[b];
-        mlp(&l->gate, &l->up, &l->down, m->act, in, din, s, o, lanes);
+        mlp(m, &l->gate, &l->up, &l->down, in, din, s, o, lanes);
     }
     for (int b = 0; b < lanes; b++) {
         scratch *s = &LANES[b];

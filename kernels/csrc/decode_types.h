@@ -12,7 +12,7 @@
 // ---- types shared with kernels/cpu_decode.py (ctypes mirrors these structs field for field) ----------------
 
 enum { W_F32 = 100, W_F16 = 101, W_BF16 = 102 };  // float weights; 0 .. NUM_TYPES - 1 are ggml block types
-enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_SWIGLU_CLAMPED = 2 };  // the last: gpt-oss's (model's swiglu_*)
 #define MAX_HEAD_DIM 512
 #define MAX_SPLITS 64
 #define MAX_GROUP 64  // query heads per KV head
@@ -41,6 +41,7 @@ typedef struct {
     int32_t local_rope;       // 1: the sliding layers' own rotary base (Gemma 3)
     matrix router;            // [num_experts, hidden] of a layer of experts (docs/moe.md)
     const matrix *experts;    // [num_experts * 3]: each expert's gate, up, down; NULL: a dense layer (gate/up/down)
+    const float *sinks;       // [num_heads] or NULL: gpt-oss's attention sinks, a logit per head in every softmax
 } layer;
 
 typedef struct {
@@ -53,6 +54,9 @@ typedef struct {
     const int64_t *qk_order;  // [head_dim] or NULL: Q/K outputs of a head read in this order (llama.cpp files)
     layer *layers;
     int32_t num_experts, top_k, norm_topk;  // a model of experts; 0 experts: dense. intermediate: the widest MLP
+    float rope_scale;                  // cos and sin times this (YaRN's attention factor; 1 otherwise)
+    float swiglu_limit, swiglu_alpha;  // ACT_SWIGLU_CLAMPED's (gpt-oss: 7, 1.702)
+    int32_t softmax_after_topk;        // 1: the top-k of the router's logits, then a softmax over those (gpt-oss)
 } model;
 
 #define CACHE_FP8 3

@@ -67,6 +67,7 @@ def test_logits_and_greedy_tokens_match_transformers(files, experts, monkeypatch
     if experts != "f32":  # the native kernels quantize activations to 16 bits per 32 (docs/moe.md); the tiles: 1e-4
         compare_logits_and_tokens(engine, reference, PROMPT, 2e-3, max_tokens=16, generate=False)
         monkeypatch.setattr(quant_linear.cpu_quant, "is_available", lambda: False)
+        engine.model._native_for = (engine.cache, None)  # the decode step in torch too: the tiles' exact products
     compare_logits_and_tokens(engine, reference, PROMPT, 1e-4, max_tokens=16)
 
 
@@ -132,3 +133,36 @@ def test_a_gpt_oss_20b_shaped_file_plans_from_its_headers(tmp_path):
     # the 12 sliding layers keep their window and a prefill chunk; the 12 full ones the whole context
     assert 12 * 131072 * cpu_kv < p.kv_bytes < 12 * 131072 * cpu_kv * 1.01
     assert all(e in ("cuda:0", "cpu") for e in p.expert_devices) and p.layer_devices == ("cuda:0",) * 24
+
+
+@pytest.mark.parametrize("experts", ["f32", "mxfp4"])
+def test_the_native_decode_step_runs_gpt_oss_as_the_torch_path(files, experts):
+    """decode_layer.c with sinks, biased router and experts, top-k then softmax, the clamped SwiGLU and YaRN's scaled
+    rope: three sequences decoded together give the torch path's logits, step after step (MXFP4: activations
+    quantized to 16 bits per 32 in the native products)."""
+    from stowage.engine.runtime.kv_cache import Sequence
+    from stowage.kernels import cpu_decode
+
+    if cpu_decode.current() is None:
+        pytest.skip("no native decode library here")
+    path, _ = files[experts]
+    engine = Engine.load(path, cpu_plan(path, 256, dtype="float32", num_seqs=6))
+    native = engine.model.native(engine.cache)
+    assert native is not None and native.first == 0
+    prompts = [engine.tokenizer.encode(p) for p in [PROMPT, "The quick brown fox jumps over the lazy dog.", "Café"]]
+    runs = {}
+    for way in ("native", "torch"):
+        engine.model._native_for = (engine.cache, native if way == "native" else None)
+        seqs = [Sequence() for _ in prompts]
+        tokens = [engine.model.forward(ids, s, engine.cache)[-1].argmax().item() for ids, s in zip(prompts, seqs)]
+        steps = []
+        for step in range(12):  # past the sliding window of 8
+            logits = engine.model.decode_step(tokens, seqs, engine.cache)
+            steps.append(logits)
+            tokens = (runs["native"][step] if way == "torch" else logits).argmax(-1).tolist()
+        runs[way] = steps
+        for s in seqs:
+            engine.cache.release(s)
+    tolerance = 1e-4 if experts == "f32" else 2e-3
+    for ours, theirs in zip(runs["native"], runs["torch"]):
+        assert (ours - theirs).abs().max().item() <= tolerance

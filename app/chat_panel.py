@@ -6,9 +6,10 @@ import time
 from dataclasses import asdict, replace
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from . import context_policy, theme, tool_messages
+from .chat_controls import ChatControls
 from .chat_input import ChatInput
 from .chat_notice import ChatNotice
 from .chat_presets import ChatPresets
@@ -17,7 +18,6 @@ from .markdown_view import plain_text
 from .model_settings import DEFAULT_SAMPLING, ModelSettings
 from .prompt_progress import PromptProgress
 from .reply_options import ReplyOptions
-from .reply_options_button import ReplyOptionsButton
 from .store import ConversationStore, Message
 from .system_prompt_bar import SystemPromptBar
 from .replies import ChatRequest, Reply, ReplyStarted
@@ -59,35 +59,16 @@ class ChatPanel(QWidget):
         self.presets = ChatPresets(store, self.system_prompt)
         self.view = ChatView()
         self.input = ChatInput()
-        self.send_button = QPushButton("Send")
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.setEnabled(False)
-        self.stop_button.setToolTip("Stop the reply (Esc)")
-        self.stop_button.setShortcut("Esc")
-        self.regenerate_button = QPushButton("Regenerate")
-        self.completion_button = QPushButton("Completion mode")
-        self.completion_button.setCheckable(True)
-        self.completion_button.setToolTip("The model continues your text as written, without a chat template: what a "
-                                          "base model was trained to do")
-        self.completion_button.hide()  # for a base model only
-        self.reply_options = ReplyOptionsButton()
-        self.counter = QLabel()
-        theme.tint(self.counter, "muted")
-        self.counter.setAccessibleName("Speed and context used")
-        self.counter.setWordWrap(True)  # it grows with the numbers: in a narrow chat it wraps, never widens the window
+        self.controls = c = ChatControls()
+        # by name, as tests and the screenshot drivers reach them
+        self.send_button, self.stop_button, self.regenerate_button = c.send_button, c.stop_button, c.regenerate_button
+        self.completion_button, self.reply_options, self.counter = c.completion_button, c.reply_options, c.counter
         self.error = QLabel()
         self.error.setWordWrap(True)
         theme.tint(self.error, "error")
         self.error.hide()
         self.prompt_progress = PromptProgress()
         self.notice = ChatNotice()
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.counter, 1)
-        buttons.addWidget(self.reply_options)
-        buttons.addWidget(self.completion_button)
-        buttons.addWidget(self.regenerate_button)
-        buttons.addWidget(self.stop_button)
-        buttons.addWidget(self.send_button)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.system_prompt)
@@ -96,7 +77,7 @@ class ChatPanel(QWidget):
         layout.addWidget(self.error)
         layout.addWidget(self.notice)
         layout.addWidget(self.input)
-        layout.addLayout(buttons)
+        layout.addWidget(self.controls)
 
         self.input.submitted.connect(self.send)
         self.send_button.clicked.connect(self.send)
@@ -407,7 +388,7 @@ class ChatPanel(QWidget):
             speed = f"{r.decode_tokens_per_s:.1f} tokens/s · " if r.decode_tokens_per_s else ""
             self.counter.setText(speed + self._context_text(used))
             if r.finish_reason == "context_full":
-                self.show_error(self._context_full_text())
+                self.show_error(context_policy.context_full_text(self.context_tokens, self._policy()))
                 self._offer_ways_on("overflow")
             elif r.tool_calls:
                 self._show_pending_call()
@@ -439,15 +420,6 @@ class ChatPanel(QWidget):
                 self._offer_ways_on("overflow")
         self._update_buttons()
 
-    def _context_full_text(self) -> str:
-        text = (f"The reply stopped at the end of the {self.context_tokens:,}-token context. Start a new conversation "
-                "or load the model with a larger context to go on")
-        if self._policy() == context_policy.STOP:
-            # The other policies already make room for the next message; naming them again would not help.
-            return (text + f", or set 'When full' to '{context_policy.POLICIES[context_policy.DROP_OLDEST]}' "
-                    "so the next message makes room by forgetting the oldest turns.")
-        return text + "."
-
     def show_error(self, message: str) -> None:
         self.error.setText(message)
         self.error.show()
@@ -465,11 +437,6 @@ class ChatPanel(QWidget):
     def _update_buttons(self) -> None:
         generating = self.client.is_generating
         self.view.set_alternatives_enabled(not generating)
-        self.send_button.setEnabled(not generating)
-        self.stop_button.setEnabled(generating)
         has_question = any(w.message.role == "user" for w in self.view.widgets)
-        self.regenerate_button.setEnabled(not generating and bool(self.context_tokens) and has_question)
-        greedy = self.presets.sampling().temperature == 0
-        self.regenerate_button.setToolTip(
-            "Write the last reply again (the old one stays: ‹ › on the reply switches)"
-            + (". At temperature 0 it comes out the same, word for word." if greedy else ""))
+        self.controls.set_generating(generating, can_regenerate=bool(self.context_tokens) and has_question,
+                                     greedy=self.presets.sampling().temperature == 0)

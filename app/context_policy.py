@@ -107,6 +107,17 @@ def alternating(messages: list[dict]) -> list[dict]:
     return out
 
 
+def context_full_text(context_tokens: int, policy: str) -> str:
+    """What a chat says when a reply stopped at the end of its context: how to go on."""
+    text = (f"The reply stopped at the end of the {context_tokens:,}-token context. Start a new conversation "
+            "or load the model with a larger context to go on")
+    if policy == STOP:
+        # The other policies already make room for the next message; naming them again would not help.
+        return (text + f", or set 'When full' to '{POLICIES[DROP_OLDEST]}' "
+                "so the next message makes room by forgetting the oldest turns.")
+    return text + "."
+
+
 def _turns(indices: list[int], messages: list[dict]) -> list[list[int]]:
     """Group message indices into turns, each starting at a user message."""
     turns: list[list[int]] = []

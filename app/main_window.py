@@ -147,6 +147,7 @@ class MainWindow(QMainWindow):
         worker.engine_started.connect(self.stats.follow)  # the graphs follow the engine where it runs
         worker.load_started.connect(self._load_started)
         worker.engine_crashed.connect(self._engine_crashed)
+        worker.model_unloaded.connect(self._model_unloaded)
         worker.remote_loaded.connect(self._remote_loaded)
         worker.remote_health.connect(self._remote_health)
         worker.serve_refused.connect(lambda message: panel.serve.set_endpoint(None, message))
@@ -433,6 +434,11 @@ class MainWindow(QMainWindow):
         self.show_error("The engine stopped", message)
         restart = self.error_box.addButton("Restart engine", QMessageBox.ButtonRole.AcceptRole)
         restart.clicked.connect(lambda: self._restart(model_dir, plan))
+
+    def _model_unloaded(self, message: str) -> None:
+        """The engine unloaded its model by itself (its weights file changed): say why; Load loads it again."""
+        if self.loaded_dir is not None and not self._closed:
+            self.show_error("The model was unloaded", message)
 
     def _restart(self, model_dir: str, plan) -> None:
         if self.loaded_dir is not None:

@@ -28,7 +28,7 @@ from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
 from stowage.engine.planning.budgets import detect_budgets
 from stowage.engine.runtime.engine import Engine
 from stowage.engine.process.engine_process import EngineProcess
-from stowage.engine.errors import EngineCrashedError, GenerationCancelled, InvalidArgumentError
+from stowage.engine.errors import EngineCrashedError, GenerationCancelled, InvalidArgumentError, StowageError
 from stowage.engine.formats.source import open_source
 from stowage.engine.planning.inspect import inspect
 from stowage.engine.server.schemas import ApiError, parse_chat
@@ -69,6 +69,7 @@ class EngineWorker(QObject):
     # the model, which the graphs' predicted RAM adds the plan to.
     load_started = Signal(int, object)  # object: a byte count passes 2**31
     engine_crashed = Signal(str)  # how it died; `unloaded` follows
+    model_unloaded = Signal(str)  # the live child unloaded its model (a weights file changed): why; `unloaded` follows
     remote_health = Signal(bool, str)  # the connected server answers again (True), or stopped answering, and why
     serve_refused = Signal(str)  # Serve's port is taken: the engine was started for the app alone instead
     # a remote server's model instead of a local one:
@@ -128,6 +129,8 @@ class EngineWorker(QObject):
         connected server that stops answering (or answers again) is said too."""
         if self.process is not None and not self.process.is_alive:
             self._crashed(EngineCrashedError(self.process.death()))
+        elif self.process is not None:
+            self._model_gone()
         elif self.remote is not None:
             try:
                 self.remote.models(timeout=HEALTH_SECONDS)
@@ -137,6 +140,17 @@ class EngineWorker(QObject):
             if answering != self.remote_answering:
                 self.remote_answering = answering
                 self.remote_health.emit(answering, why)
+
+    def _model_gone(self) -> str | None:
+        """The child unloaded its model (a weights file truncated, replaced or moved under it): say why, and unload
+        here too, so the window says no model is loaded instead of every message failing. The message, or None."""
+        reason = self.process.server.unloaded_reason(timeout=HEALTH_SECONDS)
+        if reason is None:
+            return None
+        message = f"{reason[:1].upper()}{reason[1:]}. Press Load to load it again."
+        self.model_unloaded.emit(message)
+        self._unload()
+        return message
 
     def _crashed(self, error: EngineCrashedError) -> str:
         """The child is gone: say how, and unload (the window, the chats and any partial reply stay)."""
@@ -319,7 +333,9 @@ class EngineWorker(QObject):
             return
         except Exception as e:
             log_unexpected(e)
-            self.reply_failed.emit(cid, describe_error(e))
+            # A child that unloaded its model answers every message with an error: the reason, once, instead.
+            gone = self._model_gone() if self.process is not None and isinstance(e, StowageError) else None
+            self.reply_failed.emit(cid, gone or describe_error(e))
             return
         self.reply_finished.emit(Reply(cid, r))
 

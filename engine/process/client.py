@@ -92,6 +92,17 @@ class RemoteServer:
         except httpx.TransportError:
             return False
 
+    def unloaded_reason(self, *, timeout: float = CONNECT_SECONDS) -> str | None:
+        """Why a server that is up serves no model any more (Stowage's /health: 503 with a `reason`, as after a
+        weights file changed under it); None while it serves one, loads one, or does not answer."""
+        try:
+            response = self._http.get("/health", timeout=timeout)
+            body = response.json() if response.status_code == 503 else None
+        except (httpx.TransportError, ValueError):
+            return None
+        reason = body.get("reason") if isinstance(body, dict) else None
+        return reason if isinstance(reason, str) and reason else None
+
     def models(self, *, timeout: float | None = None) -> list[dict]:
         """The model objects of GET /v1/models (each has an "id"; Stowage's and vLLM's a "max_model_len").
 

@@ -76,7 +76,8 @@ def test_same_role_neighbours_are_merged_and_tool_turns_never():
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     messages = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
                 {"role": "assistant", "content": "", "tool_calls": [call]},
-                {"role": "tool", "content": "1", "tool_call_id": "c1"}, {"role": "tool", "content": "2", "tool_call_id": "c1"},
+                {"role": "tool", "content": "1", "tool_call_id": "c1"},
+                {"role": "tool", "content": "2", "tool_call_id": "c1"},
                 {"role": "assistant", "content": "x"}, {"role": "assistant", "content": "y"}]
     assert alternating(messages) == [
         {"role": "user", "content": "a\n\nb"}, messages[2], messages[3], messages[4],

@@ -55,7 +55,8 @@ class ReplyOptions:
         if self.response_format is not None:
             parts.append(f"JSON ({self.schema_file})" if self.schema_file else "JSON")
         if self.tools:
-            parts.append(f"{len(self.tools)} tool{'s' if len(self.tools) != 1 else ''} ({self.tools_file})")
+            tools = f"{len(self.tools)} tool{'s' if len(self.tools) != 1 else ''}"
+            parts.append(f"{tools} ({self.tools_file})" if self.tools_file else tools)
         return " · ".join(parts)
 
 

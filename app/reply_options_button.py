@@ -27,6 +27,9 @@ class ReplyOptionsButton(QToolButton):
         self.error_box: QMessageBox | None = None  # the last file refused, while its dialog is open
         self.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
         self.setAccessibleName("This chat's reply format and tools")
+        self.setToolTip("Constrained decoding holds each reply to the format: a JSON reply always parses, and a tool "
+                        "call's arguments are valid under its parameters (sent to a server as response_format and "
+                        "tools)")
         menu = QMenu(self)
         self.text_action = menu.addAction("Reply as text", lambda: self._set(response_format=None, schema_file=""))
         self.json_action = menu.addAction("Reply as JSON (any object)",
@@ -44,9 +47,6 @@ class ReplyOptionsButton(QToolButton):
         """Show the chat's options (no signal)."""
         self.options = options
         self.setText("Reply: " + (options.describe() or "text"))
-        self.setToolTip("Constrained decoding holds each reply to the format: a JSON reply always parses, and a tool "
-                        "call's arguments are valid under its parameters (sent to a server as response_format and "
-                        "tools)")
         self.text_action.setChecked(options.response_format is None)
         self.json_action.setChecked(options.response_format == JSON_OBJECT)
         self.no_tools_action.setEnabled(bool(options.tools))

@@ -13,6 +13,7 @@ in this process instead (a developer's switch: one process to debug; docs/server
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 import time
@@ -62,6 +63,7 @@ class EngineWorker(QObject):
     reply_finished = Signal(object)  # Reply
     reply_failed = Signal(int, str)  # conversation_id, message
     conversation_full = Signal(int)  # conversation_id: its reply_failed, next, is context_policy's ConversationFullError
+    tool_calls = Signal(int, object)  # conversation_id, the reply's tool calls so far (a copy), as they stream
     # with the engine in a child process only:
     prefill_progress = Signal(int, int, int)  # conversation_id, prompt tokens done, total (a long prompt)
     engine_started = Signal(int)  # the engine process's id, for graphs that follow it
@@ -317,8 +319,7 @@ class EngineWorker(QObject):
             return
         try:
             if request.completion:  # completion mode (a base model): the chat's text continued as written
-                r = self._reply_completion(cid, "".join(m["content"] for m in request.messages), request.sampling,
-                                           request.cancel)
+                r = self._reply_completion(cid, request)
             else:
                 r = self._reply_to_chat(cid, request)
         except context_policy.ContextFullError as e:
@@ -341,17 +342,16 @@ class EngineWorker(QObject):
 
     def _reply_to_chat(self, cid: int, request: ChatRequest):
         sampling = request.sampling
-        # Leave room for a reply: the whole max_tokens when the context allows, else a quarter of it.
-        reserve = min(sampling.max_tokens, self.context_tokens // 4)
         tools = list(request.options.tools) or None  # the template writes them into the prompt: they count
         count = self.estimate.count if self.remote is not None else lambda m: self._count_tokens(m, tools)
         fitted = context_policy.fit(
-            request.system, request.messages, count, self.context_tokens - reserve, request.policy
+            request.system, request.messages, count, self._prompt_budget(sampling), request.policy
         )
         self.reply_started.emit(ReplyStarted(cid, fitted.prompt_tokens, fitted.first_kept, fitted.kept_head))
         options = request.options
         fields = {"response_format": options.response_format, "tools": list(options.tools),
-                  "tool_choice": options.tool_choice}
+                  "tool_choice": options.tool_choice,
+                  "on_call": lambda calls: self.tool_calls.emit(cid, copy.deepcopy(calls))}
         if self.remote is not None:
             r = self._reply_from_remote(cid, fitted.messages, sampling, request.cancel, fields)
             self.estimate.learn(fitted.messages, r.prompt_tokens)
@@ -371,12 +371,24 @@ class EngineWorker(QObject):
             sampling = replace(sampling, grammar=bound)
         return self._reply_in_process(cid, fitted.messages, sampling, request.cancel)
 
-    def _reply_completion(self, cid: int, text: str, sampling, cancel: threading.Event):
-        """The text continued as written: no chat template (a base model was never taught one)."""
+    def _prompt_budget(self, sampling) -> int:
+        """The prompt's share of the context: room is left for a reply, the whole max_tokens when the context allows,
+        else a quarter of it."""
+        return self.context_tokens - min(sampling.max_tokens, self.context_tokens // 4)
+
+    def _reply_completion(self, cid: int, request: ChatRequest):
+        """The chat's text continued as written: no chat template (a base model was never taught one). A text that
+        outgrows the context is fitted as a chat is, by the chat's policy: whole turns go, oldest first."""
         if self.remote is not None:
             raise InvalidArgumentError("completion mode is for models loaded here; the server formats its chats")
-        ids = self.tokenizer.encode(text)
-        self.reply_started.emit(ReplyStarted(cid, len(ids), 0))
+        messages, sampling, cancel = request.messages, request.sampling, request.cancel
+
+        def count(sent: list[dict]) -> int:
+            return len(self.tokenizer.encode("".join(m["content"] for m in sent)))
+
+        fitted = context_policy.fit([], messages, count, self._prompt_budget(sampling), request.policy)
+        ids = self.tokenizer.encode("".join(messages[i]["content"] for i in fitted.kept))
+        self.reply_started.emit(ReplyStarted(cid, len(ids), fitted.first_kept, fitted.kept_head))
         progress = lambda done, total: self.prefill_progress.emit(cid, done, total)  # noqa: E731
         if self.process is not None:
             stream = self.process.complete(ids, sampling, cancel=cancel, progress=progress)

@@ -3,6 +3,7 @@
     .venv/bin/python bench/moe_bench.py [--layers 12] [--threads 2] [--runs 3] [--workdir /tmp/moe-bench]
     .venv/bin/python bench/moe_bench.py --mode experts
     .venv/bin/python bench/moe_bench.py --mode grouped-prefill
+    .venv/bin/python bench/moe_bench.py --mode gpt-oss-decode [--layers 2]
 
 
 A Qwen3-30B-A3B-shaped `qwen3moe` file scaled to --layers layers (hidden 2048, 32/4 heads of 128, 48 experts of
@@ -18,6 +19,10 @@ per matrix, best of 3 passes over 8 matrices.
 `--mode grouped-prefill`: the same choice inside a whole 256-token prefill of the --layers file, in one process
 after a warm-up pass (the first pass pages the file in): the experts' products on tiles, as the engine runs them,
 against 8 rows at a time on the native kernels, alternating, 3 passes each; tok/s of each pass.
+
+`--mode gpt-oss-decode`: a gpt-oss-20b-shaped `gpt-oss` file (MXFP4 experts, Q8_0 elsewhere, vocabulary 32,768) of
+--layers layers whose data is a hole (zeros: the same work), 16 decode tokens after a 32-token prompt, the native
+step (decode_layer.c) against the torch path, alternating in one process, --runs each; tok/s and the ratio of medians.
 """
 
 from __future__ import annotations
@@ -151,9 +156,34 @@ def grouped_prefill_mode(path: Path, threads: int) -> dict:
     return out
 
 
+def gpt_oss_decode_mode(path: Path, threads: int, runs: int) -> dict:
+    import statistics
+
+    from factory import cpu_plan
+
+    from stowage.engine.runtime.engine import Engine
+    from stowage.engine.runtime.kv_cache import Sequence
+
+    common.set_threads(threads)
+    engine = Engine.load(path, cpu_plan(path, 512))
+    native = engine.model.native(engine.cache)
+    out: dict = {"native_tok_s": [], "torch_tok_s": []}
+    for key in ("native_tok_s", "torch_tok_s") * runs:
+        engine.model._native_for = (engine.cache, native if key == "native_tok_s" else None)
+        seq = Sequence()
+        token = engine.model.forward(list(range(10, 42)), seq, engine.cache)[-1].argmax().item()
+        start = time.perf_counter()
+        for _ in range(16):
+            token = engine.model.decode_step([token], [seq], engine.cache)[0].argmax().item()
+        out[key].append(round(16 / (time.perf_counter() - start), 2))
+        engine.cache.release(seq)
+    return out | {"native_over_torch": round(statistics.median(out["native_tok_s"])
+                                             / statistics.median(out["torch_tok_s"]), 2)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=("model", "experts", "grouped-prefill"), default="model")
+    p.add_argument("--mode", choices=("model", "experts", "grouped-prefill", "gpt-oss-decode"), default="model")
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--runs", type=int, default=3)
@@ -168,6 +198,15 @@ def main() -> None:
         print(json.dumps(experts_mode(args.threads) | {"threads": args.threads, "load": common.load_average()}))
         return
     args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.mode == "gpt-oss-decode":
+        from moe_factory import GPT_OSS_20B, write_sparse_gpt_oss_gguf
+
+        path = args.workdir / f"gpt-oss-20b-{args.layers}l-mxfp4.gguf"
+        if not path.exists():
+            write_sparse_gpt_oss_gguf(path, GPT_OSS_20B | {"vocab_size": 32768, "num_hidden_layers": args.layers})
+        print(json.dumps(gpt_oss_decode_mode(path, args.threads, args.runs)
+                         | {"layers": args.layers, "threads": args.threads, "load": common.load_average()}))
+        return
     path = args.workdir / f"qwen3moe-{args.layers}l-q4_k.gguf"
     if not path.exists():
         write_model(path, args.layers)

@@ -98,6 +98,7 @@ class ChatPanel(QWidget):
         worker.reply_finished.connect(self._reply_finished)
         worker.reply_failed.connect(self._reply_failed)
         worker.conversation_full.connect(self._conversation_full)
+        worker.tool_calls.connect(self._tool_calls)
         worker.prefill_progress.connect(self._prefill_progress)
         self.view.set_placeholder(HINT_NO_MODEL)
         self._update_buttons()
@@ -374,6 +375,10 @@ class ChatPanel(QWidget):
         seconds = time.perf_counter() - reply.started_at
         speed = reply.num_tokens / seconds if seconds > 0 else 0.0
         self.counter.setText(f"{speed:.1f} tokens/s · " + self._context_text(reply.prompt_tokens + reply.num_tokens))
+
+    def _tool_calls(self, conversation_id: int, calls: list[dict]) -> None:
+        if conversation_id == self.conversation_id and self._streaming_for(conversation_id):
+            self.view.show_reply_calls(calls)
 
     def _reply_finished(self, reply: Reply) -> None:
         r = reply.result

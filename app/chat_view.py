@@ -5,7 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QVBoxLayout, QWidget
 
-from . import theme
+from . import theme, tool_messages
 from .message_widget import MessageWidget
 from .store import Message
 
@@ -41,6 +41,7 @@ class ChatView(QScrollArea):
         self._column.insertWidget(0, self.placeholder)
         self.reply: MessageWidget | None = None
         self._reply_text = ""
+        self._reply_calls: list[dict] = []  # the streaming reply's tool calls so far
         self._render_timer = QTimer(self)
         self._render_timer.setSingleShot(True)
         self._render_timer.setInterval(RENDER_INTERVAL_MS)
@@ -146,12 +147,19 @@ class ChatView(QScrollArea):
     # -- the streaming reply --------------------------------------------------------------------
     def begin_reply(self) -> MessageWidget:
         self._reply_text = ""
+        self._reply_calls = []
         self.reply = self.add_message(Message(-1, "assistant", ""))
         self.reply.note.setText("thinking…")
         return self.reply
 
     def append_reply(self, text: str) -> None:
         self._reply_text += text
+        if not self._render_timer.isActive():
+            self._render_timer.start()
+
+    def show_reply_calls(self, calls: list[dict]) -> None:
+        """The streaming reply's tool calls so far, shown under its text as they grow."""
+        self._reply_calls = calls
         if not self._render_timer.isActive():
             self._render_timer.start()
 
@@ -170,8 +178,9 @@ class ChatView(QScrollArea):
 
     def _render_reply(self) -> None:
         if self.reply is not None:
-            self.reply.set_text(self._reply_text)
-            self.reply.note.setText("writing…")
+            message = Message(-1, "assistant", self._reply_text, {"tool_calls": self._reply_calls})
+            self.reply.set_text(tool_messages.markdown(message) if self._reply_calls else self._reply_text)
+            self.reply.note.setText("calling a tool…" if self._reply_calls else "writing…")
             self.reply_rendered.emit(self._reply_text)
 
     # -- keep the newest text in view unless the user scrolled up to read ----------------------

@@ -13,6 +13,7 @@ in this process instead (a developer's switch: one process to debug; docs/server
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 import time
@@ -62,6 +63,7 @@ class EngineWorker(QObject):
     reply_finished = Signal(object)  # Reply
     reply_failed = Signal(int, str)  # conversation_id, message
     conversation_full = Signal(int)  # conversation_id: its reply_failed, next, is context_policy's ConversationFullError
+    tool_calls = Signal(int, object)  # conversation_id, the reply's tool calls so far (a copy), as they stream
     # with the engine in a child process only:
     prefill_progress = Signal(int, int, int)  # conversation_id, prompt tokens done, total (a long prompt)
     engine_started = Signal(int)  # the engine process's id, for graphs that follow it
@@ -348,7 +350,8 @@ class EngineWorker(QObject):
         self.reply_started.emit(ReplyStarted(cid, fitted.prompt_tokens, fitted.first_kept, fitted.kept_head))
         options = request.options
         fields = {"response_format": options.response_format, "tools": list(options.tools),
-                  "tool_choice": options.tool_choice}
+                  "tool_choice": options.tool_choice,
+                  "on_call": lambda calls: self.tool_calls.emit(cid, copy.deepcopy(calls))}
         if self.remote is not None:
             r = self._reply_from_remote(cid, fitted.messages, sampling, request.cancel, fields)
             self.estimate.learn(fitted.messages, r.prompt_tokens)

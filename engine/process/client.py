@@ -24,6 +24,7 @@ from ..protocol import UNIX_SCHEME
 
 Progress = Callable[[int, int], None]  # prompt tokens read so far, of the whole prompt
 LoadProgress = Callable[[str, int, int], None]  # a load's stage, and bytes of the model loaded of all of them
+ToolCalls = Callable[[list[dict]], None]  # a reply's tool calls so far, as they stream (GenerationResult.tool_calls)
 CONNECT_SECONDS = 10.0
 CANCEL_POLL_SECONDS = 0.1  # how soon a cancel ends a read that waits on a silent server
 
@@ -173,13 +174,14 @@ class RemoteServer:
     def chat(self, messages: list[dict], sampling: SamplingParams, *, model: str | None = None,
              cancel: threading.Event | None = None, progress: Progress | None = None,
              response_format: dict | None = None, tools: list[dict] | None = None,
-             tool_choice: str | dict | None = None) -> "RemoteStream":
+             tool_choice: str | dict | None = None, on_call: ToolCalls | None = None) -> "RemoteStream":
         """A streaming chat reply: iterate for text deltas; `.result` once finished, with the tool calls the reply
-        made (result.tool_calls). response_format, tools and tool_choice as OpenAI's API takes them."""
+        made (result.tool_calls; on_call(calls so far) as each piece of one arrives). response_format, tools and
+        tool_choice as OpenAI's API takes them."""
         extra = {"response_format": response_format, "tools": tools or None, "tool_choice": tool_choice}
         body = {"messages": messages, **sampling_fields(sampling),
                 **{key: value for key, value in extra.items() if value is not None}}
-        return RemoteStream(self, "/v1/chat/completions", body, model, cancel, progress)
+        return RemoteStream(self, "/v1/chat/completions", body, model, cancel, progress, on_call)
 
     def complete(self, prompt: str | list[int], sampling: SamplingParams, *, model: str | None = None,
                  cancel: threading.Event | None = None, progress: Progress | None = None,
@@ -239,8 +241,8 @@ class RemoteStream:
     and frees its blocks."""
 
     def __init__(self, server: RemoteServer, path: str, body: dict, model: str | None,
-                 cancel: threading.Event | None, progress: Progress | None):
-        self.server, self.path, self.cancel, self.progress = server, path, cancel, progress
+                 cancel: threading.Event | None, progress: Progress | None, on_call: ToolCalls | None = None):
+        self.server, self.path, self.cancel, self.progress, self.on_call = server, path, cancel, progress, on_call
         self.body = {**body, **({"model": model} if model else {}), "stream": True,
                      "stream_options": {"include_usage": True}}
         self.chat = path.endswith("/chat/completions")
@@ -326,6 +328,8 @@ class RemoteStream:
         call["id"] = piece.get("id") or call["id"]
         call["function"]["name"] = function.get("name") or call["function"]["name"]  # sent whole, once
         call["function"]["arguments"] += function.get("arguments") or ""
+        if self.on_call is not None:
+            self.on_call(calls)
 
 
 @contextmanager

@@ -18,6 +18,7 @@ class FakeWorker(QObject):
     reply_finished = Signal(object)
     reply_failed = Signal(int, str)
     conversation_full = Signal(int)
+    tool_calls = Signal(int, object)
     prefill_progress = Signal(int, int, int)  # conversation_id, done, total
 
 

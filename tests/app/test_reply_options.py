@@ -56,12 +56,16 @@ def _call_and_answer(app_driver, qtbot, window, files):
     assert chat.reply_options.text() == "Reply: 1 tool (weather-tools.json)"
     counted = []  # the prompt as the app counts it for the context policy
     window.client.worker.reply_started.connect(lambda started: counted.append(started.prompt_tokens))
+    streamed = []  # the call as it arrives, piece by piece
+    window.client.worker.tool_calls.connect(lambda cid, calls: streamed.append(calls[0]["function"]["arguments"]))
     reply = _ask(app_driver, window, "What is the weather in Paris?")
     app_counted = counted[-1]
     assert reply.result.finish_reason == "tool_calls"
     (call,) = reply.result.tool_calls
     assert call["function"]["name"] == "get_weather" and call["id"]
     jsonschema.validate(json.loads(call["function"]["arguments"]), CITY)  # the grammar's doing, not the model's
+    assert len(streamed) > 3 and streamed[-1] == call["function"]["arguments"]
+    assert all(later.startswith(earlier) for earlier, later in zip(streamed, streamed[1:]))  # it grew
     cid = chat.conversation_id
     stored = window.store.messages(cid)[-1]
     assert stored.role == "assistant" and stored.meta["tool_calls"] == [call]
@@ -172,5 +176,7 @@ def test_json_replies_with_the_engine_in_the_apps_process(app_driver, qtbot, tin
     failed = []
     window.client.worker.reply_failed.connect(lambda cid, message: failed.append(message))
     app_driver.send(window, "And the weather?")
-    qtbot.waitUntil(lambda: bool(failed), timeout=app_driver.timeout_ms)
-    assert "tools need the engine in its own process" in failed[0] and chat.send_button.isEnabled()
+    qtbot.waitUntil(lambda: bool(failed), timeout=app_driver.timeout_ms)  # (this lambda runs in the engine's thread)
+    qtbot.waitUntil(chat.error.isVisible, timeout=app_driver.timeout_ms)
+    assert "tools need the engine in its own process" in failed[0] == chat.error.text()
+    assert chat.send_button.isEnabled()

@@ -288,6 +288,18 @@ def write_random_q8_0(path: Path, tokenizer_dir: Path, *, layers: int, hidden: i
     return total
 
 
+def add_byte_level_tokenizer(w: gguf.GGUFWriter, vocab: int, pre: str) -> None:
+    """A `vocab`-token byte-level BPE vocabulary (byte_level_vocab) as a gpt2 tokenizer, bos 0 and eos 1."""
+    tokens, merges = byte_level_vocab(vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.NORMAL] * vocab)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+
+
 def byte_level_vocab(size: int) -> tuple[list[str], list[str]]:
     """`size` byte-level BPE tokens (the 256 bytes, then merges of earlier tokens) and their merges."""
     from tokenizers import pre_tokenizers
@@ -323,14 +335,7 @@ def write_sparse_gguf(path: Path, config: dict, types: dict[str, str], default: 
     w.add_head_count_kv(kv_heads)
     w.add_rope_freq_base(config.get("rope_theta", 10000.0))
     w.add_layer_norm_rms_eps(config.get("rms_norm_eps", 1e-5))
-    tokens, merges = byte_level_vocab(vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("llama-bpe")
-    w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.NORMAL] * vocab)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(1)
+    add_byte_level_tokenizer(w, vocab, "llama-bpe")
     shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,), "output.weight": (vocab, hidden)}
     for i in range(layers):
         shapes |= {f"blk.{i}.attn_norm.weight": (hidden,), f"blk.{i}.ffn_norm.weight": (hidden,),

@@ -273,7 +273,7 @@ def write_sparse_moe_gguf(path: Path, config: dict, default: str = "q4_k", types
     """A real-shape `qwen3moe` GGUF whose tensor data is a hole (gguf_factory._write_sparse): headers, metadata and a
     `vocab_size`-token tokenizer, a few MiB of disk. Returns the tensors' bytes."""
     import gguf
-    from gguf_factory import _write_sparse, add_shape_keys, byte_level_vocab
+    from gguf_factory import _write_sparse, add_byte_level_tokenizer, add_shape_keys
 
     c = config
     hidden, layers, heads, kv_heads, d = (c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
@@ -284,14 +284,7 @@ def write_sparse_moe_gguf(path: Path, config: dict, default: str = "q4_k", types
     w.add_expert_count(experts)
     w.add_expert_used_count(c["num_experts_per_tok"])
     w.add_expert_feed_forward_length(inter)
-    tokens, merges = byte_level_vocab(vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.NORMAL] * vocab)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(1)
+    add_byte_level_tokenizer(w, vocab, "qwen2")
     shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,), "output.weight": (vocab, hidden)}
     for i in range(layers):
         shapes |= {f"blk.{i}.attn_norm.weight": (hidden,), f"blk.{i}.ffn_norm.weight": (hidden,),
@@ -315,7 +308,7 @@ def write_sparse_gpt_oss_gguf(path: Path, config: dict, default: str = "q8_0") -
     """A real-shape `gpt-oss` GGUF (MXFP4 experts, the other matrices `default`, vectors and biases f32) whose tensor
     data is a hole (gguf_factory._write_sparse), with the keys GptOssModel writes. Returns the tensors' bytes."""
     import gguf
-    from gguf_factory import _write_sparse, add_shape_keys, byte_level_vocab
+    from gguf_factory import _write_sparse, add_byte_level_tokenizer, add_shape_keys
 
     c = config
     hidden, layers, heads, kv_heads, d = (c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
@@ -330,14 +323,7 @@ def write_sparse_gpt_oss_gguf(path: Path, config: dict, default: str = "q8_0") -
     w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
     w.add_rope_scaling_factor(32.0)
     w.add_rope_scaling_orig_ctx_len(4096)
-    tokens, merges = byte_level_vocab(vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.NORMAL] * vocab)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(1)
+    add_byte_level_tokenizer(w, vocab, "gpt-2")
     shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,), "output.weight": (vocab, hidden)}
     for i in range(layers):
         b = f"blk.{i}."

@@ -82,6 +82,7 @@ class ModelPicker(QGroupBox):
         self.server_button.setToolTip("Add an OpenAI-compatible server (vLLM, Ray Serve, llama.cpp, Ollama, "
                                       "Stowage): its models join this list")
         self.info = QLabel("No model chosen")
+        self._folder_note = ("", "")  # (a model's path, what to say of the folder it was opened from)
         self.info.setWordWrap(True)
         theme.tint(self.info, "muted")
         self.info.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -108,8 +109,10 @@ class ModelPicker(QGroupBox):
         self.forget_button.clicked.connect(lambda: self.forget_requested.emit(self.combo.currentData().base_url))
 
     def say(self, text: str, error: bool = False) -> None:
+        """The line under the box; while a model opened from a folder of several is chosen, that is said too."""
         theme.tint(self.info, "error" if error else "muted")
-        self.info.setText(text)
+        path, note = self._folder_note
+        self.info.setText(f"{text}\n{note}" if note and path == self.combo.currentData() else text)
 
     # -- local folders ---------------------------------------------------------------------------
     def set_models(self, models: list[ModelEntry]) -> None:
@@ -176,8 +179,8 @@ class ModelPicker(QGroupBox):
                 self.add_folder(str(entry.path), ModelEntry(entry.name, entry.path, "folder", entry.quant).label)
             if found:
                 path = str(found[0].path)  # one GGUF: named after its file, not the folder around it
-                if len(found) > 1:
-                    self.say(f"{target.name} holds {len(found)} GGUF models: all are in the list.")
+                if len(found) > 1:  # said under each line about the first, until another model is chosen
+                    self._folder_note = (path, f"{target.name} holds {len(found)} GGUF models: all are in the list.")
         self.select_model_dir(path)
         self.model_chosen.emit(path)
 

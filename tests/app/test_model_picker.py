@@ -7,7 +7,7 @@ import shutil
 import pytest
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDropEvent
-from PySide6.QtWidgets import QFileDialog
+from PySide6.QtWidgets import QFileDialog, QProxyStyle, QStyle, QStyleOptionComboBox
 
 from stowage.app.model_catalog import ModelEntry
 
@@ -61,10 +61,13 @@ def test_a_folder_of_several_ggufs_lists_every_one_and_opens_the_first(app_drive
     planned_for(window, app_driver, first)
     texts = picker_texts(window)
     assert "Other-Model-F32 (F32)" in texts and "Tiny-Chat-Q8_0 (Q8_0)" in texts
+    # Said under the model's facts (not only until they come): the folder's other model is in the list too.
+    info = window.settings_panel.picker.info.text()
+    assert "Reading" not in info and f"{gguf_pair.name} holds 2 GGUF models" in info
     assert window.error_box is None  # nothing refused, no "choose one by passing its .gguf file"
     window.choose_model(str(gguf_pair))  # the folder itself (remembered from before it held two): the same
     assert window.model_dir == str(first)  # a file is inspected, never the folder the engine would refuse
-    assert "holds 2 GGUF models" in window.settings_panel.picker.info.text() or window.settings_panel.plan.fits
+    assert "holds 2 GGUF models" in window.settings_panel.picker.info.text()
 
 
 def test_dropping_a_gguf_file_or_a_model_folder_on_the_window_opens_it(app_driver, tiny_model_dir, gguf_pair,
@@ -124,11 +127,28 @@ def test_a_long_name_is_elided_in_the_middle_with_the_whole_name_as_tooltip(qtbo
     picker.show()
     picker.combo.setCurrentIndex(1)
     assert picker.combo.toolTip() == f"{name} (Q4_K_M, LM Studio)\n/models/x.gguf"  # all that may be elided
-    grab = picker.combo.grab()  # paints: the elided text fits the box (no crash, no overflow)
-    assert not grab.isNull()
-    metrics = picker.combo.fontMetrics()
-    elided = metrics.elidedText(picker.combo.currentText(), Qt.TextElideMode.ElideMiddle, 150)
-    assert elided.startswith("bartowski") and elided.endswith("LM Studio)")
+
+    class Recording(QProxyStyle):
+        """The style, noting the text each paint gives it to draw as the box's label."""
+
+        labels: list[str] = []
+
+        def drawControl(self, element, option, painter, widget=None):
+            if element == QStyle.ControlElement.CE_ComboBoxLabel:
+                self.labels.append(option.currentText)
+            super().drawControl(element, option, painter, widget)
+
+    style = Recording()
+    picker.combo.setStyle(style)
+    assert not picker.combo.grab().isNull()  # a real paint of the box
+    # What the box draws: the name's start and its quantization, the middle elided, within the box's text field.
+    shown = style.labels[-1]
+    assert shown.startswith("bartowski") and shown.endswith("LM Studio)") and "…" in shown
+    option = QStyleOptionComboBox()
+    picker.combo.initStyleOption(option)
+    field = style.subControlRect(QStyle.ComplexControl.CC_ComboBox, option, QStyle.SubControl.SC_ComboBoxEditField,
+                                 picker.combo)
+    assert picker.combo.fontMetrics().horizontalAdvance(shown) <= field.width()
 
 
 def test_models_added_where_stowage_looks_appear_without_a_restart(app_driver, tiny_model_dir, tmp_path, qtbot,

@@ -51,6 +51,19 @@ def test_a_full_chat_offers_to_drop_old_turns_or_start_anew_and_a_message_can_be
     app_driver.send(window, MEDIUM)  # the third does not fit
     qtbot.waitUntil(lambda: chat.notice.isVisible(), timeout=app_driver.timeout_ms)
     assert chat.error.isVisible() and "context" in chat.error.text()
+
+    # A new chat carrying the system prompt, the message waiting in the input box.
+    chat.notice.button(NEW_CHAT).click()
+    new = chat.conversation_id
+    assert new != cid and window.store.conversation(new).system_prompt == "Answer in French."
+    assert window.conversations.current_id == new and chat.input.toPlainText() == MEDIUM
+    assert chat.system_prompt.prompt == "Answer in French." and window.store.messages(new) == []
+
+    # Or, back in the full chat, forgetting its oldest turns: Regenerate asks again, and the choice is offered again.
+    window.conversations.select(cid)
+    assert not chat.notice.isVisible()
+    qtbot.mouseClick(chat.regenerate_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: chat.notice.isVisible(), timeout=app_driver.timeout_ms)
     reply = app_driver.reply(window, chat.notice.button(DROP_OLDEST).click)
     assert reply.result.prompt_tokens <= 512 and window.store.conversation(cid).overflow_policy == "drop_oldest"
     assert chat.view.memory_marker is not None and not chat.notice.isVisible()
@@ -63,14 +76,6 @@ def test_a_full_chat_offers_to_drop_old_turns_or_start_anew_and_a_message_can_be
     after = window.store.messages(cid)
     assert [m.id for m in after] == [before[0].id] + [m.id for m in before[2:]]
     assert [w.message.id for w in chat.view.widgets] == [m.id for m in after]
-
-    # A new chat carrying the system prompt, the message waiting in the input box.
-    chat._offer_ways_on("overflow")
-    chat.notice.button(NEW_CHAT).click()
-    new = chat.conversation_id
-    assert new != cid and window.store.conversation(new).system_prompt == "Answer in French."
-    assert window.conversations.current_id == new and chat.input.toPlainText() == MEDIUM
-    assert chat.system_prompt.prompt == "Answer in French."
 
 
 def test_regenerating_at_temperature_0_says_it_repeats_and_offers_a_temperature(app_driver, tiny_model_dir, qtbot):

@@ -368,9 +368,12 @@ def _gpt_oss_keys(key: "_Keys", raw: dict) -> dict:
     even layers (llama.cpp's set_swa_pattern(2), as GptOssConfig's layer_types), YaRN (_rope_scaling). llama.cpp
     hard-codes the clamped SwiGLU's alpha 1.702 and limit 7.0, transformers' defaults."""
     layers = raw["num_hidden_layers"]
-    return {"intermediate_size": key.int("expert_feed_forward_length", raw["intermediate_size"]),
-            "sliding_window": key.int("attention.sliding_window"),
-            "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]}
+    out = {"intermediate_size": key.int("expert_feed_forward_length", raw["intermediate_size"]),
+           "sliding_window": key.int("attention.sliding_window"),
+           "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]}
+    if raw["rope_scaling"] is None:  # the file says no YaRN: plain rope, not GptOssConfig's default
+        out["rope_parameters"] = {"rope_type": "default"}
+    return out
 
 
 # llama.cpp hard-codes what Gemma files do not say (src/llama-model.cpp, LLM_ARCH_GEMMA2 / LLM_ARCH_GEMMA3):

@@ -52,6 +52,12 @@ def test_the_metadata_reads_as_config_json(hf, files):
     assert ours.rope.kind == "yarn" and not ours.rope.truncate
 
 
+def test_a_file_without_yarn_keys_rotates_unscaled(hf, tmp_path):
+    path, _ = write_gpt_oss_gguf(hf, tmp_path / "plain.gguf", tmp_path / "plain-hf", "f32", yarn=False)
+    rope = read_config(path).rope
+    assert (rope.kind, rope.attention_factor, rope.theta) == ("default", 1.0, 150000.0)
+
+
 @pytest.mark.parametrize("experts", EXPERTS)
 def test_logits_and_greedy_tokens_match_transformers(files, experts, monkeypatch):
     path, decoded = files[experts]

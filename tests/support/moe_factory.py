@@ -201,7 +201,8 @@ GPT_OSS_LAYER = {"input_layernorm.weight": "attn_norm.weight", "post_attention_l
     f"self_attn.{x}_proj.{kind}": f"attn_{'output' if x == 'o' else x}.{kind}" for x in "qkvo" for kind in ("weight", "bias")}
 
 
-def write_gpt_oss_gguf(model_dir: Path, path: Path, reference_dir: Path, experts: str = "mxfp4") -> tuple[Path, Path]:
+def write_gpt_oss_gguf(model_dir: Path, path: Path, reference_dir: Path, experts: str = "mxfp4", *,
+                       yarn: bool = True) -> tuple[Path, Path]:
     """`model_dir` (a gpt-oss of make_moe_model) as a `gpt-oss` GGUF file with its experts in `experts` (mxfp4, q8_0
     or f32, quantized by gguf-py) and everything else in f32; in `reference_dir` the float32 Hugging Face model
     holding the weights the file does (gguf-py's dequantization). Returns (path, reference_dir)."""
@@ -221,9 +222,10 @@ def write_gpt_oss_gguf(model_dir: Path, path: Path, reference_dir: Path, experts
     w.add_expert_used_count(config["num_experts_per_tok"])
     w.add_expert_feed_forward_length(config["intermediate_size"])
     w.add_sliding_window(config["sliding_window"])
-    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-    w.add_rope_scaling_factor(rope["factor"])
-    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if yarn:  # (without: a file that says its rope is not scaled)
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     w.add_file_type(38 if experts == "mxfp4" else 0)  # MOSTLY_MXFP4_MOE
     add_tokenizer(w, model_dir, config)
     tensors = hf_tensors(model_dir)

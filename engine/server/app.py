@@ -399,7 +399,7 @@ def _tool_replies(req: CompletionRequest, served: Served) -> ToolReplies | None:
         return None
     tokenizer = served.engine.tokenizer
     fmt = format_of(tokenizer.chat_template)
-    ids = {marker: tokenizer.token_id(marker) for marker in (fmt.start, fmt.args, fmt.end) if marker}
+    ids = {marker: tokenizer.token_id(marker) for marker in fmt.markers if marker}
     # special tokens, which decoding drops (Mistral's [TOOL_CALLS]); a token of text (Qwen's <tool_call>) is not one
     special = {marker: i for marker, i in ids.items() if i is not None and not tokenizer.decode([i])}
     return ToolReplies(frozenset(tools.parameters), tools.is_forced, fmt, special=special,

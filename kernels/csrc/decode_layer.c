@@ -96,17 +96,116 @@ static void mlp(const model *m, const matrix *gate, const matrix *up, const matr
     matvecs(down, NULL, NULL, mid, out, lanes);
 }
 
+// ---- a layer of experts ----------------------------------------------------------------------------------
+// A step's chosen (lane, expert) pairs, grouped by expert into units (each expert read once for all its lanes), and
+// per pair the expert's gate/up/act rows and act's prepared forms. Two parallel phases per layer whatever k is:
+// every unit's gate/up rows, then the hidden rows of every unit's down, weighted and summed as they are made (one
+// phase per expert and product kept a thread waiting on the other 2 k times a layer: docs/moe.md).
+
+typedef struct {
+    const matrix *x;  // the expert's gate, up, down
+    int first, n;     // its pairs: PAIRS.order[first .. first + n)
+} expert_unit;
+
+static struct {
+    scratch *s;       // [pairs]: gate, up, act of each pair
+    input *mid;       // [pairs]: act's prepared forms
+    input *unit_in, *unit_mid;  // [pairs] in unit order: the lane's x, the pair's mid
+    scratch **unit_s;           // [pairs] in unit order
+    float *weight;    // [pairs]
+    int *order;         // [pairs]: the pairs in unit order
+    float **out;        // [pairs]
+    ffn_task *task;     // [pairs]: a unit's gate/up task (at its first pair)
+    expert_unit *unit;  // [pairs]
+    int num_units, rows_per_item, items_per_unit;
+    int64_t cap;  // bytes
+} PAIRS;
+
+// PAIRS for `lanes` of m's top_k pairs each; kept and grown, never allocated per step. 0, or -1 without memory.
+static int ensure_pairs(const model *m, int lanes) {
+    int64_t inter = 0;
+    for (int i = 0; i < m->num_layers; i++)
+        if (m->layers[i].experts && m->layers[i].experts[0].rows > inter) inter = m->layers[i].experts[0].rows;
+    if (!inter) return 0;
+    const int64_t n = (int64_t)lanes * m->top_k;
+    // per pair: gate, up, act, d, s (floats); act's bf16 copy; q, r (int8); sum16 (int32); the pointer tables
+    const int64_t per_pair = 4 * (3 * inter + 2 * (inter / 32)) + 2 * inter + 2 * inter + 4 * (inter / 16) +
+                             sizeof(scratch) + 3 * sizeof(input) + sizeof(float) + sizeof(int) +
+                             2 * sizeof(float *) + sizeof(ffn_task) + sizeof(expert_unit) + 64;
+    const int64_t need = n * per_pair + 64;
+    if (PAIRS.cap < need) {
+        free(PAIRS.s);
+        PAIRS.s = malloc((size_t)need);
+        if (!PAIRS.s) {
+            PAIRS.cap = 0;
+            return -1;
+        }
+        PAIRS.cap = need;
+    }
+    char *at = (char *)(PAIRS.s + n);
+#define TAKE(field, count) (PAIRS.field = (void *)at, at += (count) * sizeof(*PAIRS.field))
+    TAKE(mid, n), TAKE(unit_in, n), TAKE(unit_mid, n), TAKE(unit_s, n), TAKE(task, n), TAKE(unit, n), TAKE(out, n),
+        TAKE(weight, n), TAKE(order, n);
+#undef TAKE
+    float *f = (float *)(((uintptr_t)at + 31) & ~(uintptr_t)31);
+    for (int64_t p = 0; p < n; p++) {
+        scratch *s = &PAIRS.s[p];
+        s->gate = f, s->up = f + inter, s->act = f + 2 * inter;
+        s->aq.d = f + 3 * inter, s->aq.s = s->aq.d + inter / 32;
+        s->ab = (uint16_t *)(s->aq.s + inter / 32);
+        s->aq.sum16 = (int32_t *)(s->ab + inter);
+        s->aq.q = (int8_t *)(s->aq.sum16 + inter / 16);
+        s->aq.r = s->aq.q + inter;
+        f = (float *)(s->aq.r + inter);
+        PAIRS.mid[p] = (input){s->act, s->ab, s->aq};
+    }
+    return 0;
+}
+
+// items of a unit's gate/up phase: rows_per_item rows each, a multiple of 32 (act is quantized per 32)
+static void unit_gate_up(void *ctx, int64_t begin, int64_t end) {
+    (void)ctx;
+    for (int64_t item = begin; item < end; item++) {
+        const expert_unit *u = &PAIRS.unit[item / PAIRS.items_per_unit];
+        const int64_t r0 = (item % PAIRS.items_per_unit) * PAIRS.rows_per_item, rows = u->x[0].rows;
+        ffn_chunk(&PAIRS.task[u->first], r0, r0 + PAIRS.rows_per_item < rows ? r0 + PAIRS.rows_per_item : rows);
+    }
+}
+
+#define DOWN_ROWS 64  // a unit's down rows made at a time for its lanes, then weighted into their sums
+
+// hidden rows [begin, end) of every pair's weighted down product, summed into the lanes' o in unit (expert) order
+static void units_down(void *ctx, int64_t begin, int64_t end) {
+    (void)ctx;
+    float tmp[MAX_LANES][DOWN_ROWS], *y[MAX_LANES];
+    for (int b = 0; b < MAX_LANES; b++) y[b] = tmp[b];
+    for (int64_t r0 = begin; r0 < end; r0 += DOWN_ROWS) {
+        const int64_t r1 = r0 + DOWN_ROWS < end ? r0 + DOWN_ROWS : end;
+        for (int i = 0; i < PAIRS.num_units; i++) {
+            const expert_unit *u = &PAIRS.unit[i];
+            input mid[MAX_LANES];
+            for (int j = 0; j < u->n; j++) mid[j] = PAIRS.mid[PAIRS.order[u->first + j]];
+            lane_rows(&u->x[2], r0, r1, mid, y, 0, u->n);
+            for (int j = 0; j < u->n; j++) {
+                const int p = PAIRS.order[u->first + j];
+                float *o = PAIRS.out[p] + r0;
+                const float w = PAIRS.weight[p];
+                for (int64_t r = 0; r < r1 - r0; r++) o[r] += w * tmp[j][r];
+            }
+        }
+    }
+}
+
 // The routed MLP of a layer of experts for `lanes` inputs (x prepared): its sum into each lane's o.
-static void moe(const model *m, const layer *l, const input *in, const input *mid, int lanes) {
+static void moe(const model *m, const layer *l, const input *in, int lanes) {
     const int64_t hidden = m->hidden, ne = m->num_experts;
     const int k = m->top_k;
     float *logits[MAX_LANES];
     int chosen[MAX_LANES][MAX_TOPK];
-    float weight[MAX_LANES][MAX_TOPK];
     for (int b = 0; b < lanes; b++) logits[b] = LANES[b].logits;
     matvecs(&l->router, NULL, NULL, in, logits, lanes);
     for (int b = 0; b < lanes; b++) {
-        float *p = logits[b], top = p[0], sum = 0.0f;
+        float *p = logits[b], top = p[0], sum = 0.0f, *weight = PAIRS.weight + b * k;
         for (int64_t e = 1; e < ne; e++) top = p[e] > top ? p[e] : top;
         // softmax_after_topk (gpt-oss): the top-k of the logits themselves, then a softmax over those k
         if (!m->softmax_after_topk)
@@ -120,32 +219,40 @@ static void moe(const model *m, const layer *l, const input *in, const input *mi
                 if (!taken && (best < 0 || p[e] > p[best])) best = (int)e;
             }
             chosen[b][j] = best;
-            weight[b][j] = m->softmax_after_topk ? expf(p[best] - top) : p[best] / sum;
-            chosen_sum += weight[b][j];
+            weight[j] = m->softmax_after_topk ? expf(p[best] - top) : p[best] / sum;
+            chosen_sum += weight[j];
         }
         if (m->norm_topk || m->softmax_after_topk)
-            for (int j = 0; j < k; j++) weight[b][j] /= chosen_sum;
-        memset(LANES[b].moe, 0, (size_t)hidden * 4);
+            for (int j = 0; j < k; j++) weight[j] /= chosen_sum;
+        memset(LANES[b].o, 0, (size_t)hidden * 4);
     }
-    // each expert once, for every lane that chose it
+    // the units, in expert order: each chosen expert once, with every lane that chose it; a unit's lanes' inputs,
+    // act buffers and scratch side by side, as ffn_chunk takes them
+    int n = 0, units = 0;
     for (int64_t e = 0; e < ne; e++) {
-        input sub_in[MAX_LANES], sub_mid[MAX_LANES];
-        scratch *sub[MAX_LANES];
-        float *out[MAX_LANES], w[MAX_LANES];
-        int n = 0;
+        const int first = n;
         for (int b = 0; b < lanes; b++)
             for (int j = 0; j < k; j++)
                 if (chosen[b][j] == e) {
-                    sub_in[n] = in[b], sub_mid[n] = mid[b], sub[n] = &LANES[b], out[n] = LANES[b].o;
-                    w[n++] = weight[b][j];
+                    const int p = b * k + j;
+                    PAIRS.order[n] = p, PAIRS.out[p] = LANES[b].o;
+                    PAIRS.unit_in[n] = in[b], PAIRS.unit_mid[n] = PAIRS.mid[p], PAIRS.unit_s[n] = &PAIRS.s[p];
+                    n++;
                 }
-        if (!n) continue;
-        const matrix *x = &l->experts[3 * e];
-        mlp(m, &x[0], &x[1], &x[2], sub_in, sub_mid, sub, out, n);
-        for (int i = 0; i < n; i++)
-            for (int64_t r = 0; r < hidden; r++) sub[i]->moe[r] += w[i] * sub[i]->o[r];
+        if (n == first) continue;
+        expert_unit *u = &PAIRS.unit[units++];
+        *u = (expert_unit){&l->experts[3 * e], first, n - first};
+        PAIRS.task[first] = (ffn_task){&u->x[0], &u->x[1], PAIRS.unit_in + first, m, PAIRS.unit_mid + first,
+                                       PAIRS.unit_s + first, u->n};
     }
-    for (int b = 0; b < lanes; b++) memcpy(LANES[b].o, LANES[b].moe, (size_t)hidden * 4);
+    PAIRS.num_units = units;
+    const int64_t inter = l->experts[0].rows;
+    int g = 128;
+    while (g > 32 && inter % g) g -= 32;
+    PAIRS.rows_per_item = inter % g ? (int)inter : g;
+    PAIRS.items_per_unit = (int)((inter + PAIRS.rows_per_item - 1) / PAIRS.rows_per_item);
+    parallel(unit_gate_up, NULL, (int64_t)units * PAIRS.items_per_unit, 1);
+    parallel(units_down, NULL, hidden, grain_for(hidden));
 }
 
 static void rotate(float *x, const float *cos, const float *sin, int half) {
@@ -221,7 +328,7 @@ static void layer_step(const model *m, const layer *l, int lanes, const int32_t 
         prepare(&in[b], hidden);
     }
     if (l->experts) {
-        moe(m, l, in, din, lanes);
+        moe(m, l, in, lanes);
     } else {
         scratch *s[MAX_LANES];
         for (int b = 0; b < lanes; b++) s[b] = &LANES[b];
@@ -256,7 +363,7 @@ static void store_h(const scratch *s, void *h, int32_t type, int64_t n) {
 // be allocated or lanes is out of range.
 static int layers_batch(const model *m, int first, int last, int lanes, void *h, int32_t h_type,
                         const int64_t *positions, const int32_t *const *block_tables) {
-    if (lanes < 1 || lanes > MAX_LANES || ensure_scratch(m, lanes) != 0) return -1;
+    if (lanes < 1 || lanes > MAX_LANES || ensure_scratch(m, lanes) != 0 || ensure_pairs(m, lanes) != 0) return -1;
     const int64_t row_bytes = (int64_t)m->hidden * (h_type == W_F32 ? 4 : 2);
     const int32_t *tables[MAX_LANES];
     for (int b = 0; b < lanes; b++) load_h(&LANES[b], (const char *)h + b * row_bytes, h_type, m->hidden);

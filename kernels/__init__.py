@@ -28,14 +28,13 @@ def forced_reference() -> bool:
     return os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0")
 
 
-def attention_ops(device: torch.device | str, *, sinks: bool = False) -> ModuleType:
-    """The attention implementation that runs on `device` (also asked when planning for a GPU not present).
-    Attention sinks (gpt-oss): the native CPU kernel and the reference have them, the Triton kernels not yet."""
+def attention_ops(device: torch.device | str) -> ModuleType:
+    """The attention implementation that runs on `device` (also asked when planning for a GPU not present)."""
     torch, cpu_attention, reference = _torch_modules()
     device = torch.device(device)
     if device.type == "cpu":  # the cache read in place in C where the native library is, else the reference
         return cpu_attention if cpu_decode.current() is not None else reference
-    if device.type != "cuda" or forced_reference() or sinks:
+    if device.type != "cuda" or forced_reference():
         return reference
     return _cuda_ops(device.index)
 

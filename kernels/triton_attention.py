@@ -35,36 +35,31 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.
 
 def decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, k_scale=1.0, v_scale=1.0, *,
                      window=None, softcap=None, sinks=None):
-    """One new query token per sequence attends to its cached context, its last `window` tokens when set (Triton;
-    the reference for attention sinks, which the kernels do not have yet: kernels.attention_ops never sends them)."""
-    if sinks is not None or _fp8_unsupported(k_cache):
-        return reference.decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, k_scale,
-                                          v_scale, window=window, softcap=softcap, sinks=sinks)
-    return _kernel("triton_decode").decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale,
-                                                     k_scale, v_scale, window=window, softcap=softcap)
+    """One new query token per sequence attends to its cached context, its last `window` tokens when set (Triton);
+    `sinks` [num_heads] (gpt-oss) join each head's softmax."""
+    ops = reference if _fp8_unsupported(k_cache) else _kernel("triton_decode")
+    return ops.decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale,
+                                window=window, softcap=softcap, sinks=sinks)
 
 
 def prefill_attention(query, k_cache, v_cache, block_table, start_pos, scale, k_scale=1.0, v_scale=1.0, *,
                       window=None, softcap=None, sinks=None):
-    """A chunk of new tokens (their K/V already written) attends causally to the cache (Triton; sinks: the
-    reference)."""
-    if sinks is not None or _fp8_unsupported(k_cache):
-        return reference.prefill_attention(query, k_cache, v_cache, block_table, start_pos, scale, k_scale, v_scale,
-                                           window=window, softcap=softcap, sinks=sinks)
-    return _kernel("triton_prefill").prefill_attention(query, k_cache, v_cache, block_table, start_pos, scale,
-                                                       k_scale, v_scale, window=window, softcap=softcap)
+    """A chunk of new tokens (their K/V already written) attends causally to the cache (Triton)."""
+    ops = reference if _fp8_unsupported(k_cache) else _kernel("triton_prefill")
+    return ops.prefill_attention(query, k_cache, v_cache, block_table, start_pos, scale, k_scale, v_scale,
+                                 window=window, softcap=softcap, sinks=sinks)
 
 
 def workspace_bytes(*, num_tokens: int, context_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int,
                     dtype: torch.dtype, cache_dtype: torch.dtype, block_size: int, num_seqs: int = 1,
-                    window: int | None = None, softcap: float | None = None) -> int:
-    """Peak bytes one call allocates: its output, and for a long decode the split-K partials (fp32 output and
-    log-sum-exp per split). Prefill streams K/V through registers and allocates only its output. An fp8 cache on
+                    window: int | None = None, softcap: float | None = None, sinks: bool = False) -> int:
+    """Peak bytes one call allocates: its output (with sinks, their float32 copy), and for a long decode the split-K
+    partials (fp32 output and log-sum-exp per split). Prefill streams K/V through registers and allocates only its output. An fp8 cache on
     a pre-Ada GPU falls back to the reference, which the planner does not model: plan with an fp16 cache there.
     A window cuts the keys a decode step splits to the window; a softcap works in registers."""
     n = min(num_tokens, context_tokens)
     keys = context_tokens if window is None else min(context_tokens, window)
-    out = num_seqs * n * num_heads * head_dim * dtype.itemsize
+    out = num_seqs * n * num_heads * head_dim * dtype.itemsize + sinks * num_heads * 4
     if n > 1 or keys < 2 * MIN_SPLIT_TOKENS:
         return out
     splits = min(keys // MIN_SPLIT_TOKENS, MAX_SPLITS)  # the most choose_num_splits picks

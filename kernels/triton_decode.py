@@ -36,6 +36,7 @@ def _decode_kernel(
     out_ptr,
     part_out_ptr,
     part_lse_ptr,
+    sinks_ptr,  # [num_heads] float32 (when HAS_SINKS): a logit per head in every softmax, no value (gpt-oss)
     qk_scale,  # softmax scale * k_scale * log2(e): scores go straight into exp2 (without log2(e) when soft-capped)
     v_scale,
     split_tokens,
@@ -66,6 +67,7 @@ def _decode_kernel(
     IS_SPLIT: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     K_QUANT: tl.constexpr,  # load_rows' QUANT of each cache: 0 float, 1 q8_0, 2 q4_0
@@ -94,6 +96,11 @@ def _decode_kernel(
 
     m_i = tl.full([G_PAD], float("-inf"), dtype=tl.float32)  # running max (log2 units)
     l_i = tl.zeros([G_PAD], dtype=tl.float32)  # running sum of exp2
+    if HAS_SINKS:  # the first split starts from each head's sink (the merge of splits then counts it once)
+        sink = tl.load(sinks_ptr + heads, mask=g < GROUP, other=float("-inf")) * LOG2E
+        sink = tl.where(split == 0, sink, float("-inf"))
+        m_i = sink
+        l_i = tl.where(sink > float("-inf"), 1.0, 0.0)
     acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     for t0 in range(start, end, TILE):
@@ -195,6 +202,7 @@ def decode_attention(
     *,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,  # [num_heads]: gpt-oss's attention sinks
     num_splits: int | None = None,  # None: chosen from the shapes (see choose_num_splits)
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """One new query token per sequence attends to its cached context (its last `window` tokens when set)."""
@@ -237,6 +245,7 @@ def decode_attention(
         out,
         part_out,
         part_lse,
+        sinks.to(torch.float32).contiguous() if sinks is not None else out,  # (unread without sinks)
         float(scale) * float(k_scale) * (1.0 if softcap is not None else LOG2E),
         float(v_scale),
         split_tokens,
@@ -265,6 +274,7 @@ def decode_attention(
         IS_SPLIT=num_splits > 1,
         HAS_WINDOW=window is not None,
         HAS_SOFTCAP=softcap is not None,
+        HAS_SINKS=sinks is not None,
         DOT_FP32=dot_fp32,
         DOT_PRECISION="ieee" if dot_fp32 else "tf32",
         K_QUANT=quant_code(k_cache),

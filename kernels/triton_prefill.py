@@ -26,6 +26,7 @@ def _prefill_kernel(
     v_cache_ptr,
     table_ptr,
     out_ptr,
+    sinks_ptr,  # [num_heads] float32 (when HAS_SINKS): a logit per head in every softmax, no value (gpt-oss)
     qk_scale,  # softmax scale * k_scale * log2(e)
     v_scale,
     num_new,
@@ -51,6 +52,7 @@ def _prefill_kernel(
     TILE: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     K_QUANT: tl.constexpr,  # load_rows' QUANT of each cache: 0 float, 1 q8_0, 2 q4_0
@@ -73,6 +75,9 @@ def _prefill_kernel(
 
     m_i = tl.full([BLOCK_M * G_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M * G_PAD], dtype=tl.float32)
+    if HAS_SINKS:  # each row starts from its head's sink
+        m_i = tl.load(sinks_ptr + heads, mask=row_ok, other=float("-inf")) * LOG2E
+        l_i = tl.where(row_ok, 1.0, 0.0)
     acc = tl.zeros([BLOCK_M * G_PAD, D_PAD], dtype=tl.float32)
     # Keys past this program's last token are masked for every row: stop there (causal).
     end = tl.minimum(start_pos + num_new, start_pos + (m_block + 1) * BLOCK_M)
@@ -129,6 +134,7 @@ def prefill_attention(
     *,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,  # [num_heads]: gpt-oss's attention sinks
 ) -> torch.Tensor:  # [num_new, num_heads, head_dim]
     """A chunk of new tokens (their K/V already written) attends causally to the cache (its last `window` tokens)."""
     num_new, num_heads, head_dim = query.shape
@@ -152,6 +158,7 @@ def prefill_attention(
         v_cache,
         block_table,
         out,
+        sinks.to(torch.float32).contiguous() if sinks is not None else out,  # (unread without sinks)
         float(scale) * float(k_scale) * (1.0 if softcap is not None else LOG2E),
         float(v_scale),
         num_new,
@@ -172,6 +179,7 @@ def prefill_attention(
         TILE=TILE_N,
         HAS_WINDOW=window is not None,
         HAS_SOFTCAP=softcap is not None,
+        HAS_SINKS=sinks is not None,
         DOT_FP32=dot_fp32,
         DOT_PRECISION="ieee" if dot_fp32 else "tf32",
         K_QUANT=quant_code(k_cache),

@@ -153,10 +153,6 @@ class _Costs:
         chunk, num_seqs = min(self.chunk, context_tokens), self.request.num_seqs
         return tuple(self.kv_spec.layer_bytes(context_tokens, num_seqs, window=w, chunk=chunk) for w in self.windows)
 
-    def attention(self, device: str):
-        """The attention ops that will run on `device` (gpt-oss's sinks: the reference, kernels.attention_ops)."""
-        return attention_ops(device, sinks=self.info.config.attention_sinks)
-
     def head_bytes(self, device: str, embed_device: str) -> int:
         # tied: the head is the embedding tensor, already counted where the embedding lives
         shared = self.info.tied_embeddings and device == embed_device
@@ -165,7 +161,7 @@ class _Costs:
     def workspace(self, device: str, context_tokens: int, *, runs_layers: bool, holds_head: bool,
                   holds_embed: bool, runs_experts: bool = False) -> Workspace:
         return device_workspace(
-            self.info.config, self.attention(device), device_type="cuda" if device.startswith("cuda") else "cpu",
+            self.info.config, attention_ops(device), device_type="cuda" if device.startswith("cuda") else "cpu",
             runs_layers=runs_layers, holds_head=holds_head, holds_embed=holds_embed, runs_experts=runs_experts,
             context_tokens=context_tokens,
             chunk=self.chunk, dtype=self.dtype, cache_dtype=kv_dtypes(self.kv_dtype)[0], block_size=self.request.block_size,
@@ -258,7 +254,7 @@ def _device_plan(costs: _Costs, budget: DeviceBudget, layers: tuple[int, ...], k
                          holds_embed=holds_embed, runs_experts=bool(experts))
     kv_bytes = sum(kv[i] for i in layers)
     return DevicePlan(budget.device, budget.name, layers, weights, kv_bytes, ws, budget.budget_bytes,
-                      budget.reserve_bytes, holds, costs.attention(budget.device).NAME if layers else "",
+                      budget.reserve_bytes, holds, attention_ops(budget.device).NAME if layers else "",
                       experts, expert_bytes, read)
 
 

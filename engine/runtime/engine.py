@@ -91,8 +91,7 @@ class Engine:
         devices = {name: torch.device((simulate or {}).get(name, name)) for name in names}
         layer_devices = [devices[d] for d in plan.layer_devices]
         for name in set(plan.layer_devices):
-            cls._check_kernel(plan, name, devices[name], simulated=name in (simulate or {}),
-                              sinks=config.attention_sinks)
+            cls._check_kernel(plan, name, devices[name], simulated=name in (simulate or {}))
         dtype = COMPUTE[plan.dtype]
         converted = converted_names(layout, specs, plan.dtype, forced=plan.forced_dtype is not None)
         k_dtype, v_dtype = kv_dtypes(plan.kv_dtype)
@@ -127,9 +126,9 @@ class Engine:
         return cls(model_dir, layout, tokenizer, model, cache, plan, checkpoint, devices)
 
     @staticmethod
-    def _check_kernel(plan: Plan, name: str, device: torch.device, simulated: bool, sinks: bool = False) -> None:
+    def _check_kernel(plan: Plan, name: str, device: torch.device, simulated: bool) -> None:
         # The planner charged the workspace of the kernel it expected on this device; the same must run.
-        planned, running = plan.device(name).attention, attention_ops(device, sinks=sinks).NAME
+        planned, running = plan.device(name).attention, attention_ops(device).NAME
         if planned != running and not simulated:
             raise InsufficientMemoryError(
                 f"the plan charged {name} for the {planned!r} attention kernel, but {running!r} would run there "

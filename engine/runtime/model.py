@@ -105,10 +105,7 @@ class Transformer:
 
     def attention_kernels(self) -> dict[str, str]:
         """The attention implementation each device's layers run, by the plan's device name."""
-        return {layer.label: self._attention_ops(layer.device).NAME for layer in self.layers}
-
-    def _attention_ops(self, device: torch.device):
-        return attention_ops(device, sinks=self.config.attention_sinks)  # sinks: the reference alone
+        return {layer.label: attention_ops(layer.device).NAME for layer in self.layers}
 
     @torch.inference_mode()
     def forward(self, token_ids: list[int], seq: Sequence, cache: KVCache, all_logits: bool = False) -> torch.Tensor:
@@ -137,7 +134,7 @@ class Transformer:
             step = steps.get(dev)
             if step is None:
                 cos, sin = self.rotary.get(positions, dev, self.dtype)
-                step = steps[dev] = StepInputs(self._attention_ops(dev), cos, sin, slots.to(dev), block_table.to(dev),
+                step = steps[dev] = StepInputs(attention_ops(dev), cos, sin, slots.to(dev), block_table.to(dev),
                                                context_lens.to(dev), local=self._local(positions, dev))
             h = self._layer(i, layer, h.to(dev), start, step, cache)
         if stop < len(self.layers):
@@ -171,7 +168,7 @@ class Transformer:
             dev = layer.device
             if dev not in steps:
                 cos, sin = self.rotary.get(positions, dev, self.dtype)
-                steps[dev] = StepInputs(self._attention_ops(dev), cos, sin, slots.to(dev), None, context_lens.to(dev),
+                steps[dev] = StepInputs(attention_ops(dev), cos, sin, slots.to(dev), None, context_lens.to(dev),
                                         block_tables.to(dev), self._local(positions, dev))
             h = self._layer(i, layer, h.to(dev), 0, steps[dev], cache)
         if stop < len(self.layers):

@@ -22,6 +22,7 @@ def test_switching_chats_frees_the_message_widgets_it_replaced(app_driver, tiny_
     from stowage.app import theme
 
     window = app_driver.open(tiny_model_dir)
+    app_driver.wait_planned(window)  # the model's facts and plan said: no label is tinted for the first time later
     store = window.store
     chats = []
     for c in range(2):

@@ -29,9 +29,9 @@ from ..errors import (GenerationCancelled, InsufficientMemoryError, InvalidArgum
                       StowageError, UnsupportedModelError, WeightsChangedError)
 from ..runtime.generation import GenerationResult, TokenEvent
 from ..planning.report import summary, to_dict
-from ..text import grammar
+from ..text import grammar, harmony
 from ..text.tool_calls import format_of
-from .responses import Reply, ToolReplies, listed_model, model_object, sse
+from .responses import HarmonyReplies, Reply, ToolReplies, listed_model, model_object, sse
 from .schemas import ApiError, CompletionRequest, LoadRequest, parse_chat, parse_completion, parse_load
 from ..serving.scheduler import PrefillProgress, Scheduler, ServerBusyError
 from .guards import RETRY_AFTER_SECONDS, stack
@@ -316,7 +316,9 @@ class _Api:
         # max_tokens past the context is not cut to it: the reply ends where the context is full, with the engine's
         # "context_full" (OpenAI's "length"), and a reply of exactly max_tokens that also fills it says "length"
         sampling = req.sampling(req.max_tokens or room)
-        tools = _tool_replies(req, served)
+        tools, channels = _tool_replies(req, served), _channels(served.engine.tokenizer) if chat else None
+        if channels is not None and tools is not None and not tools.is_forced:
+            tools = None  # gpt-oss writes its calls on a channel of its own: read from there, not constrained
         if req.grammar is not None or tools is not None:
             # the tokenizer's view for llguidance is built once per model; a call grammar compiled: off the loop
             try:
@@ -335,7 +337,7 @@ class _Api:
         except StowageError as e:  # shutting down, or the model is being replaced
             served.untrack(cancel)
             raise ApiError(503, str(e), type="server_error") from None
-        reply = Reply(served.name, chat=chat, include_usage=req.include_usage, tools=tools)
+        reply = Reply(served.name, chat=chat, include_usage=req.include_usage, tools=tools, channels=channels)
         if req.stream:
             return _CancelWhenDone(self._stream(reply, events), cancel, lambda: served.untrack(cancel))
         try:
@@ -404,6 +406,17 @@ def _tool_replies(req: CompletionRequest, served: Served) -> ToolReplies | None:
     special = {marker: i for marker, i in ids.items() if i is not None and not tokenizer.decode([i])}
     return ToolReplies(frozenset(tools.parameters), tools.is_forced, fmt, special=special,
                        decode_all=partial(tokenizer.decode, skip_special_tokens=False))
+
+
+def _channels(tokenizer) -> HarmonyReplies | None:
+    """How a gpt-oss reply's channels are read: its template writes harmony's markers, special tokens of its
+    vocabulary; None for every other model."""
+    if harmony.CHANNEL not in (tokenizer.chat_template or ""):
+        return None
+    markers = {tokenizer.token_id(m): m for m in harmony.MARKERS}
+    if None in markers or len(markers) != len(harmony.MARKERS):
+        return None
+    return HarmonyReplies(markers, partial(tokenizer.decode, skip_special_tokens=False))
 
 
 def _grammar(req: CompletionRequest, served: Served, tools: ToolReplies | None) -> grammar.Grammar | None:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..runtime.generation import GenerationResult, TokenEvent
+from ..text import harmony
 from ..text.tool_calls import ForcedCallStream, ReplyStream, ToolCall, ToolFormat, parse
 
 # The engine's reasons, in OpenAI's words: a reply cut by the context is cut for length, as by max_tokens.
@@ -59,6 +60,19 @@ class ToolReplies:
         return result.text
 
 
+@dataclass(frozen=True)
+class HarmonyReplies:
+    """How a gpt-oss chat reply is read (engine/text/harmony.py): its channels' markers are special tokens, which
+    decoding drops, so each is put back by its id; the analysis channel is `reasoning_content`, the final one
+    `content`, a commentary message to `functions.NAME` a tool call."""
+
+    markers: dict[int, str]  # token id -> marker text
+    decode_all: Callable[[list[int]], str]  # token ids to text, special tokens kept
+
+    def text(self, event: TokenEvent) -> str:
+        return self.markers.get(event.token_id, event.text)
+
+
 def call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
@@ -67,15 +81,21 @@ class Reply:
     """The objects of one reply, for chat (`chat.completion`) or text (`text_completion`); with tools, the reply's
     text read as content and tool calls."""
 
-    def __init__(self, model: str, *, chat: bool, include_usage: bool = False, tools: ToolReplies | None = None):
+    def __init__(self, model: str, *, chat: bool, include_usage: bool = False, tools: ToolReplies | None = None,
+                 channels: HarmonyReplies | None = None):
         self.model, self.chat, self.include_usage = model, chat, include_usage
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.tools = tools if tools is not None and tools.names else None
         self.forced = ForcedCallStream() if self.tools is not None and self.tools.is_forced else None
-        self.auto = ReplyStream(tools.format, set(tools.names)) if self.tools and not self.forced else None
+        # a gpt-oss reply's channels (a forced call or a schema leaves none: the grammar writes the reply alone)
+        self.channels = channels if chat and channels is not None and self.forced is None else None
+        self.harmony = harmony.HarmonyStream() if self.channels is not None else None
+        self.auto = ReplyStream(tools.format, set(tools.names)) if self.tools and not self.forced \
+            and self.harmony is None else None
         self.forced_id: str | None = None
         self.num_calls = 0  # tool calls streamed
+        self._call_ids: dict[int, str] = {}  # a harmony message's index -> the id of the call it is
 
     def _object(self, kind: str, choices: list[dict], **extra) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices,
@@ -91,6 +111,8 @@ class Reply:
                 message = {"role": "assistant", "content": content or None,
                            "tool_calls": [_call_object(call_id(), c) for c in calls]}
                 finish = "tool_calls" if finish == "stop" else finish
+            if self.harmony is not None:
+                message["reasoning_content"] = harmony.parse(self.channels.decode_all(result.token_ids)).reasoning
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
             return self._object("chat.completion", [choice], usage=usage(result))
         choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": finish}
@@ -122,6 +144,9 @@ class Reply:
             forced.feed(result.text)
             call = forced.call()
             return ("", [call]) if call is not None else (result.text, [])
+        if self.harmony is not None:
+            read = harmony.parse(self.channels.decode_all(result.token_ids))
+            return read.content, [ToolCall(name, arguments) for name, arguments in read.tool_calls]
         if self.auto is not None:
             return parse(self.tools.whole(result), self.tools.format, set(self.tools.names))
         return result.text, []
@@ -138,6 +163,8 @@ class Reply:
             if arguments:
                 out.append(self._call_chunk({"index": 0, "function": {"arguments": arguments}}))
             return out
+        if self.harmony is not None:
+            return self._channel_chunks(self.harmony.feed(self.channels.text(event)))
         if self.auto is not None:
             text = event.text
             if event.token_id == self.tools.marker_id and self.tools.format.start not in text:
@@ -149,7 +176,9 @@ class Reply:
     def end_chunks(self, result: GenerationResult) -> list[dict]:
         """The chunks that close a stream: a call's held tail or the calls of `auto`, then the finish chunk."""
         out = []
-        if self.auto is not None:
+        if self.harmony is not None:
+            out = self._channel_chunks(self.harmony.close())
+        elif self.auto is not None:
             content, calls = self.auto.finish(self.tools.whole(result))
             if content:
                 out.append(self.chunk(content))
@@ -163,10 +192,35 @@ class Reply:
                 out.append(self._call_chunk({"index": 0, "function": {"arguments": tail}}))
         return [*out, self.last_chunk(result)]
 
-    def _call_chunk(self, call: dict) -> dict:
+    def _channel_chunks(self, deltas: list[harmony.Delta]) -> list[dict]:
+        """A gpt-oss reply's new text, by channel: reasoning, content, or the pieces of a tool call."""
+        out = []
+        for d in deltas:
+            message = self.harmony.reply.messages[d.index]
+            if message.is_tool_call:
+                call = {"index": self._call_index(d.index), "function": {"arguments": d.text}}
+                if d.index not in self._call_ids:  # its first piece: the id and the name, as OpenAI streams them
+                    self._call_ids[d.index] = call_id()
+                    call = {**call, "id": self._call_ids[d.index], "type": "function",
+                            "function": {"name": message.recipient.removeprefix("functions."), "arguments": d.text}}
+                    self.num_calls = len(self._call_ids)
+                out.append(self._call_chunk(call))
+            elif message.channel == harmony.REASONING:
+                out.append(self._delta_chunk({"reasoning_content": d.text}))
+            else:
+                out.append(self.chunk(d.text))
+        return out
+
+    def _call_index(self, message_index: int) -> int:
+        return list(self._call_ids).index(message_index) if message_index in self._call_ids else len(self._call_ids)
+
+    def _delta_chunk(self, delta: dict) -> dict:
         extra = {"usage": None} if self.include_usage else {}
-        choice = {"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
         return self._object("chat.completion.chunk", [choice], **extra)
+
+    def _call_chunk(self, call: dict) -> dict:
+        return self._delta_chunk({"tool_calls": [call]})
 
     def progress_chunk(self, done_tokens: int, prompt_tokens: int) -> dict:
         """An empty chunk that says how much of a long prompt is read, under "stowage" (clients ignore it)."""

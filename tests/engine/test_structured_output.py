@@ -16,6 +16,7 @@ import pytest
 from factory import cpu_plan
 from gguf_factory import gemma_vocab
 from processes import served
+from schemas import SCHEMAS
 from scheduler_log import Log
 
 from stowage.engine.runtime.engine import Engine
@@ -26,29 +27,6 @@ from stowage.engine.text.gguf_tokenizer import tokenizer_from_gguf
 
 DEMO = Path(__file__).resolve().parents[2] / "assets" / "demo-model"
 ASK = [{"role": "user", "content": "Describe the model you would pick as JSON."}]
-
-SCHEMAS = {
-    "enums and ranges": {
-        "type": "object", "additionalProperties": False, "required": ["size", "layers", "ratio"],
-        "properties": {"size": {"enum": ["small", "medium", "large"]},
-                       "layers": {"type": "integer", "minimum": 1, "maximum": 80},
-                       "ratio": {"type": "number", "minimum": 0, "maximum": 1}}},
-    "arrays with min and max items": {
-        "type": "object", "additionalProperties": False, "required": ["tags"],
-        "properties": {"tags": {"type": "array", "minItems": 2, "maxItems": 3,
-                                "items": {"type": "string", "maxLength": 12}}}},
-    "nested objects": {
-        "type": "object", "additionalProperties": False, "required": ["model", "plan"],
-        "properties": {"model": {"type": "string", "maxLength": 20},
-                       "plan": {"type": "object", "additionalProperties": False, "required": ["fits", "devices"],
-                                "properties": {"fits": {"type": "boolean"},
-                                               "devices": {"type": "array", "maxItems": 2, "items": {
-                                                   "type": "object", "additionalProperties": False,
-                                                   "required": ["name", "gib"],
-                                                   "properties": {"name": {"enum": ["cpu", "cuda:0"]},
-                                                                  "gib": {"type": "integer", "minimum": 0,
-                                                                          "maximum": 64}}}}}}}},
-}
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ class FakeEngine:
 
 
 class FakeTokenizer:
-    def apply_chat_template(self, messages, add_generation_prompt=True):
+    def apply_chat_template(self, messages, add_generation_prompt=True, tools=None):
         return [1, 2, 3]
 
 

@@ -28,7 +28,7 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 from tokenizers import Tokenizer as HFTokenizer
 
 from ..errors import ModelFormatError, UnsupportedModelError
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, _rust_errors
 
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -38,6 +38,15 @@ _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?
            r"|\s+(?!\S)|\s+")
 _QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
           r"|\s+(?!\S)|\s+")
+
+# GPT-4o's o200k split (gpt-oss, Llama 4): upper- and lower-case runs apart, contractions as a word's suffix
+_O200K = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+          r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Mistral's Tekken (Nemo, Small 3.x): o200k's without the contractions, one digit at a time
+_TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+           r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def _split_then_bytes(regex: str) -> pre_tokenizers.PreTokenizer:
@@ -61,6 +70,9 @@ PRE_TOKENIZERS = {
     "qwen2": (lambda: _split_then_bytes(_QWEN2), normalizers.NFC, False),
     "deepseek-r1-qwen": (lambda: _split_then_bytes(_QWEN2), normalizers.NFC, False),
     "smollm": (_smollm, None, False),
+    "gpt-4o": (lambda: _split_then_bytes(_O200K), None, False),  # gpt-oss
+    "llama4": (lambda: _split_then_bytes(_O200K), None, False),
+    "tekken": (lambda: _split_then_bytes(_TEKKEN), None, False),
     "gpt-2": (_gpt2, None, False),
     "default": (_gpt2, None, False),
 }
@@ -231,11 +243,10 @@ def _byte_level_bpe(metadata: Mapping, tokens: list[str], name: str) -> HFTokeni
             raise ModelFormatError(f"{name}: merge {merge!r} is not two tokens separated by a space")
         pairs.append((left, right))
     pre_tokenizer, normalizer, ignore_merges = PRE_TOKENIZERS[pre]
-    try:
+    # the library panics (a BaseException) on a merge whose result is not a token: a format error too
+    with _rust_errors(f"{name}: the vocabulary and merges do not make a BPE model"):
         tok = HFTokenizer(models.BPE(_vocab(tokens), pairs, ignore_merges=ignore_merges, fuse_unk=False,
                                      byte_fallback=False))
-    except Exception as e:
-        raise ModelFormatError(f"{name}: the vocabulary and merges do not make a BPE model ({e})") from e
     tok.pre_tokenizer = pre_tokenizer()
     if normalizer is not None:
         tok.normalizer = normalizer()

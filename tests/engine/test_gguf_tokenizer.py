@@ -17,7 +17,7 @@ from tokenizers.models import BPE
 
 gguf = pytest.importorskip("gguf")
 from transformers import AutoTokenizer, GPT2Tokenizer, Qwen2Tokenizer  # noqa: E402
-from transformers.integrations.gguf.gguf_tokenizer_mapping import _LLAMA3_SPLIT  # noqa: E402
+from transformers.integrations.gguf.gguf_tokenizer_mapping import _GPT4O_SPLIT, _LLAMA3_SPLIT, _TEKKEN_SPLIT  # noqa: E402,E501
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_SPLIT  # noqa: E402
 from transformers.tokenization_utils_base import generate_merges  # noqa: E402
 
@@ -121,6 +121,8 @@ PUBLISHED = {
     "smollm": ({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True},
                                                       {"type": "ByteLevel", **BYTE_LEVEL}]}, None, False),
     "gpt-2": ({"type": "ByteLevel", **BYTE_LEVEL}, None, False),
+    "gpt-4o": (split_then_bytes(_GPT4O_SPLIT), None, False),  # openai/gpt-oss-*
+    "tekken": (split_then_bytes(_TEKKEN_SPLIT), None, False),  # mistralai/Mistral-Nemo-*
 }
 
 
@@ -300,10 +302,13 @@ def test_sentencepiece_matches_transformers_gguf_loader_where_both_prefix_alike(
 
 
 def test_an_unknown_pre_tokenizer_or_model_is_refused():
-    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "tekken", "tokenizer.ggml.tokens": ["a", "b"],
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "chameleon", "tokenizer.ggml.tokens": ["a", "b"],
             "tokenizer.ggml.merges": ["a b"]}
-    with pytest.raises(UnsupportedModelError, match="pre-tokenizer 'tekken'"):
+    with pytest.raises(UnsupportedModelError, match="pre-tokenizer 'chameleon'"):
         tokenizer_from_gguf(meta, "m.gguf")
+    # a merge whose result is not a token: the tokenizers library panics (a BaseException); a format error here
+    with pytest.raises(ModelFormatError, match="do not make a BPE model"):
+        tokenizer_from_gguf({**meta, "tokenizer.ggml.pre": "gpt-2"}, "m.gguf")
     with pytest.raises(UnsupportedModelError, match="tokenizer model 'bert'"):
         tokenizer_from_gguf({**meta, "tokenizer.ggml.model": "bert"}, "m.gguf")
 

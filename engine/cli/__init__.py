@@ -107,14 +107,22 @@ def run_generate(args) -> int:
             "text": r.text, "token_ids": r.token_ids, "prompt_tokens": r.prompt_tokens,
             "finish_reason": r.finish_reason, "prefill_tokens_per_s": round(r.prefill_tokens_per_s, 2),
             "decode_tokens_per_s": round(r.decode_tokens_per_s, 2),
-            # the reply parsed, under --json-schema once it is complete (null when max_tokens cut it short)
-            "value": json.loads(r.text) if response_format and r.finish_reason == "stop" else None,
+            # the reply parsed, under --json-schema once it is complete (null when max_tokens or a --stop string cut
+            # it short)
+            "value": _parsed(r.text) if response_format and r.finish_reason == "stop" else None,
         }, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
     sys.stderr.write(f"{r.prompt_tokens} prompt tokens, {r.prefill_tokens_per_s:.1f} tok/s prefill; "
                      f"{r.completion_tokens} generated, {r.decode_tokens_per_s:.1f} tok/s decode ({r.finish_reason})\n")
     return 0
+
+
+def _parsed(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def _json_schema(path: str) -> dict:

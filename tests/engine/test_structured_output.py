@@ -158,6 +158,11 @@ def test_stowage_generate_json_schema_prints_the_parsed_value(tmp_path):
     out = json.loads(done.stdout)
     assert out["finish_reason"] == "stop" and out["value"] == json.loads(out["text"])
     jsonschema.validate(out["value"], schema)
+    # before: a --stop string that cut the JSON short was a JSONDecodeError traceback; now the value is null
+    cut = subprocess.run([*command, "--json-schema", str(tmp_path / "schema.json"), "--json", "--stop", '"size"'],
+                         capture_output=True, text=True, timeout=120)
+    assert cut.returncode == 0 and "Traceback" not in cut.stderr, cut.stderr
+    assert json.loads(cut.stdout)["value"] is None
     (tmp_path / "bad.json").write_text('{"type": "integer", "minimum": 5, "maximum": 1}')
     refused = subprocess.run([*command, "--json-schema", str(tmp_path / "bad.json")], capture_output=True, text=True,
                              timeout=120)

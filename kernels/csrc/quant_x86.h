@@ -59,8 +59,14 @@ static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const _
 // 8 lanes, each the sum of 4 products u[k] * v[k] (an exact integer) of 32 unsigned weights u and x's v = 256 q + r
 // from j on
 static inline __m256 dot32(__m256i u, const qvec *x, int64_t j) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     __m256i hi = dot_u8s8(u, load32(x->q + j)), lo = dot_u8s8(u, load32(x->r + j));
     return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(hi, 8), lo));
+#else  // the pairs' int16 sums of q times 256 and of r times 1 in the widening adds: one shift fewer
+    __m256i hi = _mm256_maddubs_epi16(u, load32(x->q + j)), lo = _mm256_maddubs_epi16(u, load32(x->r + j));
+    return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(hi, _mm256_set1_epi16(256)),
+                                               _mm256_madd_epi16(lo, _mm256_set1_epi16(1))));
+#endif
 }
 
 // the same for 32 signed weights w: |w| against v carrying w's sign

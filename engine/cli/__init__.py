@@ -350,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     except StowageError as e:
         sys.stderr.write(f"\nstowage: {e}\n")
         return 2
+    except KeyboardInterrupt:  # Ctrl-C where a command has nothing of its own to say (a search, a header read)
+        sys.stderr.write("\nstowage: interrupted\n")
+        return 130
 
 
 if __name__ == "__main__":

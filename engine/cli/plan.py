@@ -194,6 +194,8 @@ def _run_remote_plan(args: argparse.Namespace, out) -> int:
     if files.gated_note:
         print(f"note: {files.gated_note}", file=sys.stderr)
     reader, request = HeaderReader(hub, header_cache_dir()), _request(args)
+    if not files.models:
+        raise HubError(f"{repo} holds no model Stowage can run (GGUF files, or safetensors with a config.json)")
     if file is not None or len(files.models) == 1:
         return _print_plan(args, out, reader.model_info(files.find(file=file)), request)
     if args.context_tokens is None:

@@ -82,3 +82,24 @@ def test_missing_repository_is_one_line(hub, capsys):
     assert main(["plan", "acme/Nothing:x.gguf", "--context", "64"]) == 2
     err = capsys.readouterr().err
     assert "acme/Nothing:x.gguf is no file or folder here; as a Hugging Face repository: no repository" in err
+
+
+def test_planning_a_repository_with_nothing_runnable_says_so(hub, capsys):
+    # before: "max() arg is an empty sequence" with --context, "holds 0 models: give --context N" without
+    hub.add(Repo("acme/Notes", {"README.md": b"# notes\n", "notes.txt": b"no weights"}, tags=("text",)))
+    for extra in ((), ("--context", "512")):
+        assert main(["plan", "acme/Notes", *extra, *PLAN_BUDGETS]) == 2
+        assert capsys.readouterr().err.strip().endswith("acme/Notes holds no model Stowage can run (GGUF files, "
+                                                         "or safetensors with a config.json)")
+
+
+def test_ctrl_c_in_a_hub_command_is_a_line_not_a_traceback(hub, capsys, monkeypatch):
+    # before: a KeyboardInterrupt during a search or a header read ended in a traceback
+    from stowage.engine.hub.client import Hub
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Hub, "search", interrupted)  # Ctrl-C while the search waits on the network
+    assert main(["search", "tiny"]) == 130
+    assert capsys.readouterr().err.strip() == "stowage: interrupted"

@@ -75,11 +75,11 @@ def kernels_main(args) -> None:
     sys.path.insert(0, str(common.ROOT / "tests" / "kernels"))
     from quant_blocks import random_blocks
 
-    from stowage.kernels import cpu_quant, cpu_quant_matmul
+    from stowage.kernels import cpu_decode, cpu_quant_matmul
     from stowage.kernels.quant_linear import QuantizedWeight
 
-    torch.set_num_threads(1)
-    print(f"load average before: {common.load_average()}; int8 level: {cpu_quant.selected_isa()}")
+    common.set_threads(1)
+    print(f"load average before: {common.load_average()}; int8 level: {cpu_decode.selected_isa()}")
     print("| type | rows x cols | int8 tiles GFLOP/s | float32 tiles GFLOP/s | ratio |\n|---|---|---|---|---|")
     for type_name, rows, cols in KERNEL_CASES:
         raw = torch.from_numpy(random_blocks(type_name, (rows, cols), seed=1))
@@ -113,7 +113,7 @@ def work_gguf_stowage(path: Path, threads: int, prompt: int) -> dict:
     from stowage.engine.planning import plan_for
     from stowage.engine.runtime.engine import Engine
     from stowage.engine.runtime.sampler import SamplingParams
-    from stowage.kernels import cpu_quant, cpu_quant_matmul
+    from stowage.kernels import cpu_decode, cpu_quant_matmul
 
     common.set_threads(threads)
     engine = Engine.load(path, plan_for(path, prompt + GGUF_BENCH_DECODE + 32, kv_disk_budget=0))
@@ -131,7 +131,7 @@ def work_gguf_stowage(path: Path, threads: int, prompt: int) -> dict:
     generate(gguf_prompt(24, vocab, 1), 2)  # warm-up: the native kernels built and loaded
     r, cpu_s = generate(gguf_prompt(prompt, vocab, 0), GGUF_BENCH_DECODE)
     return {"prefill_tok_s": r.prefill_tokens_per_s, "decode_tok_s": r.decode_tokens_per_s, "prefill_cpu_s": cpu_s,
-            "prefill_kernels": f"int8 {cpu_quant.selected_isa()}" if cpu_quant_matmul.is_available() else "tiles"}
+            "prefill_kernels": f"int8 {cpu_decode.selected_isa()}" if cpu_quant_matmul.is_available() else "tiles"}
 
 
 def work_gguf_llama(path: Path, threads: int, prompt: int) -> dict:

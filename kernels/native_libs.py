@@ -46,17 +46,11 @@ def quant_gemv(isa: str) -> NativeLibrary:
                          needs=frozenset(ISAS[isa][1]))
 
 
-def quant_matmul(isa: str) -> NativeLibrary:
-    """kernels/cpu_quant_matmul.py's prefill products on ggml blocks (the levels of quant_gemv)."""
-    return NativeLibrary(f"quant_matmul_{isa}", ("quant_matmul.c", "quant_blocks.h"),
-                         ("-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", *ISAS[isa][0]),
-                         needs=frozenset(ISAS[isa][1]))
-
-
 # decode_layer.c and every header it includes (the build's digest covers them all)
 DECODE_LAYER_SOURCES = ("decode_layer.c", "decode_types.h", "vec_math.h", "thread_pool.h", "row_dots.h",
                         "decode_scratch.h", "decode_attention.h", "prefill_attention.h", "prefill_lanes.h",
-                        "prefill_bf16.h", "bf16.h", "quant_dots.h", "quant_blocks.h", "quant_x86.h")
+                        "prefill_bf16.h", "bf16.h", "quant_dots.h", "quant_blocks.h", "quant_x86.h",
+                        "quant_matmul.h")
 
 
 def decode_layer(isa: str) -> NativeLibrary:
@@ -90,5 +84,4 @@ FAULT_GUARD = NativeLibrary("fault_guard", ("fault_guard.c",), ("-O2", "-shared"
 
 
 def all_libraries() -> list[NativeLibrary]:
-    return [GEMV_BF16, *(quant_gemv(i) for i in QUANT_ISAS),
-            *(quant_matmul(i) for i in QUANT_ISAS), *(decode_layer(i) for i in ISAS), FAULT_GUARD]
+    return [GEMV_BF16, *(quant_gemv(i) for i in QUANT_ISAS), *(decode_layer(i) for i in ISAS), FAULT_GUARD]

@@ -31,6 +31,7 @@
 #include "decode_scratch.h"
 #include "decode_attention.h"
 #include "prefill_attention.h"
+#include "quant_matmul.h"
 
 // ---- the pieces of a layer --------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from quant_blocks import random_blocks
 
-from stowage.kernels import cpu_quant, cpu_quant_matmul, quant_linear
+from stowage.kernels import cpu_decode, cpu_quant_matmul, quant_linear
 from stowage.kernels.quant_linear import QuantizedWeight
 from stowage.kernels.quants import dequantize
 
@@ -19,7 +19,7 @@ RTOL = 1e-5
 
 def rounded(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [n, cols] float32 as the kernels read it (float64 step * q, q = round(x / step) in -127..127), and the
-    steps [n, cols / 32, 1]: the float32 steps of quantize_row in kernels/csrc/quant_matmul.c."""
+    steps [n, cols / 32, 1]: the float32 steps of mm_quantize_row in kernels/csrc/quant_matmul.h."""
     blocks = x.reshape(*x.shape[:-1], -1, 32)
     step = blocks.abs().amax(-1, keepdim=True) / 127
     q = (blocks * torch.where(step > 0, 1 / step, 0)).round()  # ties to even, as the C code
@@ -42,11 +42,11 @@ def check_close(ours: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torc
     assert ((ours.double() - exact).abs() <= bound + RTOL * scale).all()
 
 
-@pytest.fixture(params=cpu_quant.QUANT_ISAS)
+@pytest.fixture(params=list(cpu_decode.ISAS))
 def isa(request):
-    if request.param not in cpu_quant.supported_isas():
+    if request.param not in cpu_decode.supported_isas():
         pytest.skip(f"this CPU has no {request.param}")
-    if cpu_quant_matmul.library(request.param) is None:
+    if cpu_decode.library(request.param) is None:
         pytest.skip("no C compiler to build the native kernels")
     return request.param
 
@@ -55,7 +55,7 @@ def isa(request):
 @pytest.mark.parametrize("rows,cols,num_tokens", [(8, 256, 9), (77, 512, 14), (40, 1280, 33)])
 def test_matches_the_dequantized_product(isa, type_name, rows, cols, num_tokens):
     # rows not whole groups of 8 nor panels of 32, tokens not whole tiles of 4
-    assert cpu_quant_matmul.library(isa).quant_matmul_isa().decode() == isa  # the library really is that path
+    assert cpu_quant_matmul.library(isa).decode_isa().decode() == isa  # the library really is that path
     raw = torch.from_numpy(random_blocks(type_name, (rows, cols), seed=rows + cols))
     x = torch.randn(num_tokens, cols, generator=torch.Generator().manual_seed(rows))
     bias = torch.randn(rows, generator=torch.Generator().manual_seed(cols)) if rows == 77 else None

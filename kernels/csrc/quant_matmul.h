@@ -1,35 +1,34 @@
-// Y = X W^T for a prefill chunk, W in ggml blocks where they lie (the memory map), X and Y float32.
-// A chunk of n tokens multiplies every weight n times, so unlike decode this is bound by arithmetic: the
-// activations are quantized once per call to int8 per 32 (as llama.cpp's Q8_0 / Q8_K: a float scale and the sums
-// the weights' minimums and offsets need), each panel of weight rows is unpacked once per call into unsigned
-// (signed for Q8_0) bytes with a float scale and minimum per 32 (per 16 for Q6_K), and tiles of MR rows x NR tokens
-// are integer dot products (AVX2 `vpmaddubsw` + `vpmaddwd`, AVX-512 VNNI `vpdpbusd`; plain C elsewhere) whose
-// int32 sums are scaled once per 32. Panels go to OpenMP threads (torch's libgomp, one pool). See docs/kernels.md.
+// Y = X W^T for a prefill chunk on the CPU, W in ggml blocks where they lie (the memory map), X and Y float32 or bf16
+// (kernels/cpu_quant_matmul.py). A chunk of n tokens multiplies every weight n times, so unlike decode this is bound
+// by arithmetic: the activations are quantized once per call to int8 per 32 (as llama.cpp's Q8_0 / Q8_K: a float
+// scale and the sums the weights' minimums and offsets need), each panel of weight rows is unpacked once per call
+// into bytes (unsigned; signed for Q8_0) with a float scale and minimum per 32 (per 16 for Q6_K), interleaved 8 rows
+// at a time, and tiles of MM_MG x 8 rows x MM_NR tokens are integer dot products (AVX2 `vpmaddubsw` + `vpmaddwd`,
+// AVX-512 VNNI `vpdpbusd`; plain C elsewhere) whose int32 sums are scaled once per 32. Panels are thread_pool.h's
+// chunks: a thread the OS takes away delays a call by one panel at most. See docs/kernels.md.
+#pragma once
 #include <math.h>
 #include <stdlib.h>
 
 #include "quant_blocks.h"
+#include "thread_pool.h"
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define MM_SIMD 1
 #endif
 
-#ifndef NR
-#define NR 3            // tokens per tile
-#endif
-#ifndef MG
-#define MG 2            // groups of 8 weight rows per tile
-#endif
-#define PANEL_ROWS 32   // weight rows unpacked at a time by one thread: their bytes and scales stay in L2
+#define MM_NR 3           // tokens per tile
+#define MM_MG 2           // groups of 8 weight rows per tile
+#define MM_PANEL_ROWS 32  // weight rows unpacked at a time by one thread: their bytes and scales stay in L2
 
 // How a type's unpacked weights are multiplied: unsigned of 4 bits (Q4_0, Q4_1, Q4_K), 5 bits (Q5_0, Q5_1, Q5_K)
 // or 6 bits with a scale per 16 (Q6_K), or signed bytes (Q8_0). The bits bound how many u8 x s8 pair sums an int16
 // lane holds before it could overflow: 8 steps of 2 * 15 * 127, 4 of 2 * 31 * 127, 2 of 2 * 63 * 127, 1 of 2 * 128
 // * 127, each at most 32,767.
-enum { K4, K5, K6, K8 };
+enum { MM_K4, MM_K5, MM_K6, MM_K8 };
 
-static int kind_of(int type) {
-    return type == Q8_0 ? K8 : type == Q6_K ? K6 : type == Q5_0 || type == Q5_1 || type == Q5_K ? K5 : K4;
+static int mm_kind_of(int type) {
+    return type == Q8_0 ? MM_K8 : type == Q6_K ? MM_K6 : type == Q5_0 || type == Q5_1 || type == Q5_K ? MM_K5 : MM_K4;
 }
 
 // The type's id for quant_matmul, or -1: the names are kernels/quants.py's.
@@ -39,21 +38,10 @@ int quant_matmul_type_id(const char *name) {
                                                                                                               : -1;
 }
 
-// The instruction set this library was built for.
-const char *quant_matmul_isa(void) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return "avx512";
-#elif defined(MM_SIMD)
-    return "avx2";
-#else
-    return "scalar";
-#endif
-}
-
 // One activation row x[cols] quantized per 32: step = max |x| / 127, q = round(x / step) (ties to even; all 0 where
 // the 32 are 0); d[k] = step, s[g] = step * sum of q over each group of `group` (32, or 16 for Q6_K).
 // tests/kernels/test_quant_matmul.py repeats these float32 steps in torch.
-static void quantize_row(const void *x, int x_bf16, int64_t cols, int group, int8_t *q, float *d, float *s) {
+static void mm_quantize_row(const void *x, int x_bf16, int64_t cols, int group, int8_t *q, float *d, float *s) {
     for (int64_t k = 0; k < cols / 32; k++) {
         const float *v = (const float *)x + 32 * k;
         float widened[32];
@@ -119,7 +107,7 @@ static void quantize_row(const void *x, int x_bf16, int64_t cols, int group, int
 
 // One block of `type` as bytes q (weight = scale * q + min per group) with its scales and minimums: per 32 for
 // every type but Q6_K, whose are per 16.
-static void unpack_block(int type, const uint8_t *b, uint8_t *q, float *sc, float *mn) {
+static void mm_unpack_block(int type, const uint8_t *b, uint8_t *q, float *sc, float *mn) {
     switch (type) {
     case Q8_0:
         memcpy(q, b + 2, 32);
@@ -234,16 +222,16 @@ typedef struct {
     uint8_t *q;
     float *sc, *mn;
     uint8_t *rows8;  // scratch: 8 rows' bytes in order, before they are interleaved
-} panel;
+} mm_panel;
 
 // Where the products go: float32 or bf16 (rounded to nearest even, as torch rounds), rows of ld values.
 typedef struct {
     void *p;
     int bf16;
     int64_t ld;
-} output;
+} mm_output;
 
-static inline void store(const output *y, int64_t t, int64_t r, float v) {
+static inline void mm_store(const mm_output *y, int64_t t, int64_t r, float v) {
     if (!y->bf16) {
         ((float *)y->p)[t * y->ld + r] = v;
         return;
@@ -259,42 +247,42 @@ typedef struct {
     int8_t *q;
     float *d, *s;
     int64_t ng;
-} qrows;
+} mm_rows;
 
-// y[t][r] (+= nothing: stored) for one group of 8 rows (R of them real) and T <= NR tokens from t0: per block of 32,
+// y[t][r] (+= nothing: stored) for one group of 8 rows (R of them real) and T <= MM_NR tokens from t0: per block of 32,
 // each step's 4 bytes of a token broadcast against the 8 rows' 4 bytes, pair sums held in int16 for the kind's run
 // of steps, then in int32; once per block (per 16 for Q6_K) the sums are converted and scaled by the rows' scales
 // times the token's step, and the rows' minimums times the token's sums are added.
-static inline __attribute__((always_inline)) void group_tile(int kind, int G, int T, const uint8_t *gq,
-                                                             const float *gsc, const float *gmn, const qrows *x,
+static inline __attribute__((always_inline)) void mm_group_tile(int kind, int G, int T, const uint8_t *gq,
+                                                             const float *gsc, const float *gmn, const mm_rows *x,
                                                              int64_t t0, int64_t cols, const float *bias, int R,
-                                                             const output *y, int64_t r0) {
-    const int64_t nb = cols / 32, gs = nb * (kind == K6 ? 2 : 1) * 8;  // a group's scales (and minimums)
-    const int S = kind == K6 ? 2 : 1, run = kind == K4 ? 8 : kind == K5 ? 4 : kind == K6 ? 2 : 1;
+                                                             const mm_output *y, int64_t r0) {
+    const int64_t nb = cols / 32, gs = nb * (kind == MM_K6 ? 2 : 1) * 8;  // a group's scales (and minimums)
+    const int S = kind == MM_K6 ? 2 : 1, run = kind == MM_K4 ? 8 : kind == MM_K5 ? 4 : kind == MM_K6 ? 2 : 1;
 #ifdef MM_SIMD
-    __m256 acc[MG][NR];
+    __m256 acc[MM_MG][MM_NR];
     for (int g = 0; g < G; g++)
         for (int t = 0; t < T; t++) acc[g][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m256i isum[MG][NR][2];
+        __m256i isum[MM_MG][MM_NR][2];
         for (int g = 0; g < G; g++)
             for (int t = 0; t < T; t++) isum[g][t][0] = isum[g][t][1] = _mm256_setzero_si256();
         for (int k0 = 0; k0 < 8; k0 += run) {
-            __m256i p16[MG][NR];
+            __m256i p16[MM_MG][MM_NR];
             for (int g = 0; g < G; g++)
                 for (int t = 0; t < T; t++) p16[g][t] = _mm256_setzero_si256();
             for (int k = k0; k < k0 + run; k++) {
-                __m256i wv[MG], u[MG];
+                __m256i wv[MM_MG], u[MM_MG];
                 for (int g = 0; g < G; g++) {
                     wv[g] = _mm256_loadu_si256((const __m256i *)(gq + g * nb * 256 + 256 * b + 32 * k));
-                    u[g] = kind == K8 ? _mm256_sign_epi8(wv[g], wv[g]) : wv[g];
+                    u[g] = kind == MM_K8 ? _mm256_sign_epi8(wv[g], wv[g]) : wv[g];
                 }
                 for (int t = 0; t < T; t++) {
                     int32_t four;
                     memcpy(&four, x->q + (t0 + t) * cols + 32 * b + 4 * k, 4);
                     const __m256i xb = _mm256_set1_epi32(four);
                     for (int g = 0; g < G; g++) {
-                        const __m256i xs = kind == K8 ? _mm256_sign_epi8(xb, wv[g]) : xb;
+                        const __m256i xs = kind == MM_K8 ? _mm256_sign_epi8(xb, wv[g]) : xb;
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
                         isum[g][t][k / 4 * (S - 1)] = _mm256_dpbusd_epi32(isum[g][t][k / 4 * (S - 1)], u[g], xs);
 #else
@@ -319,7 +307,7 @@ static inline __attribute__((always_inline)) void group_tile(int kind, int G, in
                 for (int g = 0; g < G; g++) {
                     const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(gsc + g * gs + 8 * (S * b + s)), dx);
                     acc[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[g][t][s]), scale, acc[g][t]);
-                    if (kind != K8)
+                    if (kind != MM_K8)
                         acc[g][t] = _mm256_fmadd_ps(_mm256_loadu_ps(gmn + g * gs + 8 * (S * b + s)), xs, acc[g][t]);
                 }
             }
@@ -330,10 +318,10 @@ static inline __attribute__((always_inline)) void group_tile(int kind, int G, in
             float out[8];
             _mm256_storeu_ps(out, acc[g][t]);
             for (int r = 0; r < 8 && 8 * g + r < R; r++)
-                store(y, t0 + t, r0 + 8 * g + r, out[r] + (bias ? bias[8 * g + r] : 0.0f));
+                mm_store(y, t0 + t, r0 + 8 * g + r, out[r] + (bias ? bias[8 * g + r] : 0.0f));
         }
 #else
-    (void)run;
+    (void)run, (void)G;
     for (int t = 0; t < T; t++)
         for (int r = 0; r < R; r++) {
             const uint8_t *q = gq + r / 8 * nb * 256;
@@ -344,71 +332,71 @@ static inline __attribute__((always_inline)) void group_tile(int kind, int G, in
                 for (int k = 0; k < 8; k++)
                     for (int j = 0; j < 4; j++) {
                         const uint8_t wj = q[256 * b + 32 * k + 4 * (r % 8) + j];
-                        isum[k / 4 * (S - 1)] += (kind == K8 ? (int)(int8_t)wj : (int)wj) *
+                        isum[k / 4 * (S - 1)] += (kind == MM_K8 ? (int)(int8_t)wj : (int)wj) *
                                                  x->q[(t0 + t) * cols + 32 * b + 4 * k + j];
                     }
                 for (int s = 0; s < S; s++) {
                     sum += (float)isum[s] * (sc[8 * (S * b + s) + r % 8] * x->d[(t0 + t) * nb + b]);
-                    if (kind != K8) sum += mn[8 * (S * b + s) + r % 8] * x->s[(t0 + t) * x->ng + S * b + s];
+                    if (kind != MM_K8) sum += mn[8 * (S * b + s) + r % 8] * x->s[(t0 + t) * x->ng + S * b + s];
                 }
             }
-            store(y, t0 + t, r0 + r, sum + (bias ? bias[r] : 0.0f));
+            mm_store(y, t0 + t, r0 + r, sum + (bias ? bias[r] : 0.0f));
         }
 #endif
 }
 
-#define TILE(G, T) group_tile(kind, G, T, gq, gsc, gmn, x, t, cols, gb, R, y, r0 + 8 * g)
+#define MM_TILE(G, T) mm_group_tile(kind, G, T, gq, gsc, gmn, x, t, cols, gb, R, y, r0 + 8 * g)
 
-// Rows [0, rows) of the panel (at most PANEL_ROWS) against every token, tiles of MG groups of 8 rows x NR tokens:
-// a tile's activations stay in L1 while the panel's groups stream from L2.
-static inline __attribute__((always_inline)) void panel_product(int kind, const panel *p, int64_t rows,
-                                                                const qrows *x, int64_t n, int64_t cols,
-                                                                const float *bias, const output *y, int64_t r0) {
-    const int S = kind == K6 ? 2 : 1;
+// Rows [0, rows) of the mm_panel (at most MM_PANEL_ROWS) against every token, tiles of MM_MG groups of 8 rows x MM_NR tokens:
+// a tile's activations stay in L1 while the mm_panel's groups stream from L2.
+static inline __attribute__((always_inline)) void mm_panel_product(int kind, const mm_panel *p, int64_t rows,
+                                                                const mm_rows *x, int64_t n, int64_t cols,
+                                                                const float *bias, const mm_output *y, int64_t r0) {
+    const int S = kind == MM_K6 ? 2 : 1;
     const int64_t nb = cols / 32;
-    for (int64_t t = 0; t < n; t += NR) {
-        const int T = n - t < NR ? (int)(n - t) : NR;
-        for (int64_t g = 0; 8 * g < rows; g += MG) {
-            const int R = rows - 8 * g < 8 * MG ? (int)(rows - 8 * g) : 8 * MG, G = (R + 7) / 8;
+    for (int64_t t = 0; t < n; t += MM_NR) {
+        const int T = n - t < MM_NR ? (int)(n - t) : MM_NR;
+        for (int64_t g = 0; 8 * g < rows; g += MM_MG) {
+            const int R = rows - 8 * g < 8 * MM_MG ? (int)(rows - 8 * g) : 8 * MM_MG, G = (R + 7) / 8;
             const uint8_t *gq = p->q + g * nb * 256;
             const float *gsc = p->sc + g * nb * S * 8, *gmn = p->mn + g * nb * S * 8;
             const float *gb = bias ? bias + 8 * g : NULL;
-            if (G == MG) {
+            if (G == MM_MG) {
                 switch (T) {
-                case NR: TILE(MG, NR); break;
-#if NR > 3
-                case 3: TILE(MG, 3); break;
+                case MM_NR: MM_TILE(MM_MG, MM_NR); break;
+#if MM_NR > 3
+                case 3: MM_TILE(MM_MG, 3); break;
 #endif
-                case 2: TILE(MG, 2); break;
-                default: TILE(MG, 1); break;
+                case 2: MM_TILE(MM_MG, 2); break;
+                default: MM_TILE(MM_MG, 1); break;
                 }
-            } else {  // the panel's last group alone
+            } else {  // the mm_panel's last group alone
                 switch (T) {
-                case NR: TILE(1, NR); break;
-#if NR > 3
-                case 3: TILE(1, 3); break;
+                case MM_NR: MM_TILE(1, MM_NR); break;
+#if MM_NR > 3
+                case 3: MM_TILE(1, 3); break;
 #endif
-                case 2: TILE(1, 2); break;
-                default: TILE(1, 1); break;
+                case 2: MM_TILE(1, 2); break;
+                default: MM_TILE(1, 1); break;
                 }
             }
         }
     }
 }
 
-static void panel_product_kind(int kind, const panel *p, int64_t rows, const qrows *x, int64_t n, int64_t cols,
-                               const float *bias, const output *y, int64_t r0) {
+static void mm_panel_product_kind(int kind, const mm_panel *p, int64_t rows, const mm_rows *x, int64_t n, int64_t cols,
+                               const float *bias, const mm_output *y, int64_t r0) {
     switch (kind) {  // one instance per kind, so the tiles' branches on it fold away
-    case K4: panel_product(K4, p, rows, x, n, cols, bias, y, r0); break;
-    case K5: panel_product(K5, p, rows, x, n, cols, bias, y, r0); break;
-    case K6: panel_product(K6, p, rows, x, n, cols, bias, y, r0); break;
-    default: panel_product(K8, p, rows, x, n, cols, bias, y, r0); break;
+    case MM_K4: mm_panel_product(MM_K4, p, rows, x, n, cols, bias, y, r0); break;
+    case MM_K5: mm_panel_product(MM_K5, p, rows, x, n, cols, bias, y, r0); break;
+    case MM_K6: mm_panel_product(MM_K6, p, rows, x, n, cols, bias, y, r0); break;
+    default: mm_panel_product(MM_K8, p, rows, x, n, cols, bias, y, r0); break;
     }
 }
 
-// Rows [r0, r0 + count) of W into the panel's interleaved layout (zeros past count, up to whole groups of 8): each
+// Rows [r0, r0 + count) of W into the mm_panel's interleaved layout (zeros past count, up to whole groups of 8): each
 // group's rows unpacked in order, then each block's 8 x 8 four-byte words transposed.
-static void unpack_panel(int type, const uint8_t *w, int64_t r0, int64_t count, int64_t cols, const panel *p) {
+static void mm_unpack_panel(int type, const uint8_t *w, int64_t r0, int64_t count, int64_t cols, const mm_panel *p) {
     const int elems = TYPES[type].elems, bytes = TYPES[type].bytes, S = type == Q6_K ? 2 : 1;
     const int64_t nb = cols / 32, row_bytes = cols / elems * bytes;
     float sc[QK_K / 16], mn[QK_K / 16];
@@ -424,7 +412,7 @@ static void unpack_panel(int type, const uint8_t *w, int64_t r0, int64_t count, 
             }
             const uint8_t *row = w + (r0 + 8 * g + r) * row_bytes;
             for (int64_t i = 0; i < cols / elems; i++) {
-                unpack_block(type, row + i * bytes, q + i * elems, sc, mn);
+                mm_unpack_block(type, row + i * bytes, q + i * elems, sc, mn);
                 for (int j = 0; j < S * elems / 32; j++) {
                     gsc[8 * (i * S * elems / 32 + j) + r] = sc[j];
                     gmn[8 * (i * S * elems / 32 + j) + r] = mn[j];
@@ -457,51 +445,80 @@ static void unpack_panel(int type, const uint8_t *w, int64_t r0, int64_t count, 
     }
 }
 
+typedef struct {
+    int type, kind, x_bf16;
+    const uint8_t *w;
+    const void *x;
+    const float *bias;
+    mm_output out;
+    mm_rows xq;
+    int64_t rows, cols, n;
+    _Atomic int failed;
+} mm_call;
+
+static void mm_quantize_task(void *ctx, int64_t begin, int64_t end) {
+    const mm_call *c = ctx;
+    const int S = c->kind == MM_K6 ? 2 : 1;
+    const int64_t nb = c->cols / 32;
+    for (int64_t t = begin; t < end; t++)
+        mm_quantize_row((const char *)c->x + t * c->cols * (c->x_bf16 ? 2 : 4), c->x_bf16, c->cols, 32 / S,
+                        c->xq.q + t * c->cols, c->xq.d + t * nb, c->xq.s + t * S * nb);
+}
+
+// Each thread's panel scratch, kept between calls (the pool's threads live as long as the process) and grown as the
+// matrices need: unpacking a panel costs no allocation.
+static __thread struct {
+    uint8_t *bytes;
+    size_t size;
+} mm_scratch;
+
+static void mm_panel_task(void *ctx, int64_t begin, int64_t end) {
+    mm_call *c = ctx;
+    const int S = c->kind == MM_K6 ? 2 : 1;
+    const int64_t cols = c->cols, ng = S * (cols / 32);
+    const size_t q_bytes = (size_t)(MM_PANEL_ROWS * cols), f_bytes = (size_t)(MM_PANEL_ROWS * ng) * sizeof(float);
+    const size_t need = q_bytes + 2 * f_bytes + (size_t)(8 * cols);
+    if (mm_scratch.size < need) {
+        void *grown = realloc(mm_scratch.bytes, need);
+        if (grown == NULL) {
+            atomic_store(&c->failed, 1);
+            return;
+        }
+        mm_scratch.bytes = grown, mm_scratch.size = need;
+    }
+    const mm_panel p = {mm_scratch.bytes, (float *)(mm_scratch.bytes + q_bytes),
+                        (float *)(mm_scratch.bytes + q_bytes + f_bytes), mm_scratch.bytes + q_bytes + 2 * f_bytes};
+    for (int64_t i = begin; i < end; i++) {
+        const int64_t r0 = i * MM_PANEL_ROWS, count = c->rows - r0 < MM_PANEL_ROWS ? c->rows - r0 : MM_PANEL_ROWS;
+        mm_unpack_panel(c->type, c->w, r0, count, cols, &p);
+        mm_panel_product_kind(c->kind, &p, count, &c->xq, c->n, cols, c->bias ? c->bias + r0 : NULL, &c->out, r0);
+    }
+}
+
 // y[t, r] = sum_c W[r, c] x[t, c] (+ bias[r]) for t < n: W [rows, cols] in blocks of `type` (rows contiguous, cols
 // a multiple of the type's block), x [n, cols] and y [n, rows] float32 or bf16 (`flags`: MM_X_BF16, MM_Y_BF16), bias
-// float32 [rows] or NULL. Returns 0, -1 when out of memory, -2 for a type it does not take.
+// float32 [rows] or NULL; on the pool's threads (decode_set_threads). Returns 0, -1 when out of memory, -2 for a type
+// it does not take.
 enum { MM_X_BF16 = 1, MM_Y_BF16 = 2 };
 int quant_matmul(int type, const uint8_t *w, const void *x, const float *bias, void *y, int64_t rows, int64_t cols,
-                 int64_t n, int flags, int num_threads) {
-    const int x_bf16 = flags & MM_X_BF16;
-    const output out = {y, flags & MM_Y_BF16 ? 1 : 0, rows};
+                 int64_t n, int flags) {
     if (type < 0 || type >= NUM_TYPES || quant_matmul_type_id(TYPES[type].name) < 0) return -2;
-    const int kind = kind_of(type), S = kind == K6 ? 2 : 1;
-    const int64_t nb = cols / 32, ng = S * nb;
-    qrows xq = {malloc((size_t)(n * cols)), malloc((size_t)(n * nb) * sizeof(float)),
-                malloc((size_t)(n * ng) * sizeof(float)), ng};
-    int status = xq.q && xq.d && xq.s ? 0 : -1;
-    if (status == 0) {
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-        for (int64_t t = 0; t < n; t++)
-            quantize_row((const char *)x + t * cols * (x_bf16 ? 2 : 4), x_bf16, cols, 32 / S, xq.q + t * cols,
-                         xq.d + t * nb, xq.s + t * ng);
-        const int64_t num_panels = (rows + PANEL_ROWS - 1) / PANEL_ROWS;
-#pragma omp parallel num_threads(num_threads)
-        {
-            panel p = {malloc((size_t)(PANEL_ROWS * cols)), malloc((size_t)(PANEL_ROWS * ng) * sizeof(float)),
-                       malloc((size_t)(PANEL_ROWS * ng) * sizeof(float)), malloc((size_t)(8 * cols))};
-            const int ok = p.q && p.sc && p.mn && p.rows8;
-            if (!ok) {
-#pragma omp atomic write
-                status = -1;
-            }
-            // dynamic: a thread the OS takes away (a busy machine) delays the call by one panel, not by its share
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t i = 0; i < num_panels; i++) {
-                if (!ok) continue;
-                const int64_t r0 = i * PANEL_ROWS, count = rows - r0 < PANEL_ROWS ? rows - r0 : PANEL_ROWS;
-                unpack_panel(type, w, r0, count, cols, &p);
-                panel_product_kind(kind, &p, count, &xq, n, cols, bias ? bias + r0 : NULL, &out, r0);
-            }
-            free(p.q);
-            free(p.sc);
-            free(p.mn);
-            free(p.rows8);
-        }
+    const int kind = mm_kind_of(type), S = kind == MM_K6 ? 2 : 1;
+    const int64_t nb = cols / 32;
+    mm_call c = {type, kind, flags & MM_X_BF16, w, x, bias, {y, flags & MM_Y_BF16 ? 1 : 0, rows},
+                 {malloc((size_t)(n * cols)), malloc((size_t)(n * nb) * sizeof(float)),
+                  malloc((size_t)(n * S * nb) * sizeof(float)), S * nb},
+                 rows, cols, n, 0};
+    int status = -1;
+    if (c.xq.q && c.xq.d && c.xq.s) {
+        pthread_mutex_lock(&CALLS);
+        parallel(mm_quantize_task, &c, n, 16);
+        parallel(mm_panel_task, &c, (rows + MM_PANEL_ROWS - 1) / MM_PANEL_ROWS, 1);
+        pthread_mutex_unlock(&CALLS);
+        status = atomic_load(&c.failed) ? -1 : 0;
     }
-    free(xq.q);
-    free(xq.d);
-    free(xq.s);
+    free(c.xq.q);
+    free(c.xq.d);
+    free(c.xq.s);
     return status;
 }

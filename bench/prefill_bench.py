@@ -106,7 +106,7 @@ def gguf_prompt(num_tokens: int, vocab: int, seed: int) -> list[int]:
     return [(7919 * i + 13 + seed) % (vocab - 20) + 10 for i in range(num_tokens)]  # past the special ids
 
 
-def work_gguf_stowage(path: Path, threads: int, prompt: int) -> dict:
+def work_gguf_stowage(path: Path, threads: int, prompt: int, torch_threads: int | None = None) -> dict:
     import tempfile
 
     os.environ["STOWAGE_KV_DIR"] = tempfile.mkdtemp(prefix="kv-cold-")  # empty: nothing read back from disk
@@ -116,6 +116,10 @@ def work_gguf_stowage(path: Path, threads: int, prompt: int) -> dict:
     from stowage.kernels import cpu_decode, cpu_quant_matmul
 
     common.set_threads(threads)
+    if torch_threads:  # torch's own ops (norms, activations, rotary) on fewer threads than the native pool's
+        import torch
+
+        torch.set_num_threads(torch_threads)
     engine = Engine.load(path, plan_for(path, prompt + GGUF_BENCH_DECODE + 32, kv_disk_budget=0))
     engine.eos_ids = set()
     vocab = engine.config.vocab_size
@@ -192,8 +196,10 @@ def gguf_main(args, argv) -> None:
             got = {"stowage": [], "llama_cpp": []}
             for _ in range(args.runs):  # alternating: a change in the machine's load touches both sides alike
                 for side in got:
+                    extra = ["--torch-threads", str(args.torch_threads)] if side == "stowage" and args.torch_threads \
+                        else []
                     got[side].append(common.run_worker(HERE, ["--worker", side, "--path", str(path), "--threads",
-                                                              str(threads), "--prompt", str(args.prompt)],
+                                                              str(threads), "--prompt", str(args.prompt), *extra],
                                                        threads=threads, timeout=3600))
             s, ll = common.medians(got["stowage"]), common.medians(got["llama_cpp"])
             rows.append(f"| {path.name} | {threads} | {args.prompt:,} | {s['prefill_tok_s']:,.0f} | "
@@ -209,7 +215,9 @@ def gguf_main(args, argv) -> None:
         f"engine {engine} (source {source}); Stowage's prefill products: {s['prefill_kernels']}; llama-cpp-python "
         f"{ll['llama_cpp']}. Cold prefill (empty KV store, nothing reused) of a {args.prompt:,}-token prompt of token "
         f"ids, then {GGUF_BENCH_DECODE} greedy tokens; medians of {args.runs} fresh processes per side, the sides "
-        "alternating; the same GGUF file in both engines. \"By CPU time\": the prefill's rate in the process's CPU "
+        "alternating; the same GGUF file in both engines" + (
+            f"; Stowage's torch ops on {args.torch_threads} thread(s) (--torch-threads), its native pool on the row's"
+            if args.torch_threads else "") + ". \"By CPU time\": the prefill's rate in the process's CPU "
         "time (every thread, to the first token), a ratio a busy machine's waits do not enter at 1 thread; at 2 it "
         "counts each engine's spinning threads too.",
         "",
@@ -237,13 +245,15 @@ def main(argv=None) -> None:
     ap.add_argument("--shape", help="--gguf: add a random Llama of this shape quantized to Q4_K_M")
     ap.add_argument("--prompt", type=int, default=721)
     ap.add_argument("--kernels", action="store_true", help="the int8 prefill products alone against the tiles")
+    ap.add_argument("--torch-threads", type=int, help="--gguf: Stowage's torch ops on this many threads")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--path", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
+        extra = {"torch_threads": args.torch_threads} if args.worker == "stowage" else {}
         work = {"stowage": work_gguf_stowage, "llama_cpp": work_gguf_llama}[args.worker]
-        args.result.write_text(json.dumps(work(args.path, int(args.threads), args.prompt)))
+        args.result.write_text(json.dumps(work(args.path, int(args.threads), args.prompt, **extra)))
         return
     if args.kernels:
         return kernels_main(args)

@@ -33,6 +33,7 @@ ANY_OBJECT = {"type": "object"}
 # strict mode requires; a model would otherwise add keys of its own without end).
 FRACTION_DIGITS = 6
 _LITERALS = ("enum", "const", "default", "examples")  # values, not schemas: left as they are
+_ADDS_KEYS = ("allOf", "anyOf", "oneOf", "$ref", "if", "dependentSchemas")  # beside properties: may allow more keys
 _MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
 
 _masks = ThreadPoolExecutor(max_workers=max(1, min(4, (os.cpu_count() or 1))), thread_name_prefix="stowage-mask")
@@ -55,17 +56,20 @@ def json_schema_grammar(schema, what: str = "response_format.json_schema.schema"
 def _bounded(node, *, close: bool = True):
     """The schema with each number that sets no multipleOf made a multiple of 10**-FRACTION_DIGITS (where its range
     holds one), and each object that lists properties and says nothing of others closed to others (not the
-    branches of an allOf: each lists only its share of the keys the value must have)."""
+    branches of an allOf: each lists only its share of the keys the value must have; nor an object whose allOf,
+    anyOf, oneOf, $ref or if beside its properties may add keys)."""
     if isinstance(node, list):
         return [_bounded(v) for v in node]
     if not isinstance(node, dict):
         return node
     out = {}
     for key, value in node.items():
-        if key in _MAPS and isinstance(value, dict):
-            out[key] = {name: _bounded(v) for name, v in value.items()}
-        elif key == "allOf" and isinstance(value, list):
-            out[key] = [_bounded(v, close=False) for v in value]
+        if key in _MAPS and isinstance(value, dict):  # a definition may be an allOf's share: left open
+            out[key] = {name: _bounded(v, close=key not in ("$defs", "definitions")) for name, v in value.items()}
+        elif key in ("allOf", "anyOf", "oneOf") and isinstance(value, list):
+            # an allOf branch lists only its share of the keys; so does an anyOf/oneOf branch beside properties
+            share = key == "allOf" or "properties" in node
+            out[key] = [_bounded(v, close=not share) for v in value]
         else:
             out[key] = value if key in _LITERALS else _bounded(value)
     kind = node.get("type")
@@ -74,7 +78,7 @@ def _bounded(node, *, close: bool = True):
             and _holds_a_multiple(node, step):
         out["multipleOf"] = step
     if close and isinstance(node.get("properties"), dict) and not {"additionalProperties", "patternProperties",
-                                                                   "unevaluatedProperties"} & set(node):
+                                                                   "unevaluatedProperties", *_ADDS_KEYS} & set(node):
         out["additionalProperties"] = False
     return out
 
@@ -87,6 +91,10 @@ def _holds_a_multiple(node: dict, step: float) -> bool:
 
     low, high = bound("minimum"), bound("maximum")
     low_x, high_x = bound("exclusiveMinimum"), bound("exclusiveMaximum")
+    firsts = [v / step for v in (low, low_x) if v is not None]
+    lasts = [v / step for v in (high, high_x) if v is not None]
+    if not all(math.isfinite(v) for v in (*firsts, *lasts)):
+        return False  # a bound past float's range (1e308 / step): no limit added
     firsts = ([math.ceil(low / step - 1e-9)] if low is not None else []) + \
         ([math.floor(low_x / step + 1e-9) + 1] if low_x is not None else [])
     lasts = ([math.floor(high / step + 1e-9)] if high is not None else []) + \

@@ -78,13 +78,16 @@ def selected_isa() -> str | None:
 
 
 MAX_SPLITS = 64  # decode_types.h's: key ranges one attention call splits a context into
+PAIR_TABLE_BYTES = 512  # decode_layer.c's: a chosen expert's pointers and task, at most
 
 
 def scratch_bytes(*, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, intermediate: int,
-                  lanes: int = 1, num_experts: int = 0) -> int:
+                  lanes: int = 1, num_experts: int = 0, top_k: int = 0, expert_intermediate: int = 0) -> int:
     """What the native step keeps allocated once it has run (decode_scratch.h ensure_lane, per lane: a sequence of
     a batched step): the layer's vectors, x in its bf16 and integer forms, and attention's per-split sums; with
-    experts, the router's logits and the weighted sum. `intermediate`: the widest MLP (an expert's or a dense one)."""
+    experts, the router's logits and the weighted sum, and per chosen expert (`top_k` a lane, each
+    `expert_intermediate` wide) its gate/up/act rows in every form (decode_layer.c ensure_pairs).
+    `intermediate`: the widest MLP (an expert's or a dense one)."""
     q, kv = num_heads * head_dim, num_kv_heads * head_dim
     wide = max(hidden, q)
     experts = num_experts + hidden if num_experts else 0
@@ -92,7 +95,12 @@ def scratch_bytes(*, hidden: int, num_heads: int, num_kv_heads: int, head_dim: i
               + num_heads * MAX_SPLITS * (head_dim + 2) + experts + 2 * (wide // 32) + 2 * (intermediate // 32))
     halves = wide + intermediate
     per_lane = 4 * floats + 2 * (halves + 1) + 4 * (wide // 16 + intermediate // 16) + 2 * (wide + intermediate)
-    return min(max(lanes, 1), MAX_LANES) * per_lane
+    lanes = min(max(lanes, 1), MAX_LANES)
+    if not (top_k and expert_intermediate):
+        return lanes * per_lane
+    i = expert_intermediate
+    per_pair = 4 * (3 * i + 2 * (i // 32)) + 4 * i + 4 * (i // 16) + PAIR_TABLE_BYTES
+    return lanes * (per_lane + top_k * per_pair) + 32  # the 32: ensure_pairs' alignment
 
 
 @cache

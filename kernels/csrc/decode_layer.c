@@ -122,6 +122,10 @@ static struct {
     int64_t cap;  // bytes
 } PAIRS;
 
+#define PAIR_TABLE_BYTES 512
+_Static_assert(sizeof(scratch) + 3 * sizeof(input) + sizeof(float) + sizeof(int) + 2 * sizeof(float *) +
+                   sizeof(ffn_task) + sizeof(expert_unit) <= PAIR_TABLE_BYTES, "a pair's tables");
+
 // PAIRS for `lanes` of m's top_k pairs each; kept and grown, never allocated per step. 0, or -1 without memory.
 static int ensure_pairs(const model *m, int lanes) {
     int64_t inter = 0;
@@ -129,11 +133,11 @@ static int ensure_pairs(const model *m, int lanes) {
         if (m->layers[i].experts && m->layers[i].experts[0].rows > inter) inter = m->layers[i].experts[0].rows;
     if (!inter) return 0;
     const int64_t n = (int64_t)lanes * m->top_k;
-    // per pair: gate, up, act, d, s (floats); act's bf16 copy; q, r (int8); sum16 (int32); the pointer tables
+    // per pair: gate, up, act, d, s (floats); act's bf16 copy; q, r (int8); sum16 (int32); the tables, within
+    // PAIR_TABLE_BYTES (kernels/cpu_decode.py scratch_bytes counts the same)
     const int64_t per_pair = 4 * (3 * inter + 2 * (inter / 32)) + 2 * inter + 2 * inter + 4 * (inter / 16) +
-                             sizeof(scratch) + 3 * sizeof(input) + sizeof(float) + sizeof(int) +
-                             2 * sizeof(float *) + sizeof(ffn_task) + sizeof(expert_unit) + 64;
-    const int64_t need = n * per_pair + 64;
+                             PAIR_TABLE_BYTES;
+    const int64_t need = n * per_pair + 32;
     if (PAIRS.cap < need) {
         free(PAIRS.s);
         PAIRS.s = malloc((size_t)need);

@@ -43,6 +43,8 @@ class ReplyOptions:
     @classmethod
     def from_dict(cls, stored: dict) -> "ReplyOptions":
         """The options the store kept; a hand-edited value of the wrong shape is dropped."""
+        if not isinstance(stored, dict):
+            return cls()
         format_, tools = stored.get("response_format"), stored.get("tools") or ()
         return cls(response_format=format_ if isinstance(format_, dict) else None,
                    tools=tuple(t for t in tools if isinstance(t, dict)) if isinstance(tools, list) else (),
@@ -72,6 +74,8 @@ def _read_json(path: Path):
         return json.loads(text)
     except ValueError as e:
         raise InvalidArgumentError(f"{path.name} is not JSON: {e}") from None
+    except RecursionError:
+        raise InvalidArgumentError(f"{path.name} is nested too deeply to be a schema or a tool list") from None
 
 
 def schema_format(path: str | Path) -> dict:

@@ -70,7 +70,16 @@ class ConversationRow:
 
 
 def _conversation(row: tuple) -> ConversationRow:
-    return ConversationRow(*row[:-1], json.loads(row[-1]) if row[-1] else {})
+    return ConversationRow(*row[:-1], _options(row[-1]))
+
+
+def _options(text: str | None) -> dict:
+    """A chat's stored reply options; {} for none, or for a value edited into something else than a JSON object."""
+    try:
+        options = json.loads(text) if text else {}
+    except (ValueError, RecursionError):
+        return {}
+    return options if isinstance(options, dict) else {}
 
 
 @dataclass(frozen=True)

@@ -35,13 +35,15 @@ def tools_model_dir(tmp_path, tiny_model_dir):
 @pytest.fixture
 def files(tmp_path):
     paths = {"tools": tmp_path / "weather-tools.json", "schema": tmp_path / "answer.json",
-             "unsatisfiable": tmp_path / "unsatisfiable.json", "not json": tmp_path / "broken.json"}
+             "unsatisfiable": tmp_path / "unsatisfiable.json", "not json": tmp_path / "broken.json",
+             "deep": tmp_path / "deep.json"}
     # a call every time (required): a random model would seldom start one of its own accord
     paths["tools"].write_text(json.dumps({"tools": TOOLS, "tool_choice": "required"}))
     paths["schema"].write_text(json.dumps(ANSWER))
     paths["unsatisfiable"].write_text(json.dumps({"type": "object", "required": ["n"], "properties": {
         "n": {"type": "integer", "minimum": 5, "maximum": 1}}}))
     paths["not json"].write_text('{"type": "object",')
+    paths["deep"].write_text("[" * 100_000 + "]" * 100_000)
     return paths
 
 
@@ -127,7 +129,8 @@ def test_a_servers_tool_calls_and_json_replies(app_driver, qtbot, tiny_model_dir
     assert isinstance(json.loads(reply.result.text), dict)
 
 
-@pytest.mark.parametrize("name, says", [("unsatisfiable", "unsatisfiable"), ("not json", "is not JSON")])
+@pytest.mark.parametrize("name, says", [("unsatisfiable", "unsatisfiable"), ("not json", "is not JSON"),
+                                        ("deep", "nested too deeply")])  # deep: a RecursionError in a slot before
 def test_a_schema_that_does_not_hold_up_is_a_dialog_and_nothing_changes(app_driver, qtbot, tiny_model_dir, files,
                                                                         name, says):
     window = app_driver.open(tiny_model_dir)

@@ -176,4 +176,8 @@ def test_reply_options_come_with_version_3_and_are_kept_per_chat(tmp_path):
     assert again.conversation(1).reply_options == options and again.conversation(other).reply_options == {}
     again.set_reply_options(1, {})
     assert again.conversation(1).reply_options == {}
+    # a value edited by hand into something else: no options, not an error (before: JSONDecodeError)
+    for edited in ("not json", "[1, 2]", "[" * 10_000):
+        again._db.execute("UPDATE conversations SET reply_options = ? WHERE id = 1", (edited,))
+        assert again.conversation(1).reply_options == {} and len(again.conversations()) == 2
     again.close()

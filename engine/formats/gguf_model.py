@@ -339,6 +339,10 @@ def config_from_gguf(file: GGUFCheckpoint, name: str) -> ModelConfig:
         raw |= _moe_keys(key)
     if arch == "gpt-oss":
         raw |= _gpt_oss_keys(key, raw)
+        # a reply ends at <|return|> and a tool call at <|call|>: llama.cpp adds both by their text, for files whose
+        # metadata names only one of them (eos: <|return|>) and no eot/eom
+        ends = [tokens.index(t) for t in ("<|return|>", "<|call|>") if isinstance(tokens, list) and t in tokens]
+        raw["eos_token_id"] = list(dict.fromkeys([*raw["eos_token_id"], *ends]))
     if arch not in GEMMA:
         return ModelConfig.from_dict(raw)
     config = ModelConfig.from_dict(raw | _gemma_keys(key, raw, tokens if isinstance(tokens, list) else []))

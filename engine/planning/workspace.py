@@ -52,7 +52,7 @@ def attention_bytes(config: ModelConfig, attention: ModuleType, *, context_token
                  head_dim=config.head_dim, dtype=dtype, cache_dtype=cache_dtype, block_size=block_size)
     if config.attn_softcap is not None:
         shape["softcap"] = config.attn_softcap
-    if config.attention_sinks:  # only the reference runs them (kernels.attention_ops)
+    if config.attention_sinks:  # the kernels' sink path (native, Triton and the reference)
         shape["sinks"] = True
     peak = 0
     for window in set(config.layer_windows) or {None}:

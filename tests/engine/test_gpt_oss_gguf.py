@@ -141,6 +141,18 @@ def test_a_gpt_oss_20b_shaped_file_plans_from_its_headers(tmp_path):
     assert all(e in ("cuda:0", "cpu") for e in p.expert_devices) and p.layer_devices == ("cuda:0",) * 24
 
 
+def test_a_reply_ends_at_return_and_a_call_at_call(tmp_path):
+    # review: ggml-org's gpt-oss files name only <|return|> as eos (no eot/eom): a tool call ran past <|call|>
+    from moe_factory import GPT_OSS_20B, write_sparse_gpt_oss_gguf
+
+    path = tmp_path / "gpt-oss-harmony.gguf"
+    vocab = 4096
+    write_sparse_gpt_oss_gguf(path, GPT_OSS_20B | {"vocab_size": vocab, "num_hidden_layers": 2},
+                              specials=("<|start|>", "<|end|>", "<|return|>", "<|call|>"))
+    ends = read_config(path).eos_token_ids
+    assert set(ends) == {1, vocab - 2, vocab - 1}  # the file's eos, <|return|>, <|call|>; not <|end|>
+
+
 @pytest.mark.parametrize("experts", ["f32", "mxfp4"])
 def test_the_native_decode_step_runs_gpt_oss_as_the_torch_path(files, experts):
     """decode_layer.c with sinks, biased router and experts, top-k then softmax, the clamped SwiGLU and YaRN's scaled

@@ -288,13 +288,15 @@ def write_random_q8_0(path: Path, tokenizer_dir: Path, *, layers: int, hidden: i
     return total
 
 
-def add_byte_level_tokenizer(w: gguf.GGUFWriter, vocab: int, pre: str) -> None:
-    """A `vocab`-token byte-level BPE vocabulary (byte_level_vocab) as a gpt2 tokenizer, bos 0 and eos 1."""
-    tokens, merges = byte_level_vocab(vocab)
+def add_byte_level_tokenizer(w: gguf.GGUFWriter, vocab: int, pre: str, specials: tuple[str, ...] = ()) -> None:
+    """A `vocab`-token byte-level BPE vocabulary (byte_level_vocab) as a gpt2 tokenizer, bos 0 and eos 1; `specials`:
+    control tokens appended (the vocabulary grows by as many)."""
+    tokens, merges = byte_level_vocab(vocab - len(specials))
+    tokens += list(specials)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.NORMAL] * vocab)
+    w.add_token_types([gguf.TokenType.NORMAL] * (vocab - len(specials)) + [gguf.TokenType.CONTROL] * len(specials))
     w.add_token_merges(merges)
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)

@@ -306,7 +306,7 @@ GPT_OSS_20B = dict(hidden_size=2880, intermediate_size=2880, num_hidden_layers=2
                    max_position_embeddings=131072, rms_norm_eps=1e-5, sliding_window=128, rope_theta=150000.0)
 
 
-def write_sparse_gpt_oss_gguf(path: Path, config: dict, default: str = "q8_0") -> int:
+def write_sparse_gpt_oss_gguf(path: Path, config: dict, default: str = "q8_0", specials: tuple[str, ...] = ()) -> int:
     """A real-shape `gpt-oss` GGUF (MXFP4 experts, the other matrices `default`, vectors and biases f32) whose tensor
     data is a hole (gguf_factory._write_sparse), with the keys GptOssModel writes. Returns the tensors' bytes."""
     import gguf
@@ -325,7 +325,7 @@ def write_sparse_gpt_oss_gguf(path: Path, config: dict, default: str = "q8_0") -
     w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
     w.add_rope_scaling_factor(32.0)
     w.add_rope_scaling_orig_ctx_len(4096)
-    add_byte_level_tokenizer(w, vocab, "gpt-2")
+    add_byte_level_tokenizer(w, vocab, "gpt-2", specials)
     shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,), "output.weight": (vocab, hidden)}
     for i in range(layers):
         b = f"blk.{i}."

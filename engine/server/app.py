@@ -318,7 +318,8 @@ class _Api:
         sampling = req.sampling(req.max_tokens or room)
         tools, channels = _tool_replies(req, served), _channels(served.engine.tokenizer) if chat else None
         if channels is not None and tools is not None and not tools.is_forced:
-            tools = None  # gpt-oss writes its calls on a channel of its own: read from there, not constrained
+            # gpt-oss writes its calls on a channel of its own: read from there, not constrained
+            channels, tools = replace(channels, tools=tools.names), None
         if req.grammar is not None or tools is not None:
             # the tokenizer's view for llguidance is built once per model; a call grammar compiled: off the loop
             try:

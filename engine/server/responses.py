@@ -68,9 +68,27 @@ class HarmonyReplies:
 
     markers: dict[int, str]  # token id -> marker text
     decode_all: Callable[[list[int]], str]  # token ids to text, special tokens kept
+    tools: frozenset[str] = frozenset()  # the functions offered (none under tool_choice "none"): other calls are text
 
     def text(self, event: TokenEvent) -> str:
         return self.markers.get(event.token_id, event.text)
+
+    def whole_text(self, result: GenerationResult) -> str:
+        """The reply with its markers, cut where result.text was (a stop string ends it mid-token)."""
+        full, kept, at = self.decode_all(result.token_ids), 0, 0
+        for m in harmony.MARKER_RE.finditer(full):
+            if kept + m.start() - at >= len(result.text):
+                break
+            kept, at = kept + m.start() - at, m.end()
+        return full[:at + len(result.text) - kept]
+
+    def kind(self, message: harmony.HarmonyMessage) -> str:
+        """Where a message's text goes: "reasoning", "call" (a function offered), or "content"."""
+        if message.channel == harmony.REASONING:
+            return "reasoning"
+        if message.is_tool_call and message.recipient.removeprefix("functions.") in self.tools:
+            return "call"
+        return "content"
 
 
 def call_id() -> str:
@@ -112,7 +130,8 @@ class Reply:
                            "tool_calls": [_call_object(call_id(), c) for c in calls]}
                 finish = "tool_calls" if finish == "stop" else finish
             if self.harmony is not None:
-                message["reasoning_content"] = harmony.parse(self.channels.decode_all(result.token_ids)).reasoning
+                message["reasoning_content"] = "".join(
+                    m.content for m in self._parsed(result).messages if self.channels.kind(m) == "reasoning")
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
             return self._object("chat.completion", [choice], usage=usage(result))
         choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": finish}
@@ -145,8 +164,10 @@ class Reply:
             call = forced.call()
             return ("", [call]) if call is not None else (result.text, [])
         if self.harmony is not None:
-            read = harmony.parse(self.channels.decode_all(result.token_ids))
-            return read.content, [ToolCall(name, arguments) for name, arguments in read.tool_calls]
+            messages = self._parsed(result).messages
+            return ("".join(m.content for m in messages if self.channels.kind(m) == "content"),
+                    [ToolCall(m.recipient.removeprefix("functions."), m.content) for m in messages
+                     if self.channels.kind(m) == "call"])
         if self.auto is not None:
             return parse(self.tools.whole(result), self.tools.format, set(self.tools.names))
         return result.text, []
@@ -192,12 +213,16 @@ class Reply:
                 out.append(self._call_chunk({"index": 0, "function": {"arguments": tail}}))
         return [*out, self.last_chunk(result)]
 
+    def _parsed(self, result: GenerationResult) -> harmony.HarmonyReply:
+        return harmony.parse(self.channels.whole_text(result))
+
     def _channel_chunks(self, deltas: list[harmony.Delta]) -> list[dict]:
         """A gpt-oss reply's new text, by channel: reasoning, content, or the pieces of a tool call."""
         out = []
         for d in deltas:
             message = self.harmony.reply.messages[d.index]
-            if message.is_tool_call:
+            kind = self.channels.kind(message)
+            if kind == "call":
                 call = {"index": self._call_index(d.index), "function": {"arguments": d.text}}
                 if d.index not in self._call_ids:  # its first piece: the id and the name, as OpenAI streams them
                     self._call_ids[d.index] = call_id()
@@ -205,7 +230,7 @@ class Reply:
                             "function": {"name": message.recipient.removeprefix("functions."), "arguments": d.text}}
                     self.num_calls = len(self._call_ids)
                 out.append(self._call_chunk(call))
-            elif message.channel == harmony.REASONING:
+            elif kind == "reasoning":
                 out.append(self._delta_chunk({"reasoning_content": d.text}))
             else:
                 out.append(self.chunk(d.text))

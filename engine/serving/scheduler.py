@@ -91,9 +91,10 @@ class _Request:
             self.seen.append(token)
             engine.stats.generated_tokens += 1
             text, self.stop_matched = self.stops.feed(self.decoder.push(token))
-            if text:
-                r.text += text
-                self.send(TokenEvent(token, text))
+            r.text += text
+            # every token, its text empty or not: a special token decodes to nothing, and a reader of the model's
+            # own markers (gpt-oss's channels, Mistral's [TOOL_CALLS]) knows it by its id
+            self.send(TokenEvent(token, text))
         # a grammar complete (a JSON value closed): only an EOS could follow, which would cost a step to sample
         self.stop_matched = self.stop_matched or self.sampler.is_finished
         reason = self.stop_reason(engine.cache.context_tokens)

@@ -24,7 +24,7 @@ START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", 
 END, RETURN, CALL = "<|end|>", "<|return|>", "<|call|>"
 MARKERS = (START, CHANNEL, MESSAGE, CONSTRAIN, END, RETURN, CALL)
 REASONING, FINAL, COMMENTARY = "analysis", "final", "commentary"
-_MARKER = re.compile("|".join(re.escape(m) for m in MARKERS))
+MARKER_RE = re.compile("|".join(re.escape(m) for m in MARKERS))
 _RECIPIENT = re.compile(r"\bto=(\S+)")
 
 
@@ -99,7 +99,7 @@ class HarmonyStream:
         self._buffer += text
         out: list[Delta] = []
         while self._buffer:
-            match = _MARKER.search(self._buffer)
+            match = MARKER_RE.search(self._buffer)
             if match is None:
                 keep = _partial_marker(self._buffer)  # a marker may be split between two deltas
                 self._text(self._buffer[: len(self._buffer) - keep], out)

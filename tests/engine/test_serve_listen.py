@@ -152,10 +152,12 @@ def test_cancel_mid_stream_over_the_socket_frees_the_request(unix_engine):
     # One sequence: this reply runs only once the cancelled one left, and a cancelled conversation is freed, not
     # kept for reuse (a finished one would give this identical prompt its cached tokens)
     again = server.chat(messages, SamplingParams(temperature=0, max_tokens=4))
-    assert "".join(again) and again.result.reused_tokens == 0
+    assert "".join(again)
     finished = server.chat(messages, SamplingParams(temperature=0, max_tokens=4))
     list(finished)
-    assert finished.result.reused_tokens > 0  # the control: a finished request's blocks are kept
+    # the control: a finished request's blocks are kept, so the same prompt reuses them; after the cancelled one
+    # only what an earlier test's chat shares with it, if anything (its template's opening: flaky as == 0)
+    assert finished.result.reused_tokens > 0 and again.result.reused_tokens < finished.result.reused_tokens
 
 
 def test_a_unix_url_without_a_path_is_refused():

@@ -143,7 +143,8 @@ def device_workspace(config: ModelConfig, attention: ModuleType, *, device_type:
         overhead += cpu_decode.scratch_bytes(hidden=config.hidden_size, num_heads=config.num_heads,
                                              num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
                                              intermediate=native_intermediate(config), lanes=num_seqs,
-                                             num_experts=config.num_experts)
+                                             num_experts=config.num_experts, top_k=config.num_experts_per_tok,
+                                             expert_intermediate=config.expert_intermediate_size)
     dequant = 0 if matrices is None else matrices.workspace_bytes(
         dtype, converts, runs_layers=runs_layers or runs_experts, holds_head=holds_head, holds_embed=holds_embed,
         num_tokens=min(chunk, context_tokens), num_seqs=num_seqs)

@@ -110,8 +110,10 @@ def test_a_gguf_file_is_read_once_for_every_listing_while_it_is_unchanged(tmp_pa
     writer.write_tensors_to_file()
     writer.close()
     reads = []
-    read_metadata = discovery.read_metadata
-    monkeypatch.setattr(discovery, "read_metadata", lambda *a: reads.append(a) or read_metadata(*a))
+    from stowage.engine.formats import gguf as gguf_reader  # discovery imports it when a listing first needs it
+
+    read_metadata = gguf_reader.read_metadata
+    monkeypatch.setattr(gguf_reader, "read_metadata", lambda *a: reads.append(a) or read_metadata(*a))
     places = discovery.Places(stowage_models=folder)
     first = discovery.discover(places)
     assert [(m.name, m.quant) for m in first.models] == [("tiny-Q8_0", "Q8_0")]

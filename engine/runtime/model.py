@@ -10,6 +10,7 @@ gpt-oss adds attention sinks (a logit per head in every softmax), biased routers
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -141,6 +142,18 @@ class Transformer:
             h = native.run_layers(h, start, block_table, cache.layer_group)
         seq.token_ids.extend(token_ids)
         return h
+
+    @functools.cached_property
+    def prefills_on_native_tiles(self) -> bool:
+        """Whether a prefill chunk's products on the CPU run in the native int8 tiles (every CPU layer's matrices
+        in ggml blocks, 16-bit activations, the kernels built): torch's own ops around them then do better on one
+        thread than on threads that spin on the cores the native pool uses (docs/kernels.md)."""
+        from stowage.kernels import cpu_quant_matmul
+
+        cpu = [layer for layer in self.layers if layer.device.type == "cpu"]
+        matrices = [t for layer in cpu for t in layer.tensors.values() if isinstance(t, QuantizedWeight)]
+        return self.dtype in (torch.bfloat16, torch.float16) and bool(matrices) and \
+            all(cpu_quant_matmul.runs(m.type_name) for m in matrices)
 
     def native(self, cache: KVCache) -> NativeDecode | None:
         """The native CPU decode step over `cache` (described once per cache), or None where torch runs it."""

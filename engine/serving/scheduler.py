@@ -253,7 +253,8 @@ class Scheduler:
         self.pool.make_room([(seq, len(chunk))])
         start = time.perf_counter()
         engine.check_weights()
-        logits = engine.model.forward(chunk, seq, engine.cache)
+        with torch_on_one_thread() if engine.model.prefills_on_native_tiles else nullcontext():
+            logits = engine.model.forward(chunk, seq, engine.cache)
         engine.check_weights()  # a file truncated during the chunk: its pages read as zeros; discard what it gave
         r.result.prefill_seconds += time.perf_counter() - start
         r.cursor += len(chunk)

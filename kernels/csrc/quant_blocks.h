@@ -82,6 +82,22 @@ static inline void k_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
     }
 }
 
+// A Q4_K / Q5_K super-block's 256 quants (0..15, or 0..31 with qh's fifth bits) into q: each of the 4 chunks of qs
+// holds 32 bytes, sub-block 2c in the low nibbles and 2c + 1 in the high ones.
+static inline void k_quants(const uint8_t *qs, const uint8_t *qh, int five_bits, uint8_t q[256]) {
+    for (int c = 0; c < 4; c++) {
+        for (int l = 0; l < 32; l++) {
+            int lo = qs[32 * c + l] & 0x0F, hi = qs[32 * c + l] >> 4;
+            if (five_bits) {  // bit i of qh[l] is the fifth bit of weight l of sub-block i
+                lo |= ((qh[l] >> (2 * c)) & 1) << 4;
+                hi |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+            }
+            q[64 * c + l] = (uint8_t)lo;
+            q[64 * c + 32 + l] = (uint8_t)hi;
+        }
+    }
+}
+
 // One block of `type` into float32 `out` (TYPES[type].elems weights).
 static inline void dequantize_block(int type, const uint8_t *b, float *out) {
     switch (type) {

@@ -85,17 +85,7 @@ static inline void block_integers(int type, const uint8_t *b, int8_t *q, float *
         uint8_t sc[8], mn[8];
         k_scales(b + 4, sc, mn);
         const uint8_t *qh = b + 16, *qs = type == Q4_K ? b + 16 : b + 48;
-        for (int c = 0; c < 4; c++) {  // 32 bytes per chunk: sub-block 2c in the low nibbles, 2c + 1 in the high
-            for (int l = 0; l < 32; l++) {
-                int lo = qs[32 * c + l] & 0x0F, hi = qs[32 * c + l] >> 4;
-                if (type == Q5_K) {  // bit i of qh[l] is the fifth bit of weight l of sub-block i
-                    lo |= ((qh[l] >> (2 * c)) & 1) << 4;
-                    hi |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
-                }
-                q[64 * c + l] = (int8_t)lo;
-                q[64 * c + 32 + l] = (int8_t)hi;
-            }
-        }
+        k_quants(qs, qh, type == Q5_K, (uint8_t *)q);  // 0..31: the same bytes as int8
         for (int j = 0; j < 8; j++) {
             scale[2 * j] = scale[2 * j + 1] = d * (float)sc[j];
             min[j] = dmin * (float)mn[j];

@@ -158,21 +158,9 @@ static void mm_unpack_block(int type, const uint8_t *b, uint8_t *q, float *sc, f
                 _mm256_storeu_si256((__m256i *)(q + 64 * c), _mm256_and_si256(v, low4));
                 _mm256_storeu_si256((__m256i *)(q + 64 * c + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
             }
-        }
-        for (int c = 0; c < 4 * (type == Q5_K); c++) {
-#else
-        for (int c = 0; c < 4; c++) {  // 32 bytes per chunk: sub-block 2c in the low nibbles, 2c + 1 in the high
+        } else
 #endif
-            for (int l = 0; l < 32; l++) {
-                int lo = qs[32 * c + l] & 0x0F, hi = qs[32 * c + l] >> 4;
-                if (type == Q5_K) {  // bit i of qh[l] is the fifth bit of weight l of sub-block i
-                    lo |= ((qh[l] >> (2 * c)) & 1) << 4;
-                    hi |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
-                }
-                q[64 * c + l] = (uint8_t)lo;
-                q[64 * c + 32 + l] = (uint8_t)hi;
-            }
-        }
+        k_quants(qs, qh, type == Q5_K, q);
         for (int j = 0; j < 8; j++) {
             sc[j] = d * (float)s6[j];
             mn[j] = -dmin * (float)m6[j];

@@ -78,7 +78,13 @@ def selected_isa() -> str | None:
 
 
 MAX_SPLITS = 64  # decode_types.h's: key ranges one attention call splits a context into
-PAIR_TABLE_BYTES = 512  # decode_layer.c's: a chosen expert's pointers and task, at most
+PAIR_TABLE_BYTES = 640  # decode_layer.c's: a chosen expert's pointers and task, at most
+
+
+def qvec_bytes(n: int) -> int:
+    """An activation vector's integer forms (quant_blocks.h QVEC_BYTES): per 32 a scale and a sum, per 256 the
+    K types' scale, per 16 two sums, and three int8 planes."""
+    return 8 * (n // 32) + 4 * (n // 256) + 6 * (n // 16) + 3 * n
 
 
 def scratch_bytes(*, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, intermediate: int,
@@ -92,14 +98,13 @@ def scratch_bytes(*, hidden: int, num_heads: int, num_kv_heads: int, head_dim: i
     wide = max(hidden, q)
     experts = num_experts + hidden if num_experts else 0
     floats = (hidden + wide + (q + 2 * kv) + q + hidden + 3 * intermediate + head_dim
-              + num_heads * MAX_SPLITS * (head_dim + 2) + experts + 2 * (wide // 32) + 2 * (intermediate // 32))
-    halves = wide + intermediate
-    per_lane = 4 * floats + 2 * (halves + 1) + 4 * (wide // 16 + intermediate // 16) + 2 * (wide + intermediate)
+              + num_heads * MAX_SPLITS * (head_dim + 2) + experts)
+    per_lane = 4 * floats + qvec_bytes(wide) + qvec_bytes(intermediate) + 2 * (wide + intermediate)
     lanes = min(max(lanes, 1), MAX_LANES)
     if not (top_k and expert_intermediate):
         return lanes * per_lane
     i = expert_intermediate
-    per_pair = 4 * (3 * i + 2 * (i // 32)) + 4 * i + 4 * (i // 16) + PAIR_TABLE_BYTES
+    per_pair = 4 * 3 * i + qvec_bytes(i) + 2 * i + PAIR_TABLE_BYTES
     return lanes * (per_lane + top_k * per_pair) + 32  # the 32: ensure_pairs' alignment
 
 

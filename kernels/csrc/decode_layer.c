@@ -87,13 +87,19 @@ static void ffn_chunk(void *ctx, int64_t begin, int64_t end) {
     }
 }
 
+// A chunk of an MLP's rows, as ffn_chunk prepares act: whole 256s where act has them (the K types' form of x is
+// made per 256, quant_dots.h), else whole 32s.
+static int64_t act_grain(int64_t rows, int64_t grain) {
+    const int64_t unit = rows % QK_K == 0 ? QK_K : 32;
+    return (grain + unit - 1) / unit * unit;
+}
+
 // gate/up, the activation and down for `lanes` inputs: out[b] = down . (f(gate . in[b]) * (up . in[b]))
 static void mlp(const model *m, const matrix *gate, const matrix *up, const matrix *down, const input *in,
                 const input *mid, scratch *const *s, float *const *out, int lanes) {
     // every gate/up chunk reads x's copies and writes its rows of act's copies: two sets of buffers
     ffn_task f = {gate, up, in, m, mid, s, lanes};
-    int64_t grain = (grain_for(gate->rows) + 31) & ~(int64_t)31;
-    parallel(ffn_chunk, &f, gate->rows, grain);
+    parallel(ffn_chunk, &f, gate->rows, act_grain(gate->rows, grain_for(gate->rows)));
     matvecs(down, NULL, NULL, mid, out, lanes);
 }
 
@@ -122,7 +128,7 @@ static struct {
     int64_t cap;  // bytes
 } PAIRS;
 
-#define PAIR_TABLE_BYTES 512
+#define PAIR_TABLE_BYTES 640
 _Static_assert(sizeof(scratch) + 3 * sizeof(input) + sizeof(float) + sizeof(int) + 2 * sizeof(float *) +
                    sizeof(ffn_task) + sizeof(expert_unit) <= PAIR_TABLE_BYTES, "a pair's tables");
 
@@ -133,10 +139,9 @@ static int ensure_pairs(const model *m, int lanes) {
         if (m->layers[i].experts && m->layers[i].experts[0].rows > inter) inter = m->layers[i].experts[0].rows;
     if (!inter) return 0;
     const int64_t n = (int64_t)lanes * m->top_k;
-    // per pair: gate, up, act, d, s (floats); act's bf16 copy; q, r (int8); sum16 (int32); the tables, within
-    // PAIR_TABLE_BYTES (kernels/cpu_decode.py scratch_bytes counts the same)
-    const int64_t per_pair = 4 * (3 * inter + 2 * (inter / 32)) + 2 * inter + 2 * inter + 4 * (inter / 16) +
-                             PAIR_TABLE_BYTES;
+    // per pair: gate, up, act (floats); act's integer forms and bf16 copy; the tables, within PAIR_TABLE_BYTES
+    // (kernels/cpu_decode.py scratch_bytes counts the same)
+    const int64_t per_pair = 4 * 3 * inter + QVEC_BYTES(inter) + 2 * inter + PAIR_TABLE_BYTES;
     const int64_t need = n * per_pair + 32;
     if (PAIRS.cap < need) {
         free(PAIRS.s);
@@ -156,18 +161,14 @@ static int ensure_pairs(const model *m, int lanes) {
     for (int64_t p = 0; p < n; p++) {
         scratch *s = &PAIRS.s[p];
         s->gate = f, s->up = f + inter, s->act = f + 2 * inter;
-        s->aq.d = f + 3 * inter, s->aq.s = s->aq.d + inter / 32;
-        s->ab = (uint16_t *)(s->aq.s + inter / 32);
-        s->aq.sum16 = (int32_t *)(s->ab + inter);
-        s->aq.q = (int8_t *)(s->aq.sum16 + inter / 16);
-        s->aq.r = s->aq.q + inter;
-        f = (float *)(s->aq.r + inter);
+        s->ab = (uint16_t *)qvec_carve(&s->aq, (char *)(f + 3 * inter), inter);
+        f = (float *)(s->ab + inter);  // inter is a multiple of 32: aligned
         PAIRS.mid[p] = (input){s->act, s->ab, s->aq};
     }
     return 0;
 }
 
-// items of a unit's gate/up phase: rows_per_item rows each, a multiple of 32 (act is quantized per 32)
+// items of a unit's gate/up phase: rows_per_item rows each, act_grain's
 static void unit_gate_up(void *ctx, int64_t begin, int64_t end) {
     (void)ctx;
     for (int64_t item = begin; item < end; item++) {
@@ -254,7 +255,7 @@ static void moe(const model *m, const layer *l, const input *in, int lanes) {
     const int64_t inter = l->experts[0].rows;
     int g = 128;
     while (g > 32 && inter % g) g -= 32;
-    PAIRS.rows_per_item = inter % g ? (int)inter : g;
+    PAIRS.rows_per_item = (int)act_grain(inter, inter % g ? inter : g);
     PAIRS.items_per_unit = (int)((inter + PAIRS.rows_per_item - 1) / PAIRS.rows_per_item);
     parallel(unit_gate_up, NULL, (int64_t)units * PAIRS.items_per_unit, 1);
     parallel(units_down, NULL, hidden, grain_for(hidden));

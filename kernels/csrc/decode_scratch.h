@@ -23,10 +23,8 @@ static int ensure_lane(scratch *s, const model *m) {
     int64_t wide = hidden > q ? hidden : q;  // what x's copies hold
     int64_t experts = m->num_experts ? m->num_experts + hidden : 0;
     int64_t floats = hidden + wide + (q + 2 * kv) + q + hidden + 3 * inter + m->head_dim +
-                     (int64_t)m->num_heads * MAX_SPLITS * (m->head_dim + 2) + experts + 2 * (wide / 32) +
-                     2 * (inter / 32);
-    int64_t halves = wide + inter;  // bf16 copies
-    int64_t need = 4 * floats + 2 * (halves + 1) + 4 * (wide / 16 + inter / 16) + 2 * (wide + inter);
+                     (int64_t)m->num_heads * MAX_SPLITS * (m->head_dim + 2) + experts;
+    int64_t need = 4 * floats + QVEC_BYTES(wide) + QVEC_BYTES(inter) + 2 * (wide + inter);  // then bf16 copies
     if (s->cap < need) {
         free(s->h);
         float *base = malloc((size_t)need);
@@ -50,18 +48,9 @@ static int ensure_lane(scratch *s, const model *m) {
     s->part = s->sin + m->head_dim / 2;
     s->logits = s->part + (int64_t)m->num_heads * MAX_SPLITS * (m->head_dim + 2);
     s->moe = s->logits + m->num_experts;
-    s->xq.d = s->logits + experts;
-    s->xq.s = s->xq.d + wide / 32;
-    s->aq.d = s->xq.s + wide / 32;
-    s->aq.s = s->aq.d + inter / 32;
-    s->xb = (uint16_t *)(s->aq.s + inter / 32);
+    char *at = qvec_carve(&s->xq, (char *)(s->logits + experts), wide);
+    s->xb = (uint16_t *)qvec_carve(&s->aq, at, inter);  // wide and inter are multiples of 32: still aligned
     s->ab = s->xb + wide;
-    s->xq.sum16 = (int32_t *)(s->ab + inter + ((wide + inter) & 1));  // 4-byte aligned
-    s->aq.sum16 = s->xq.sum16 + wide / 16;
-    s->xq.q = (int8_t *)(s->aq.sum16 + inter / 16);
-    s->xq.r = s->xq.q + wide;
-    s->aq.q = s->xq.r + wide;
-    s->aq.r = s->aq.q + inter;
     return 0;
 }
 

@@ -34,7 +34,29 @@ typedef struct {
     float *d;        // [n / 32] max |x| / 127 / 256 of each 32
     float *s;        // [n / 32] d * sum of v over each 32
     int32_t *sum16;  // [n / 16] sum of v over each 16 (Q6_K's sub-blocks)
+    // x again as the K types' dots read it (llama.cpp's Q8_K): one scale per 256, so that the weights' sub-block
+    // scales apply to integer sums and a super-block is converted to float once. Filled where n is a multiple of
+    // 256 (a K-type row's length always is); quantize_x fills each 256 lying whole inside the range it is given.
+    int8_t *k;       // [n] round(x / kd), in -127..127
+    float *kd;       // [n / 256] max |x| / 127 of each 256
+    int16_t *ksum;   // [n / 16] sum of k over each 16
 } qvec;
+
+// bytes of a qvec's buffers for n values (a multiple of 32); kernels/cpu_decode.py qvec_bytes says the same
+#define QVEC_BYTES(n) (8 * ((n) / 32) + 4 * ((n) / 256) + 6 * ((n) / 16) + 3 * (n))
+
+// x's buffers for n values laid out from `at` (4-byte aligned): QVEC_BYTES(n) of them; the byte past them
+static inline char *qvec_carve(qvec *x, char *at, int64_t n) {
+    x->d = (float *)at;
+    x->s = x->d + n / 32;
+    x->kd = x->s + n / 32;
+    x->sum16 = (int32_t *)(x->kd + n / 256);
+    x->ksum = (int16_t *)(x->sum16 + n / 16);
+    x->q = (int8_t *)(x->ksum + n / 16);
+    x->r = x->q + n;
+    x->k = x->r + n;
+    return (char *)(x->k + n);
+}
 
 // The type named as kernels/quants.py names it ("q4_k"), or -1.
 static inline int block_type_id(const char *name) {

@@ -1,7 +1,9 @@
-// The row dot product of each ggml block type with an activation vector quantized once to integers (`qvec`, as
-// llama.cpp quantizes x to Q8_0/Q8_K before its dots, but to 16 bits): integer products, then the weight's and
-// x's float scales per 16 or 32 products. The SIMD kernels of quant_x86.h where the compiler targets AVX2 or AVX-512,
-// else the portable reference below (the same integers, each block unpacked by `block_integers`).
+// The row dot product of each ggml block type with an activation vector quantized once to integers (`qvec`):
+// integer products, then the weight's and x's float scales. The types of 32 (Q8_0, Q4_x, Q5_x, MXFP4) read x at
+// 16 bits with a scale per 32; the K types (Q4_K, Q5_K, Q6_K) read it at 8 bits with one scale per 256, as
+// llama.cpp's Q8_K, so that their sub-block scales apply to integer sums (docs/kernels.md, "x for the K types").
+// The SIMD kernels of quant_x86.h where the compiler targets AVX2 or AVX-512, else the portable reference below
+// (the same integers, each block unpacked by `block_integers`).
 // Shared by quant_gemv.c and decode_layer.c.
 #pragma once
 #include <math.h>
@@ -40,6 +42,24 @@ static inline void quantize_x(const float *x, int64_t begin, int64_t end, const 
         x_q->sum16[2 * k + 1] = sum[1];
         x_q->d[k] = step / 256.0f;
         x_q->s[k] = x_q->d[k] * (float)(sum[0] + sum[1]);
+    }
+    // the K types' form of every 256 inside [begin, end): kd = max |x| / 127, k = x / kd rounded to nearest even
+    // (all 0 where the 256 are 0), |x - kd k| <= kd / 2; tests/kernels/test_cpu_quant.py repeats these steps
+    for (int64_t b = (begin + QK_K - 1) / QK_K; b < end / QK_K; b++) {
+        const float *v = x + QK_K * b;
+        float amax = 0.0f;
+        for (int j = 0; j < QK_K; j++) amax = fabsf(v[j]) > amax ? fabsf(v[j]) : amax;
+        const float step = amax / 127.0f, inv = step != 0.0f ? 1.0f / step : 0.0f;
+        int8_t *k = x_q->k + QK_K * b;
+        for (int g = 0; g < QK_K / 16; g++) {
+            int sum = 0;
+            for (int j = 16 * g; j < 16 * g + 16; j++) {
+                k[j] = (int8_t)(int)((v[j] * inv + 12582912.0f) - 12582912.0f);  // |x / kd| <= 127
+                sum += k[j];
+            }
+            x_q->ksum[QK_K / 16 * b + g] = (int16_t)sum;
+        }
+        x_q->kd[b] = step;
     }
 }
 
@@ -144,9 +164,28 @@ REFERENCE_DOT(Q4_0)
 REFERENCE_DOT(Q4_1)
 REFERENCE_DOT(Q5_0)
 REFERENCE_DOT(Q5_1)
-REFERENCE_DOT(Q4_K)
-REFERENCE_DOT(Q5_K)
-REFERENCE_DOT(Q6_K)
+// The K types against x's K form: per 16 an exact int32 sum of q * k, then its scale and x's one per 256; minimums
+// through the sums of k.
+static inline float dot_reference_k(int type, const uint8_t *row, const qvec *x, int64_t nb) {
+    int8_t q[QK_K];
+    float scale[QK_K / 16], min[QK_K / 32], sum = 0.0f;
+    for (int64_t i = 0; i < nb; i++, row += TYPES[type].bytes) {
+        block_integers(type, row, q, scale, min);
+        const int8_t *k = x->k + QK_K * i;
+        const int16_t *ks = x->ksum + QK_K / 16 * i;
+        for (int g = 0; g < QK_K / 16; g++) {
+            int32_t isum = 0;
+            for (int j = 16 * g; j < 16 * g + 16; j++) isum += q[j] * k[j];
+            sum += scale[g] * x->kd[i] * (float)isum - min[g / 2] * x->kd[i] * (float)ks[g];
+        }
+    }
+    return sum;
+}
+#define REFERENCE_DOT_K(T) \
+    static float dot_reference_##T(const uint8_t *row, const qvec *x, int64_t nb) { return dot_reference_k(T, row, x, nb); }
+REFERENCE_DOT_K(Q4_K)
+REFERENCE_DOT_K(Q5_K)
+REFERENCE_DOT_K(Q6_K)
 REFERENCE_DOT(MXFP4)
 static const row_dot DOTS[NUM_TYPES] = {
     [Q8_0] = dot_reference_Q8_0, [Q4_0] = dot_reference_Q4_0, [Q4_1] = dot_reference_Q4_1,

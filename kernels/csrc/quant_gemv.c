@@ -27,21 +27,15 @@ const char *quant_isa(void) {
 int quant_gemv(int type, const uint8_t *w, const float *x, const float *bias, float *y, int64_t rows,
                int64_t cols, int64_t n, int num_threads) {
     const int64_t num_blocks = cols / TYPES[type].elems, row_bytes = num_blocks * TYPES[type].bytes;
-    const int64_t per32 = cols / 32;
-    // per input row: d and s (floats), sum16 (int32), then q and r
-    char *buf = malloc((size_t)(n * (per32 * (2 * sizeof(float) + 2 * sizeof(int32_t)) + 2 * cols)));
+    char *buf = malloc((size_t)(n * QVEC_BYTES(cols)));  // each input row's integer forms (quant_blocks.h)
     if (buf == NULL) return -1;
     qvec *xq = malloc((size_t)n * sizeof(qvec));
     if (xq == NULL) {
         free(buf);
         return -1;
     }
-    float *floats = (float *)buf;
-    int32_t *sums = (int32_t *)(floats + 2 * n * per32);
-    int8_t *q = (int8_t *)(sums + 2 * n * per32);
     for (int64_t t = 0; t < n; t++) {
-        int8_t *qt = q + 2 * t * cols;
-        xq[t] = (qvec){qt, qt + cols, floats + 2 * t * per32, floats + (2 * t + 1) * per32, sums + 2 * t * per32};
+        qvec_carve(&xq[t], buf + t * QVEC_BYTES(cols), cols);
         quantize_x(x + t * cols, 0, cols, &xq[t]);
     }
     const row_dot dot = DOTS[type];

@@ -247,38 +247,27 @@ static inline __m128i k_scales16(const uint8_t *s) {
     return _mm_loadu_si128((const __m128i *)u);
 }
 
-// Q4_K and Q5_K: 8 sub-blocks of 32 under 6-bit scales and minimums: sum_j d sc_j dx_j (q . v)_j
-// - dmin sum_j mn_j sum(x)_j. Q5_K's fifth bits: bit j of qh[l] belongs to weight l of sub-block j.
+// Q4_K and Q5_K against x's K form (one scale per 256): 8 sub-blocks of 32 under 6-bit scales and minimums,
+// sum_j d sc_j kd (q . k)_j - dmin kd sum_j mn_j sum(k)_j. The scale of a sub-block multiplies its int16 pair sums
+// in the widening add, so a super-block's products stay integers until one conversion. Q5_K's fifth bits: bit j
+// of qh[l] belongs to weight l of sub-block j.
 static inline float dot_k_blocks(int type, const uint8_t *row, const qvec *x, int64_t nb) {
     const int bytes = TYPES[type].bytes;
     const __m256i low4 = _mm256_set1_epi8(0x0F), fifth = _mm256_set1_epi8(0x10);
-    __m256 acc = _mm256_setzero_ps(), mins = acc;
+    __m256 acc = _mm256_setzero_ps();
+    __m128 mins = _mm_setzero_ps();
     for (int64_t i = 0; i < nb; i++, row += bytes) {
-        __m128i sm = k_scales16(row + 4);
-        __m256 dx = _mm256_loadu_ps(x->d + 8 * i);
-        __m256 scale = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(f16_to_f32(row)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm))), dx);
-        __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
-        mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(f16_to_f32(row + 2)), mn), _mm256_loadu_ps(x->s + 8 * i), mins);
+        const __m128i sm = k_scales16(row + 4);  // bytes 0..7 the scales, 8..15 the minimums (< 64)
+        const float kd = x->kd[i];
+        // the minimums against k's sums per 32: pairs of its sums per 16
+        const __m256i ks = _mm256_loadu_si256((const __m256i *)(x->ksum + 16 * i));
+        const __m128i k32 = _mm_hadd_epi16(_mm256_castsi256_si128(ks), _mm256_extracti128_si256(ks, 1));
+        const __m128i mprod = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(sm, 8)), k32);
+        mins = _mm_fmadd_ps(_mm_set1_ps(f16_to_f32(row + 2) * kd), _mm_cvtepi32_ps(mprod), mins);
+        const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));  // 8 int16 scales, both halves
         const uint8_t *qs = row + (type == Q4_K ? 16 : 48);
-        __m256i h = type == Q5_K ? load32(row + 16) : _mm256_setzero_si256();
-#if defined(__AVX512VNNI__)
-        __m512 scale16 = _mm512_castps256_ps512(scale), acc16 = _mm512_setzero_ps();
-        for (int c = 0; c < 4; c++) {  // sub-blocks 2c and 2c + 1 as one vector of 64 weights
-            __m256i q = load32(qs + 32 * c);
-            __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
-            u = _mm512_and_si512(u, _mm512_set1_epi8(0x0F));
-            if (type == Q5_K) {
-                __m512i hh = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_slli_epi16(h, 4)), _mm256_slli_epi16(h, 3), 1);
-                u = _mm512_or_si512(u, _mm512_and_si512(hh, _mm512_set1_epi8(0x10)));
-                h = _mm256_srli_epi16(h, 2);
-            }
-            const __m512i pick = _mm512_inserti64x4(_mm512_set1_epi32(2 * c), _mm256_set1_epi32(2 * c + 1), 1);
-            acc16 = _mm512_fmadd_ps(dot64(u, x, QK_K * i + 64 * c), _mm512_permutexvar_ps(pick, scale16), acc16);
-        }
-        acc = _mm256_add_ps(acc, _mm256_add_ps(_mm512_castps512_ps256(acc16),
-                                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc16), 1))));
-        (void)low4, (void)fifth;
-#else
+        const int8_t *k = x->k + QK_K * i;
+        __m256i h = type == Q5_K ? load32(row + 16) : _mm256_setzero_si256(), sumi = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {  // sub-block 2c in the low nibbles of 32 bytes, 2c + 1 in the high
             __m256i q = load32(qs + 32 * c);
             __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
@@ -287,52 +276,36 @@ static inline float dot_k_blocks(int type, const uint8_t *row, const qvec *x, in
                 hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(h, 3), fifth));
                 h = _mm256_srli_epi16(h, 2);
             }
-            __m256 p0 = dot32(lo, x, QK_K * i + 64 * c), p1 = dot32(hi, x, QK_K * i + 64 * c + 32);
-            acc = _mm256_fmadd_ps(p0, _mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(2 * c)), acc);
-            acc = _mm256_fmadd_ps(p1, _mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(2 * c + 1)), acc);
+            // int16 scale 2c (bytes 4c, 4c + 1) and 2c + 1 in every lane
+            const __m256i s_lo = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((short)((4 * c + 1) << 8 | 4 * c)));
+            const __m256i s_hi = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((short)((4 * c + 3) << 8 | (4 * c + 2))));
+            // pairs of u (< 32) times k (|k| <= 127) stay within int16; times a scale below 64 within int32
+            __m256i p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load32(k + 64 * c)), s_lo);
+            __m256i p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load32(k + 64 * c + 32)), s_hi);
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
         }
-#endif
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(row) * kd), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return hsum8(_mm256_sub_ps(acc, mins));
+    __m128 m = _mm_add_ps(mins, _mm_movehl_ps(mins, mins));
+    return hsum8(acc) - _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
 }
 static float dot_q4_k(const uint8_t *r, const qvec *x, int64_t nb) { return dot_k_blocks(Q4_K, r, x, nb); }
 static float dot_q5_k(const uint8_t *r, const qvec *x, int64_t nb) { return dot_k_blocks(Q5_K, r, x, nb); }
 
-// Q6_K: 16 sub-blocks of 16 under signed 8-bit scales, weights d s_g (q - 32) with q 6 bits (4 in ql, 2 in qh):
-// sum_g d s_g dx (q . v)_g less 32 d sum_g s_g dx sum(x)_g, the last through the sums of x per 16.
+// Q6_K against x's K form: 16 sub-blocks of 16 under signed 8-bit scales, weights d s_g (q - 32) with q 6 bits (4 in
+// ql, 2 in qh): d kd (sum_g s_g (q . k)_g - 32 sum_g s_g sum(k)_g), every sum an integer.
 static float dot_q6_k(const uint8_t *row, const qvec *x, int64_t nb) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
-    const __m256i pairs = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);  // x's scale per 32 for 8 sub-blocks of 16
-    __m256 acc = _mm256_setzero_ps(), offs = acc;
+    __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++, row += 210) {
-        const __m256 d = _mm256_set1_ps(f16_to_f32(row + 208));
+        const int8_t *k = x->k + QK_K * i;
+        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(row + 192)));  // 16 scales
+        // the offsets: 32 sum_g s_g sum(k)_g
+        __m256i sumi = _mm256_madd_epi16(s16, _mm256_loadu_si256((const __m256i *)(x->ksum + 16 * i)));
+        sumi = _mm256_slli_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), sumi), 5);
         for (int half = 0; half < 2; half++) {  // 128 weights: ql[64], qh[32], scales[8]
             const uint8_t *ql = row + 64 * half, *qh = row + 128 + 32 * half;
-            const int64_t k = 2 * i + half;  // in 128s
-            __m128i s8 = _mm_loadl_epi64((const __m128i *)(row + 192 + 8 * half));
-            __m256 dx = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(x->d + 4 * k)), pairs);
-            __m256 scale = _mm256_mul_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8))), dx);
-            __m256 sum16 = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(x->sum16 + 8 * k)));
-            offs = _mm256_fmadd_ps(scale, sum16, offs);
-#if defined(__AVX512VNNI__)
-            {  // weights 0..63 and 64..127 of the 128 as two vectors: ql's low nibbles, then its high ones
-                const __m512i low4x = _mm512_set1_epi8(0x0F), bits45x = _mm512_set1_epi8(0x30);
-                __m512i a = _mm512_loadu_si512(ql), h = _mm512_broadcast_i64x4(load32(qh));
-                __m512i u01 = _mm512_or_si512(_mm512_and_si512(a, low4x),
-                                              _mm512_and_si512(_mm512_sllv_epi64(h, _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2)), bits45x));
-                __m512i u23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), low4x),
-                                              _mm512_and_si512(_mm512_srlv_epi64(h, _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2)), bits45x));
-                __m512 scale16 = _mm512_castps256_ps512(scale);
-                const __m512i pick01 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-                const __m512i pick23 = _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7);
-                __m512 p = _mm512_mul_ps(dot64(u01, x, 128 * k), _mm512_permutexvar_ps(pick01, scale16));
-                p = _mm512_fmadd_ps(dot64(u23, x, 128 * k + 64), _mm512_permutexvar_ps(pick23, scale16), p);
-                acc = _mm256_add_ps(acc, _mm256_add_ps(_mm512_castps512_ps256(p),
-                                                       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1))));
-                (void)low4, (void)bits45;
-                continue;
-            }
-#endif
+            const __m256i sc = _mm256_permute4x64_epi64(s16, half ? 0xEE : 0x44);  // this half's 8, both lanes
             __m256i a = load32(ql), b = load32(ql + 32), h = load32(qh);
             __m256i q[4] = {
                 _mm256_or_si256(_mm256_and_si256(a, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), bits45)),
@@ -341,13 +314,20 @@ static float dot_q6_k(const uint8_t *row, const qvec *x, int64_t nb) {
                 _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), low4),
                                 _mm256_and_si256(_mm256_srli_epi16(h, 2), bits45)),
             };
-            for (int r = 0; r < 4; r++) {  // weights 32r.. of the 128: lanes 0..3 sub-block 2r, 4..7 2r + 1
-                __m256 p = dot32(q[r], x, 128 * k + 32 * r);
-                __m256i pick = _mm256_setr_epi32(2 * r, 2 * r, 2 * r, 2 * r, 2 * r + 1, 2 * r + 1, 2 * r + 1, 2 * r + 1);
-                acc = _mm256_fmadd_ps(p, _mm256_permutevar8x32_ps(scale, pick), acc);
+            for (int r = 0; r < 4; r++) {  // weights 32r.. of the 128: bytes 0..15 sub-block 2r, 16..31 2r + 1
+                // int16 scale 2r in the low lane, 2r + 1 in the high (bytes 4r.. and 4r + 2..)
+                const __m256i pick = _mm256_setr_epi8(
+                    4 * r, 4 * r + 1, 4 * r, 4 * r + 1, 4 * r, 4 * r + 1, 4 * r, 4 * r + 1, 4 * r, 4 * r + 1, 4 * r,
+                    4 * r + 1, 4 * r, 4 * r + 1, 4 * r, 4 * r + 1, 4 * r + 2, 4 * r + 3, 4 * r + 2, 4 * r + 3,
+                    4 * r + 2, 4 * r + 3, 4 * r + 2, 4 * r + 3, 4 * r + 2, 4 * r + 3, 4 * r + 2, 4 * r + 3, 4 * r + 2,
+                    4 * r + 3, 4 * r + 2, 4 * r + 3);
+                // pairs of q (< 64) times k within int16; times |s| <= 128 within int32
+                __m256i p = _mm256_maddubs_epi16(q[r], load32(k + 128 * half + 32 * r));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, pick)));
             }
         }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(row + 208) * x->kd[i]), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return hsum8(acc) - 32.0f * hsum8(offs);
+    return hsum8(acc);
 }
 #endif

@@ -24,6 +24,7 @@ from stowage.engine.planning.budgets import given_budgets  # noqa: E402
 from stowage.engine.planning.plan import PlanRequest, plan  # noqa: E402
 from stowage.engine.runtime.rope import inverse_frequencies  # noqa: E402
 from stowage.engine.runtime.sampler import SamplingParams  # noqa: E402
+from stowage.kernels import quant_linear  # noqa: E402
 from stowage.engine.units import GiB  # noqa: E402
 from stowage.engine.runtime.kv_cache import Sequence  # noqa: E402
 from stowage.kernels.quant_linear import MatrixShape, QuantizedWeight, rows_workspace_bytes, workspace_bytes  # noqa: E402
@@ -135,7 +136,7 @@ Q4_K_M = {"attn_v.weight": "q6_k", "ffn_down.weight": "q6_k", "output.weight": "
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_k_quants_and_an_f16_head_match_transformers(arch, tmp_path):
+def test_k_quants_and_an_f16_head_match_transformers(arch, tmp_path, monkeypatch):
     from gguf_factory import write_k_quant_gguf
 
     # K-quant rows are blocks of 256 weights: hidden and intermediate sizes of 256 and 512
@@ -150,10 +151,17 @@ def test_k_quants_and_an_f16_head_match_transformers(arch, tmp_path):
         theirs = reference(torch.tensor([ids])).logits[0]
     assert theirs.abs().max() > 1.0
     engine = Engine.load(path, cpu_plan(path, 256, dtype="float32", prefill_chunk=7))
+    with monkeypatch.context() as tiles:  # the dequantized blocks' product itself, prefill and decode
+        tiles.setattr(quant_linear, "MAX_NATIVE_TOKENS", 0)
+        tiles.setattr(engine.model, "_native_for", (engine.cache, None))
+        ours = engine.model.forward(ids, Sequence(), engine.cache, all_logits=True)
+        assert (ours - theirs).abs().max().item() <= 1e-4
+        result = engine.generate(ids, SamplingParams(temperature=0, max_tokens=16)).run()
+        assert result.token_ids == greedy_reference(reference, ids, engine.eos_ids, 16)
+    # chunks of 7 on the native kernels, which read x at 8 bits per 256 for the K types (llama.cpp's Q8_K): close,
+    # and a tiny random model's near-ties may then pick other tokens (tests/kernels/test_cpu_quant.py checks them)
     ours = engine.model.forward(ids, Sequence(), engine.cache, all_logits=True)
-    assert (ours - theirs).abs().max().item() <= 1e-4
-    result = engine.generate(ids, SamplingParams(temperature=0, max_tokens=16)).run()
-    assert result.token_ids == greedy_reference(reference, ids, engine.eos_ids, 16)
+    assert (ours - theirs).abs().max().item() <= 5e-3 * theirs.abs().max().item()
     # by default: bf16 activations; the f16 head computes tile by tile too (converted per tile, never copied)
     engine = Engine.load(path, cpu_plan(path, 256))
     assert engine.plan.dtype == "bfloat16" and isinstance(engine.model.head["lm_head"], QuantizedWeight)

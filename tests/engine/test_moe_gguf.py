@@ -109,7 +109,9 @@ def test_q4_k_experts_match_their_dequantized_blocks(tmp_path, monkeypatch):
     engine = Engine.load(path, cpu_plan(path, 256, dtype="float32", prefill_chunk=7))
     assert engine.model.experts[1]["down.7"].type_name == "q4_k"
     reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32).eval()
-    compare_logits_and_tokens(engine, reference, PROMPT, 1e-3)  # the native kernels (see above)
+    # the native kernels read x at 8 bits with a scale per 256 for the K types (llama.cpp's Q8_K, kernels/csrc/
+    # quant_dots.h): within 0.5% of the largest logit (~12), the same greedy tokens
+    compare_logits_and_tokens(engine, reference, PROMPT, 0.06)
     monkeypatch.setattr(quant_linear.cpu_quant, "is_available", lambda: False)
     compare_logits_and_tokens(engine, reference, PROMPT, 1e-4)  # the tile path: the dequantized blocks' product
 

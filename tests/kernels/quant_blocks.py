@@ -1,8 +1,10 @@
-"""Random ggml blocks for the kernel tests: any bytes, but float16 scales that are small and finite."""
+"""Random ggml blocks for the kernel tests: any bytes, but float16 scales that are small and finite; and x as the
+native kernels quantize it (kernels/csrc/quant_dots.h quantize_x)."""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from stowage.kernels.quants import FORMATS
 
@@ -26,3 +28,22 @@ def random_blocks(type_name: str, shape: tuple[int, ...], seed: int = 0) -> np.n
     for start in E8M0_FIELDS.get(type_name, []):  # 2^-9 .. 2^-4: the f16 scales' magnitudes
         blocks[:, start] = rng.integers(118, 124, blocks.shape[0], dtype=np.uint8)
     return raw
+
+
+# the types whose native dots read x in its K form: 8 bits with a scale per 256, as llama.cpp's Q8_K
+K_TYPES = ("q4_k", "q5_k", "q6_k")
+
+
+def quantized(x: torch.Tensor, type_name: str = "q8_0") -> tuple[torch.Tensor, torch.Tensor]:
+    """x [n, cols] float32 as the kernels read it for `type_name` (float64), and the step each value's rounding
+    stays within, per value [n, cols]."""
+    k_form = type_name in K_TYPES
+    blocks = x.reshape(*x.shape[:-1], -1, 256 if k_form else 32)
+    step = blocks.abs().amax(-1, keepdim=True) / 127  # float32 steps as the C code takes them
+    t = blocks * torch.where(step > 0, 1 / step, 0)
+    q = t.round()  # ties to even, as the C code
+    if k_form:
+        return (q.double() * step.double()).reshape(x.shape), step.expand(blocks.shape).reshape(x.shape)
+    r = ((t - q) * 256).round().clamp(-127, 127)
+    d = step / 256
+    return ((256 * q.double() + r.double()) * d.double()).reshape(x.shape), d.expand(blocks.shape).reshape(x.shape)

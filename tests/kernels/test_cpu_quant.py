@@ -5,28 +5,18 @@ torch when they cannot be built."""
 import numpy as np
 import pytest
 import torch
-from quant_blocks import BLOCK_TYPES, random_blocks
+from quant_blocks import BLOCK_TYPES, K_TYPES, quantized, random_blocks
 
 from stowage.kernels import cbuild, cpu_quant, quant_linear
 from stowage.kernels.quant_linear import QuantizedWeight
 from stowage.kernels.quants import dequantize
 
-# x is quantized per 32 to 16-bit integers (quantize_x in kernels/csrc/quant_dots.h, repeated in `quantized` below)
-# and the products are exact integers; what differs from the float64 product with that x is the order of the float32
-# sums and where the scales multiply: a few float32 ulps of |x| @ |W|.T (measured: < 1e-7 at 2560 inputs), stated
-# with margin, as for the tile path.
+# x is quantized once (quantize_x in kernels/csrc/quant_dots.h, repeated in quant_blocks.quantized): per 32 to 16-bit
+# integers for the types of 32, per 256 to 8 bits for the K types (as llama.cpp's Q8_K); the products are exact
+# integers, and what differs from the float64 product with that x is the order of the float32 sums and where the
+# scales multiply: a few float32 ulps of |x| @ |W|.T (measured: < 1e-7 at 2560 inputs), stated with margin, as for
+# the tile path.
 RTOL = 1e-5
-
-
-def quantized(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [n, cols] float32 as the kernels read it (float64 d * (256 q + r)), and d [n, cols / 32, 1]."""
-    blocks = x.reshape(*x.shape[:-1], -1, 32)
-    step = blocks.abs().amax(-1, keepdim=True) / 127  # float32 steps as the C code takes them
-    t = blocks * torch.where(step > 0, 1 / step, 0)
-    q = t.round()  # ties to even, as the C code
-    r = ((t - q) * 256).round().clamp(-127, 127)
-    d = step / 256
-    return ((256 * q.double() + r.double()) * d.double()).reshape(x.shape), d
 
 
 def isa_params():
@@ -42,17 +32,18 @@ def isa(request):
     return request.param
 
 
-def check_close(ours, x, w, bias=None, *, integer_x=True):
-    """ours = x W.T (+ bias) for x quantized as the kernels quantize it (integer_x), and within that rounding of x."""
+def check_close(ours, x, w, bias=None, *, type_name="q8_0", integer_x=True):
+    """ours = x W.T (+ bias) for x quantized as the kernels quantize it for `type_name` (integer_x), and within
+    that rounding of x."""
     bias = torch.zeros(w.shape[0]) if bias is None else bias
-    xq, d = quantized(x) if integer_x else (x.double(), torch.zeros(*x.shape[:-1], x.shape[-1] // 32, 1))
+    xq, d = quantized(x, type_name) if integer_x else (x.double(), torch.zeros(x.shape))
     ref = xq @ w.double().t() + bias.double()
     scale = xq.abs() @ w.double().abs().t() + bias.double().abs()
     assert scale.max() > 0.1
     assert ((ours.double() - ref).abs() <= RTOL * scale).all(), ((ours.double() - ref).abs() / scale).max().item()
     # each x moved by at most its step d (d / 2 but where r is clamped): the error against the float product is
     # below sum |w| d
-    bound = d.expand(*d.shape[:-1], 32).reshape(x.shape).double() @ w.double().abs().t()
+    bound = d.double() @ w.double().abs().t()
     exact = x.double() @ w.double().t() + bias.double()
     assert ((ours.double() - exact).abs() <= bound + RTOL * scale).all()
 
@@ -65,7 +56,7 @@ def test_matches_the_dequantized_product(isa, type_name, rows, cols, num_tokens)
     x = torch.randn(num_tokens, cols, generator=torch.Generator().manual_seed(rows))
     ours = cpu_quant.matvec(raw, type_name, x, isa=isa)
     assert ours.shape == (num_tokens, rows) and ours.dtype == torch.float32
-    check_close(ours, x, dequantize(raw, type_name, (rows, cols)))
+    check_close(ours, x, dequantize(raw, type_name, (rows, cols)), type_name=type_name)
 
 
 @pytest.mark.parametrize("type_name", ["q8_0", "q4_1", "q5_0", "q6_k"])
@@ -77,7 +68,21 @@ def test_zeros_ties_and_a_clamped_rest(isa, type_name):
     x[0, 63] = 127.0
     x[0, 64:] = torch.randn(cols - 64)
     raw = torch.from_numpy(random_blocks(type_name, (8, cols), seed=9))
-    check_close(cpu_quant.matvec(raw, type_name, x, isa=isa), x, dequantize(raw, type_name, (8, cols)))
+    check_close(cpu_quant.matvec(raw, type_name, x, isa=isa), x, dequantize(raw, type_name, (8, cols)),
+                type_name=type_name)
+
+
+@pytest.mark.parametrize("type_name", K_TYPES)
+def test_the_k_form_of_zeros_and_ties(isa, type_name):
+    # 256 zeros (scale 0); then a step of 1 with halves, ties to even
+    x = torch.zeros(1, 512)
+    x[0, 256:511] = torch.arange(255) / 2 - 63.5
+    x[0, 511] = 127.0
+    raw = torch.from_numpy(random_blocks(type_name, (8, 512), seed=3))
+    ours = cpu_quant.matvec(raw, type_name, x, isa=isa)
+    w = dequantize(raw, type_name, (8, 512))
+    check_close(ours, x, w, type_name=type_name)
+    assert not torch.allclose(quantized(x, type_name)[0], x.double())  # the ties did round: a real check
 
 
 @pytest.mark.parametrize("type_name", ["q8_0", "q4_k", "q5_0", "q6_k"])
@@ -91,7 +96,7 @@ def test_bias_a_strided_input_and_a_mapped_weight(isa, type_name, tmp_path):
     x = torch.randn(4, cols)[1:3]
     bias = torch.randn(rows).bfloat16()
     check_close(cpu_quant.matvec(held, type_name, x, bias, isa=isa), x, dequantize(raw, type_name, (rows, cols)),
-                bias.float())
+                bias.float(), type_name=type_name)
 
 
 def test_the_isa_switch(monkeypatch):

@@ -101,7 +101,7 @@ def compare_logits_and_tokens(engine, reference, prompt: str, tolerance: float, 
     with torch.no_grad():
         theirs = reference(torch.tensor([ids])).logits[0]
     assert theirs.abs().max() > 1.0
-    assert (ours - theirs).abs().max().item() <= tolerance
+    assert (ours - theirs).abs().max().item() <= tolerance, ((ours - theirs).abs().max().item(), theirs.abs().max().item())
     engine.cache.release(seq)
     if generate:
         result = engine.generate(ids, SamplingParams(temperature=0, max_tokens=max_tokens)).run()

@@ -52,10 +52,11 @@ GPU_WS_HEAD = 745_258_496
 CPU_WS = 419_151_360
 CPU_WS_EMBED_ONLY = 50_462_720
 # The native decode step's scratch, one lane (decode_layer.c ensure_lane) for hidden 4096, 32 x 128 query heads,
-# 8 KV heads, intermediate 14336: floats 5 x 4096 + 2 x 1024 + 3 x 14336 + 128 + 32 x 64 splits x 130
-# + 2 x 128 + 2 x 448 = 333,056 (1,332,224 B); bf16 copies 2 x 18,433; integer sums 4 x (256 + 896); int8 planes
+# 8 KV heads, intermediate 14336: floats 5 x 4096 + 2 x 1024 + 3 x 14336 + 128 + 32 x 64 splits x 130 = 331,904
+# (1,327,616 B); x's and act's integer forms (quant_blocks.h QVEC_BYTES: per 32 two floats, per 256 one, per 16 an
+# int32 and an int16, three int8 planes) 1,024 + 64 + 1,536 + 12,288 and 3,584 + 224 + 5,376 + 43,008; bf16 copies
 # 2 x 18,432.
-DECODE_SCRATCH = 1_332_224 + 36_866 + 4_608 + 36_864
+DECODE_SCRATCH = 1_327_616 + 14_912 + 52_192 + 36_864
 CPU_WS_NATIVE = 111_918_592 + DECODE_SCRATCH
 RAM_16 = 16 * GiB - GiB
 REQUEST = PlanRequest(32768, kv_dtype="float16")

@@ -136,6 +136,13 @@ class ChatPanel(QWidget):
         if conversation_id == self.conversation_id:
             self.show_conversation(None)  # until the list shows the next one
 
+    @property
+    def is_replying(self) -> bool:
+        """A reply is under way: asked of the engine, or its end not yet taken in here. The client's own flag clears on
+        the same finishing signal, in an event of its own that can come first: a message sent between the two would
+        have taken the old reply's end as its own."""
+        return self.client.is_generating or self._reply is not None
+
     def _streaming_for(self, conversation_id: int | None) -> bool:
         """Whether a reply streams now for this chat."""
         return self.client.is_generating and self._reply is not None and self._reply.conversation_id == conversation_id
@@ -215,7 +222,7 @@ class ChatPanel(QWidget):
     # -- sending --------------------------------------------------------------------------------
     def send(self) -> None:
         text = self.input.toPlainText().strip()
-        if not text or self.client.is_generating:
+        if not text or self.is_replying:
             return
         if not self.context_tokens:
             self.show_error("No model is loaded yet: choose one on the right and press Load. Your message is kept.")
@@ -239,7 +246,7 @@ class ChatPanel(QWidget):
     def regenerate(self, temperature: float | None = None) -> None:
         """Write the last reply again, beside the old one (after a Stop, an error, or a reply you did not like);
         at `temperature` this once, when given."""
-        if self.conversation_id is None or self.client.is_generating or not self.context_tokens:
+        if self.conversation_id is None or self.is_replying or not self.context_tokens:
             return
         messages = self.store.messages(self.conversation_id)
         last_question = max((i for i, m in enumerate(messages) if m.role in ("user", "tool")), default=None)
@@ -256,7 +263,7 @@ class ChatPanel(QWidget):
 
     def edit_and_resend(self, message_id: int, text: str) -> None:
         """Send an edited message as a new version of it; the old one stays with the branch below it."""
-        if self.conversation_id is None or self.client.is_generating:
+        if self.conversation_id is None or self.is_replying:
             return
         if not self.context_tokens:
             self.show_error("No model is loaded yet: load one, then edit the message again.")
@@ -267,7 +274,7 @@ class ChatPanel(QWidget):
 
     def delete_message(self, message_id: int) -> None:
         """Delete one message from the chat and its file (the messages after it stay)."""
-        if self.conversation_id is None or self.client.is_generating:
+        if self.conversation_id is None or self.is_replying:
             return
         self.store.delete_message(message_id)
         self.show_conversation(self.conversation_id)
@@ -275,7 +282,7 @@ class ChatPanel(QWidget):
     def new_chat_like_this(self) -> None:
         """A new chat with this one's system prompt, preset and reply options; the last message waits in the input
         box."""
-        if self.conversation_id is None or self.client.is_generating:
+        if self.conversation_id is None or self.is_replying:
             return
         row = self.store.conversation(self.conversation_id)
         last = next((m.content for m in reversed(self.store.messages(row.id)) if m.role == "user"), "")
@@ -292,7 +299,7 @@ class ChatPanel(QWidget):
 
     def drop_oldest_and_resend(self) -> None:
         """From now on this chat forgets its oldest turns when full; its last message is answered again."""
-        if self.conversation_id is None or self.client.is_generating:
+        if self.conversation_id is None or self.is_replying:
             return
         self.store.set_overflow_policy(self.conversation_id, context_policy.DROP_OLDEST)
         messages = self.store.messages(self.conversation_id)
@@ -316,7 +323,7 @@ class ChatPanel(QWidget):
 
     def choose_alternative(self, message_id: int) -> None:
         """‹ ›: show another version of a message, with the branch below it as it was last shown."""
-        if self.conversation_id is None or self.client.is_generating:
+        if self.conversation_id is None or self.is_replying:
             return
         self.store.choose(message_id)
         self.show_conversation(self.conversation_id)
@@ -440,7 +447,7 @@ class ChatPanel(QWidget):
         return f"{min(used, self.context_tokens):,} / {self.context_tokens:,} tokens"
 
     def _update_buttons(self) -> None:
-        generating = self.client.is_generating
+        generating = self.is_replying
         self.view.set_alternatives_enabled(not generating)
         has_question = any(w.message.role == "user" for w in self.view.widgets)
         self.controls.set_generating(generating, can_regenerate=bool(self.context_tokens) and has_question,

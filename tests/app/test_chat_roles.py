@@ -29,7 +29,7 @@ def _send(app_driver, qtbot, window, text):
     count = len(window.store.messages(chat.conversation_id)) if chat.conversation_id is not None else 0
     app_driver.send(window, text)
     qtbot.waitUntil(lambda: chat.error.isVisible() or (
-        not window.client.is_generating and len(window.store.messages(chat.conversation_id)) == count + 2),
+        not chat.is_replying and len(window.store.messages(chat.conversation_id)) == count + 2),
         timeout=app_driver.timeout_ms)
     assert not chat.error.isVisible(), chat.error.text()
     return window.store.messages(chat.conversation_id)

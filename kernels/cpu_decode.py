@@ -83,8 +83,8 @@ PAIR_TABLE_BYTES = 640  # decode_layer.c's: a chosen expert's pointers and task,
 
 def qvec_bytes(n: int) -> int:
     """An activation vector's integer forms (quant_blocks.h QVEC_BYTES): per 32 a scale and a sum, per 256 the
-    K types' scale, per 16 two sums, and three int8 planes."""
-    return 8 * (n // 32) + 4 * (n // 256) + 6 * (n // 16) + 3 * n
+    K types' scale, per 16 two sums, and three int8 planes; rounded up to 4 (what follows stays aligned)."""
+    return (8 * (n // 32) + 4 * (n // 256) + 6 * (n // 16) + 3 * n + 3) // 4 * 4
 
 
 def scratch_bytes(*, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, intermediate: int,

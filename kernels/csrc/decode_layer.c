@@ -83,14 +83,15 @@ static void ffn_chunk(void *ctx, int64_t begin, int64_t end) {
                 s->act[r] = a * s->up[r];
             }
         }
-        prepare_part(&t->out[b], begin, end);  // chunks are whole groups of 32
+        prepare_part(&t->out[b], begin, end);  // chunks are act_grain's
     }
 }
 
-// A chunk of an MLP's rows, as ffn_chunk prepares act: whole 256s where act has them (the K types' form of x is
-// made per 256, quant_dots.h), else whole 32s.
-static int64_t act_grain(int64_t rows, int64_t grain) {
-    const int64_t unit = rows % QK_K == 0 ? QK_K : 32;
+// A chunk of an MLP's rows, as ffn_chunk prepares act for `down`: whole 256s where a K-type down reads act's form
+// made per 256 (quant_dots.h), else whole 32s.
+static int64_t act_grain(int64_t rows, int64_t grain, const matrix *down) {
+    const int k_form = down->type == Q4_K || down->type == Q5_K || down->type == Q6_K;
+    const int64_t unit = k_form && rows % QK_K == 0 ? QK_K : 32;
     return (grain + unit - 1) / unit * unit;
 }
 
@@ -99,7 +100,7 @@ static void mlp(const model *m, const matrix *gate, const matrix *up, const matr
                 const input *mid, scratch *const *s, float *const *out, int lanes) {
     // every gate/up chunk reads x's copies and writes its rows of act's copies: two sets of buffers
     ffn_task f = {gate, up, in, m, mid, s, lanes};
-    parallel(ffn_chunk, &f, gate->rows, act_grain(gate->rows, grain_for(gate->rows)));
+    parallel(ffn_chunk, &f, gate->rows, act_grain(gate->rows, grain_for(gate->rows), down));
     matvecs(down, NULL, NULL, mid, out, lanes);
 }
 
@@ -161,8 +162,9 @@ static int ensure_pairs(const model *m, int lanes) {
     for (int64_t p = 0; p < n; p++) {
         scratch *s = &PAIRS.s[p];
         s->gate = f, s->up = f + inter, s->act = f + 2 * inter;
-        s->ab = (uint16_t *)qvec_carve(&s->aq, (char *)(f + 3 * inter), inter);
-        f = (float *)(s->ab + inter);  // inter is a multiple of 32: aligned
+        qvec_carve(&s->aq, (char *)(f + 3 * inter), inter);
+        s->ab = (uint16_t *)((char *)(f + 3 * inter) + QVEC_BYTES(inter));
+        f = (float *)(s->ab + inter);  // an expert's width is a multiple of 32 (native_decode.py): aligned
         PAIRS.mid[p] = (input){s->act, s->ab, s->aq};
     }
     return 0;
@@ -255,7 +257,7 @@ static void moe(const model *m, const layer *l, const input *in, int lanes) {
     const int64_t inter = l->experts[0].rows;
     int g = 128;
     while (g > 32 && inter % g) g -= 32;
-    PAIRS.rows_per_item = (int)act_grain(inter, inter % g ? inter : g);
+    PAIRS.rows_per_item = (int)act_grain(inter, inter % g ? inter : g, &l->experts[2]);
     PAIRS.items_per_unit = (int)((inter + PAIRS.rows_per_item - 1) / PAIRS.rows_per_item);
     parallel(unit_gate_up, NULL, (int64_t)units * PAIRS.items_per_unit, 1);
     parallel(units_down, NULL, hidden, grain_for(hidden));

@@ -48,8 +48,10 @@ static int ensure_lane(scratch *s, const model *m) {
     s->part = s->sin + m->head_dim / 2;
     s->logits = s->part + (int64_t)m->num_heads * MAX_SPLITS * (m->head_dim + 2);
     s->moe = s->logits + m->num_experts;
-    char *at = qvec_carve(&s->xq, (char *)(s->logits + experts), wide);
-    s->xb = (uint16_t *)qvec_carve(&s->aq, at, inter);  // wide and inter are multiples of 32: still aligned
+    char *at = (char *)(s->logits + experts) + QVEC_BYTES(wide);  // QVEC_BYTES keeps every carve aligned
+    qvec_carve(&s->xq, (char *)(s->logits + experts), wide);
+    qvec_carve(&s->aq, at, inter);
+    s->xb = (uint16_t *)(at + QVEC_BYTES(inter));
     s->ab = s->xb + wide;
     return 0;
 }

@@ -42,8 +42,9 @@ typedef struct {
     int16_t *ksum;   // [n / 16] sum of k over each 16
 } qvec;
 
-// bytes of a qvec's buffers for n values (a multiple of 32); kernels/cpu_decode.py qvec_bytes says the same
-#define QVEC_BYTES(n) (8 * ((n) / 32) + 4 * ((n) / 256) + 6 * ((n) / 16) + 3 * (n))
+// bytes of a qvec's buffers for n values, rounded up to 4 so that what is carved after them stays aligned whatever
+// n is (a bf16 model's widths need not be multiples of 32); kernels/cpu_decode.py qvec_bytes says the same
+#define QVEC_BYTES(n) ((8 * ((n) / 32) + 4 * ((n) / 256) + 6 * ((n) / 16) + 3 * (n) + 3) / 4 * 4)
 
 // x's buffers for n values laid out from `at` (4-byte aligned): QVEC_BYTES(n) of them; the byte past them
 static inline char *qvec_carve(qvec *x, char *at, int64_t n) {

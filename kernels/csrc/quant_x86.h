@@ -303,9 +303,11 @@ static float dot_q6_k(const uint8_t *row, const qvec *x, int64_t nb) {
         // the offsets: 32 sum_g s_g sum(k)_g
         __m256i sumi = _mm256_madd_epi16(s16, _mm256_loadu_si256((const __m256i *)(x->ksum + 16 * i)));
         sumi = _mm256_slli_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), sumi), 5);
+        // each half's 8 scales in both lanes
+        const __m256i halves[2] = {_mm256_permute4x64_epi64(s16, 0x44), _mm256_permute4x64_epi64(s16, 0xEE)};
         for (int half = 0; half < 2; half++) {  // 128 weights: ql[64], qh[32], scales[8]
             const uint8_t *ql = row + 64 * half, *qh = row + 128 + 32 * half;
-            const __m256i sc = _mm256_permute4x64_epi64(s16, half ? 0xEE : 0x44);  // this half's 8, both lanes
+            const __m256i sc = halves[half];
             __m256i a = load32(ql), b = load32(ql + 32), h = load32(qh);
             __m256i q[4] = {
                 _mm256_or_si256(_mm256_and_si256(a, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), bits45)),

@@ -138,8 +138,28 @@ static inline void block_integers(int type, const uint8_t *b, int8_t *q, float *
     }
 }
 
-// The reference: per 16 weights an exact int32 sum of q * v, then its scales; minimums through x's sums.
+// The K types against x's K form: per 16 an exact int32 sum of q * k, then its scale and x's one per 256; minimums
+// through the sums of k.
+static inline float dot_reference_k(int type, const uint8_t *row, const qvec *x, int64_t nb) {
+    int8_t q[QK_K];
+    float scale[QK_K / 16], min[QK_K / 32], sum = 0.0f;
+    for (int64_t i = 0; i < nb; i++, row += TYPES[type].bytes) {
+        block_integers(type, row, q, scale, min);
+        const int8_t *k = x->k + QK_K * i;
+        const int16_t *ks = x->ksum + QK_K / 16 * i;
+        for (int g = 0; g < QK_K / 16; g++) {
+            int32_t isum = 0;
+            for (int j = 16 * g; j < 16 * g + 16; j++) isum += q[j] * k[j];
+            sum += scale[g] * x->kd[i] * (float)isum - min[g / 2] * x->kd[i] * (float)ks[g];
+        }
+    }
+    return sum;
+}
+
+// The reference: the K types as above; the types of 32 per 16 weights an exact int32 sum of q * v, then its
+// scales; minimums through x's sums.
 static inline float dot_reference(int type, const uint8_t *row, const qvec *x, int64_t nb) {
+    if (TYPES[type].elems == QK_K) return dot_reference_k(type, row, x, nb);
     const int elems = TYPES[type].elems, bytes = TYPES[type].bytes;
     int8_t q[QK_K];
     float scale[QK_K / 16], min[QK_K / 32], sum = 0.0f;
@@ -164,28 +184,9 @@ REFERENCE_DOT(Q4_0)
 REFERENCE_DOT(Q4_1)
 REFERENCE_DOT(Q5_0)
 REFERENCE_DOT(Q5_1)
-// The K types against x's K form: per 16 an exact int32 sum of q * k, then its scale and x's one per 256; minimums
-// through the sums of k.
-static inline float dot_reference_k(int type, const uint8_t *row, const qvec *x, int64_t nb) {
-    int8_t q[QK_K];
-    float scale[QK_K / 16], min[QK_K / 32], sum = 0.0f;
-    for (int64_t i = 0; i < nb; i++, row += TYPES[type].bytes) {
-        block_integers(type, row, q, scale, min);
-        const int8_t *k = x->k + QK_K * i;
-        const int16_t *ks = x->ksum + QK_K / 16 * i;
-        for (int g = 0; g < QK_K / 16; g++) {
-            int32_t isum = 0;
-            for (int j = 16 * g; j < 16 * g + 16; j++) isum += q[j] * k[j];
-            sum += scale[g] * x->kd[i] * (float)isum - min[g / 2] * x->kd[i] * (float)ks[g];
-        }
-    }
-    return sum;
-}
-#define REFERENCE_DOT_K(T) \
-    static float dot_reference_##T(const uint8_t *row, const qvec *x, int64_t nb) { return dot_reference_k(T, row, x, nb); }
-REFERENCE_DOT_K(Q4_K)
-REFERENCE_DOT_K(Q5_K)
-REFERENCE_DOT_K(Q6_K)
+REFERENCE_DOT(Q4_K)
+REFERENCE_DOT(Q5_K)
+REFERENCE_DOT(Q6_K)
 REFERENCE_DOT(MXFP4)
 static const row_dot DOTS[NUM_TYPES] = {
     [Q8_0] = dot_reference_Q8_0, [Q4_0] = dot_reference_Q4_0, [Q4_1] = dot_reference_Q4_1,

@@ -5,6 +5,12 @@ q8_0 an fp16 scale d then 32 int8 (value = q * d, 34 bytes); q4_0 an fp16 d then
 0..15 in the low nibbles and 16..31 in the high ones (value = (q - 8) * d, 18 bytes). The cache tensor's storage
 dtype names the format: int8 rows are q8_0 blocks, uint8 rows q4_0 blocks (no float KV dtype is one byte of
 either), so every kernel knows what it reads from the tensor alone. docs/kernels.md, "The KV cache in q8_0 and q4_0".
+
+A row in blocks holds its values rotated: H k, with H the orthonormal Walsh-Hadamard matrix of `rotation_size`
+applied to each run of that many values (llama.cpp does the same for its quantized caches). A few key channels
+far larger than the rest would otherwise set each block's one scale; rotated, every value carries a share of them.
+q . k = (H q) . (H k), so the model rotates the query too, and sum p v = H (sum p (H v)): it rotates the attention
+output back. Kernels never see it: they read and write rotated rows as any others.
 """
 
 from __future__ import annotations
@@ -40,6 +46,34 @@ def check_head_dim(dtype: torch.dtype, head_dim: int) -> None:
     if fmt is not None and head_dim % QK:
         raise ValueError(f"a {fmt.name} KV cache needs head_dim to be a multiple of {QK} (its blocks), "
                          f"this model's is {head_dim}; use bfloat16, float16 or fp8 for its cache")
+
+
+def rotation_size(dtype: torch.dtype, head_dim: int) -> int:
+    """The Hadamard size a cache of this dtype rotates runs of head_dim by: the largest power of two dividing
+    head_dim for q8_0 / q4_0 (at least 32: their rows are whole blocks), 0 (none) for a float or fp8 cache."""
+    return head_dim & -head_dim if block_format(dtype) is not None else 0
+
+
+def _hadamard_matrix(n: int, device: torch.device) -> torch.Tensor:
+    h = torch.ones(1, 1, dtype=torch.float32)
+    while h.shape[0] < n:  # Sylvester: [[H, H], [H, -H]]
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return (h / n**0.5).to(device)
+
+
+_MATRICES: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def hadamard(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x [..., head_dim] with each run of n values multiplied by the orthonormal Hadamard matrix of size n (its own
+    inverse: applying it twice gives x back), computed in float32 and returned in x's dtype; n = 0: x itself."""
+    if not n:
+        return x
+    key = (n, x.device)
+    if key not in _MATRICES:
+        _MATRICES[key] = _hadamard_matrix(n, x.device)
+    *lead, d = x.shape
+    return (x.float().reshape(*lead, d // n, n) @ _MATRICES[key]).reshape(x.shape).to(x.dtype)
 
 
 def row_elems(dtype: torch.dtype, head_dim: int) -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from stowage.kernels.kv_quant import check_head_dim, row_bytes, row_elems
+from stowage.kernels.kv_quant import check_head_dim, rotation_size, row_bytes, row_elems
 
 from ..defaults import BLOCK_SIZE, PREFILL_CHUNK
 from ..errors import InvalidArgumentError, OutOfBlocksError
@@ -47,6 +47,11 @@ class CacheSpec:
     @property
     def value_dtype(self) -> torch.dtype:
         return self.v_dtype or self.dtype
+
+    @property
+    def rotations(self) -> tuple[int, int]:
+        """The Hadamard sizes K's and V's rows are stored rotated by (0: not rotated; kernels/kv_quant.py)."""
+        return rotation_size(self.dtype, self.head_dim), rotation_size(self.value_dtype, self.head_dim)
 
     def row_shape(self, dtype: torch.dtype) -> tuple[int, int]:
         """The last two dimensions of a cache of this dtype: [num_kv_heads, head_dim or its blocks' bytes]."""

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from stowage.kernels import attention_ops, cpu_decode, cpu_gemv, cpu_matmul
+from stowage.kernels.kv_quant import hadamard
 from stowage.kernels.quant_linear import QuantizedWeight
 
 from ..formats.config import ModelConfig
@@ -225,6 +226,8 @@ class Transformer:
         window = cfg.window(i)
         cos, sin = step.local if (window is not None and step.local is not None) else (step.cos, step.sin)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        k_rot, v_rot = cache.spec.rotations  # a cache in blocks stores rows rotated (kernels/kv_quant.py)
+        q, k, v = hadamard(q, k_rot), hadamard(k, k_rot), hadamard(v, v_rot)
         g = cache.layer_group[i]
         k_cache, v_cache = cache.k_cache[i], cache.v_cache[i]
         k_scale, v_scale = cache.k_scale[i], cache.v_scale[i]
@@ -239,7 +242,7 @@ class Transformer:
         else:
             attn = step.ops.prefill_attention(q, k_cache, v_cache, step.block_table[g], start, self.scale,
                                               k_scale, v_scale, **kind)
-        attn = linear(attn.reshape(n, -1), w["o"], w.get("o_bias"))
+        attn = linear(hadamard(attn, v_rot).reshape(n, -1), w["o"], w.get("o_bias"))
         if cfg.sandwich_norm:  # Gemma: post_attention_layernorm normalizes the attention output
             h = h + norm(attn, w["post_norm"], cfg.rms_norm_eps)
             x = norm(h, w["pre_ff_norm"], cfg.rms_norm_eps)

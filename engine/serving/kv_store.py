@@ -54,7 +54,8 @@ def default_kv_dir() -> Path:
 
 
 def model_key(model_path: str | Path, compute_dtype: str, cache: KVCache) -> str:
-    """What a conversation's K/V depend on: the model's files, the compute and cache dtypes, the block layout."""
+    """What a conversation's K/V depend on: the model's files, the compute and cache dtypes, the block layout, and
+    the rotation of rows in blocks (entries written before rows were rotated are never read as rotated ones)."""
     path = Path(model_path).resolve()
     files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
     spec = cache.spec
@@ -62,7 +63,7 @@ def model_key(model_path: str | Path, compute_dtype: str, cache: KVCache) -> str
         "path": str(path), "files": [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files],
         "dtype": compute_dtype, "kv_dtype": str(spec.dtype) if spec.value_dtype == spec.dtype
         else f"{spec.dtype}/{spec.value_dtype}", "block_size": spec.block_size,
-        "kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
+        "kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "rotations": spec.rotations,
         "windows": [g.window for g in cache.groups], "layer_group": cache.layer_group,
     }
     return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:24]

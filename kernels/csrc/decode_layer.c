@@ -45,6 +45,25 @@ static void rms_norm(const float *in, float *out, int64_t n, const vector *w, fl
     }
 }
 
+// A cache in blocks stores each row rotated: every run of n = hd & -hd values times the orthonormal Walsh-Hadamard
+// matrix (its own inverse), as kernels/kv_quant.py's hadamard. Here in place on `rows` rows of hd, as the fast
+// transform: log2(n) rounds of sums and differences, then the 1 / sqrt(n).
+static void hadamard_rows(float *x, int64_t rows, int hd) {
+    const int n = hd & -hd;
+    const float norm = 1.0f / sqrtf((float)n);
+    for (int64_t r = 0; r < rows * hd; r += n) {
+        float *v = x + r;
+        for (int len = 1; len < n; len <<= 1)
+            for (int i = 0; i < n; i += 2 * len)
+                for (int j = i; j < i + len; j++) {
+                    float a = v[j], b = v[j + len];
+                    v[j] = a + b;
+                    v[j + len] = a - b;
+                }
+        for (int i = 0; i < n; i++) v[i] *= norm;
+    }
+}
+
 typedef struct {
     const matrix *gate, *up;
     const input *in;         // [lanes]
@@ -315,13 +334,21 @@ static void layer_step(const model *m, const layer *l, int lanes, const int32_t 
         float *q = s->qkv, *k = s->qkv + qd, *v = k + kvd;
         head_norm_rope(m, s, q, m->num_heads, &l->q_norm, 1);
         head_norm_rope(m, s, k, m->num_kv_heads, &l->k_norm, 1);
+        if (cache_is_blocks(m->cache_type)) {
+            hadamard_rows(q, m->num_heads, m->head_dim);
+            hadamard_rows(k, m->num_kv_heads, m->head_dim);
+        }
+        if (cache_is_blocks(m->v_cache_type)) hadamard_rows(v, m->num_kv_heads, m->head_dim);
         const int32_t *table = block_tables[b];
         int64_t slot = (int64_t)table[positions[b] / m->block_size] * m->block_size + positions[b] % m->block_size;
         store_row(l->k_cache, m->cache_type, slot * kvd, (int)kvd, l->k_scale, k);
         store_row(l->v_cache, m->v_cache_type, slot * kvd, (int)kvd, l->v_scale, v);
     }
     attention(m, l, lanes, block_tables, positions);
-    for (int b = 0; b < lanes; b++) prepare(&ain[b], qd);
+    for (int b = 0; b < lanes; b++) {
+        if (cache_is_blocks(m->v_cache_type)) hadamard_rows(LANES[b].attn, m->num_heads, m->head_dim);  // back
+        prepare(&ain[b], qd);
+    }
     matvecs(&l->o, NULL, NULL, ain, o, lanes);
     for (int b = 0; b < lanes; b++) {
         scratch *s = &LANES[b];

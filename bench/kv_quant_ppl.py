@@ -7,7 +7,8 @@ scored: all but the last `decode` go in as prefill chunks (each chunk's K/V writ
 from the cache, so every later token sees the quantized keys and values of all before it), the last `decode` one
 decode step at a time (the native decode step's own quantizing write and in-place read). Perplexity is
 exp(mean negative log-likelihood) of each next token; its change against the bf16 cache is what docs/benchmarks.md
-records. The default text is /usr/share/common-licenses/GPL-3 (English prose, on every Debian and Ubuntu system;
+records, beside the mean KL divergence of each position's next-token distribution from the first type's (list
+bfloat16 first): a steadier measure than a perplexity change, which the rounding of one text moves by percents. The default text is /usr/share/common-licenses/GPL-3 (English prose, on every Debian and Ubuntu system;
 its sha256 is printed so a figure names the text it was measured on). `--llama` scores the same token ids with
 llama.cpp (llama-cpp-python) on the same GGUF with the same cache types, fed the same way, beside each row.
 """
@@ -31,9 +32,10 @@ KV_TYPES = ("float32", "bfloat16", "fp8", "q8_0", "q4_0", "q8_0/q4_0")
 CHUNK = 256  # prefill chunk
 
 
-def nll(engine: Engine, ids: list[int], decode: int) -> tuple[list[float], int]:
-    """Negative log-likelihoods of ids[1:] (the prefill part's, then the decode part's) and where decode began."""
-    seq, out = Sequence(), []
+def nll(engine: Engine, ids: list[int], decode: int) -> tuple[list[float], int, torch.Tensor]:
+    """Negative log-likelihoods of ids[1:] (the prefill part's, then the decode part's), where decode began, and
+    every position's log-probabilities (float16, [len(ids) - 1, vocab]) for the KL divergence."""
+    seq, out, rows = Sequence(), [], []
     first_decode = len(ids) - decode
     pos = 0
     while pos < first_decode:
@@ -42,11 +44,23 @@ def nll(engine: Engine, ids: list[int], decode: int) -> tuple[list[float], int]:
         targets = ids[pos + 1 : pos + n + 1]
         logp = torch.log_softmax(logits[: len(targets)].float(), dim=-1)
         out += (-logp[torch.arange(len(targets)), torch.tensor(targets)]).tolist()
+        rows.append(logp.half())
         pos += n
     for pos in range(first_decode, len(ids) - 1):
         logits = engine.model.forward([ids[pos]], seq, engine.cache)
-        out.append(float(-torch.log_softmax(logits[-1].float(), dim=-1)[ids[pos + 1]]))
-    return out, first_decode - 1  # out[i] scores ids[i + 1]
+        logp = torch.log_softmax(logits[-1:].float(), dim=-1)
+        out.append(float(-logp[0, ids[pos + 1]]))
+        rows.append(logp.half())
+    return out, first_decode - 1, torch.cat(rows)  # out[i] scores ids[i + 1]
+
+
+def mean_kl(base: torch.Tensor, logp: torch.Tensor) -> float:
+    """Mean over positions of KL(base || logp), both log-probabilities [positions, vocab]."""
+    total = 0.0
+    for i in range(0, len(base), 64):
+        b, q = base[i : i + 64].float(), logp[i : i + 64].float()
+        total += float((b.exp() * (b - q)).sum())
+    return total / len(base)
 
 
 LLAMA_TYPES = {"float32": 0, "float16": 1, "bfloat16": 30, "q8_0": 8, "q4_0": 2}  # ggml type ids
@@ -89,16 +103,20 @@ def main() -> None:
     p.add_argument("--llama", action="store_true", help="score the same tokens with llama.cpp beside (a .gguf)")
     args = p.parse_args()
     text = args.text.read_bytes()
-    results, peer = {}, {}
+    results, peer, kl, base_logp = {}, {}, {}, None
     for kv in args.kv.split(","):
         engine = Engine.load(args.model, plan_for(args.model, args.tokens + 1, kv_dtype=kv, gpu_layers=0))
         ids = engine.tokenizer.encode(text.decode())[: args.tokens]
         t0 = time.perf_counter()
-        losses, split = nll(engine, ids, args.decode)
+        losses, split, logp = nll(engine, ids, args.decode)
         seconds = time.perf_counter() - t0
+        if base_logp is None:
+            base_logp = logp  # the first type's: what the others' KL divergence is taken from
+        kl[kv] = mean_kl(base_logp, logp)
+        del logp
         results[kv] = ppl_pair(losses, split)
         native = engine.model.native(engine.cache) is not None
-        print(f"{kv:>12}: ppl {results[kv][0]:.4f} (decode part {results[kv][1]:.4f}), "
+        print(f"{kv:>12}: ppl {results[kv][0]:.4f} (decode part {results[kv][1]:.4f}), mean KL {kl[kv]:.5f}, "
               f"KV {engine.cache.num_bytes / 2**20:.1f} MiB, {seconds:.1f} s, native decode {native}", flush=True)
         del engine
         theirs = llama_nll(args.model, ids, args.decode, kv, torch.get_num_threads()) if args.llama else None
@@ -115,12 +133,13 @@ def main() -> None:
         rel_d = f"{100 * (dec / base[1] - 1):+.2f}%" if base else "-"
         return f"| {ppl:.4f} | {rel} | {dec:.4f} | {rel_d} "
 
-    head = "| KV cache | perplexity | vs bf16 | decode part | vs bf16 "
+    first = next(iter(results))
+    head = f"| KV cache | mean KL from {first} | perplexity | vs bf16 | decode part | vs bf16 "
     if peer:
         head += "| llama.cpp perplexity | vs bf16 | decode part | vs bf16 "
-    print(head + "|\n" + "|---" * (9 if peer else 5) + "|")
+    print(head + "|\n" + "|---" * (10 if peer else 6) + "|")
     for kv in results:
-        print(f"| {kv} " + cells(results, kv) + (cells(peer, kv) if peer else "") + "|")
+        print(f"| {kv} | {kl[kv]:.5f} " + cells(results, kv) + (cells(peer, kv) if peer else "") + "|")
 
 
 if __name__ == "__main__":

@@ -231,23 +231,27 @@ class EngineWorker(QObject):
         tokenizer.use_builtin_template(source.config.model_type)  # as Engine does, so counts agree
         threads = self.threads or max(1, cpu_decode.default_threads() - 1)  # the GUI a core (lower_priority)
         started = False
+        # the plan's own request, planned again by the child against the memory free now: its sequences are
+        # Serve's while it serves (the forecast counted their KV cache), else the chat's one
+        process = EngineProcess.launch(
+            model_dir, plan.request, env={"OMP_NUM_THREADS": str(threads), cpu_decode.THREADS_ENV: str(threads)},
+            nice=ENGINE_NICE, **serve.listen())
 
         def first_progress(fraction: float, message: str) -> None:
             # The child reports once it has started Python, torch and its server and begins reading the model:
             # what it holds then is what the plan comes on top of.
             nonlocal started
-            child = None if started else _newest_child()
-            if child is not None:
-                started = True
-                self.load_started.emit(*child)
+            if not started:
+                try:
+                    held = psutil.Process(process.pid).memory_info().rss
+                except psutil.Error:  # it has ended: wait_ready says how
+                    held = None
+                if held is not None:
+                    started = True
+                    self.load_started.emit(process.pid, held)
             progress(fraction, message)
 
-        # the plan's own request, planned again by the child against the memory free now: its sequences are
-        # Serve's while it serves (the forecast counted their KV cache), else the chat's one
-        self.process = EngineProcess.start(
-            model_dir, plan.request, progress=first_progress, cancel=cancel,
-            env={"OMP_NUM_THREADS": str(threads), cpu_decode.THREADS_ENV: str(threads)}, nice=ENGINE_NICE,
-            **serve.listen())
+        self.process = process.wait_ready(progress=first_progress, cancel=cancel)
         self.serving = serve.listening()
         self.tokenizer = tokenizer
         try:  # the name other programs ask for (Serve): the engine's own, as its server says it
@@ -430,16 +434,6 @@ class EngineWorker(QObject):
         if isinstance(ids, str):
             ids = self.tokenizer.encode(ids)
         return len(ids)
-
-
-def _newest_child() -> tuple[int, int] | None:
-    """(pid, resident bytes) of this process's newest child: the engine just started (None if none is left)."""
-    try:
-        children = psutil.Process().children()
-        child = max(children, key=lambda c: c.create_time()) if children else None
-        return (child.pid, child.memory_info().rss) if child is not None else None
-    except psutil.Error:
-        return None
 
 
 class EngineClient(QObject):

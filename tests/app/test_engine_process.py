@@ -23,14 +23,18 @@ def engine_client(qtbot, request):
 
 def test_worker_signals_over_a_child(engine_client, qtbot, tiny_model_dir):
     # the same signals whether the engine runs in a child or in the worker's thread (the prompt's progress too)
-    worker, started = engine_client.worker, []
+    worker, started, begun = engine_client.worker, [], []
     worker.engine_started.connect(started.append)
+    worker.load_started.connect(lambda pid, held: begun.append((pid, held)))
     with qtbot.waitSignal(worker.loaded, timeout=60_000):
         engine_client.load(str(tiny_model_dir), cpu_plan(tiny_model_dir, 2048))
     pid = worker.process.pid if worker.use_process else None
     if worker.use_process:
         qtbot.waitUntil(lambda: started == [pid], timeout=10_000)
         assert pid != os.getpid()
+    # what the memory graph's baseline is read from: the engine's own process, whatever else this one started
+    qtbot.waitUntil(lambda: bool(begun), timeout=10_000)
+    assert len(begun) == 1 and begun[0][0] == (pid or os.getpid()) and begun[0][1] > 0
     progress = []
     worker.prefill_progress.connect(lambda *args: progress.append(args))
     long_message = [{"role": "user", "content": "Stowage plans memory. " * 150}]  # more than one 512-token chunk

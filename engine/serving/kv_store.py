@@ -63,9 +63,11 @@ def model_key(model_path: str | Path, compute_dtype: str, cache: KVCache) -> str
         "path": str(path), "files": [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files],
         "dtype": compute_dtype, "kv_dtype": str(spec.dtype) if spec.value_dtype == spec.dtype
         else f"{spec.dtype}/{spec.value_dtype}", "block_size": spec.block_size,
-        "kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "rotations": spec.rotations,
+        "kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
         "windows": [g.window for g in cache.groups], "layer_group": cache.layer_group,
     }
+    if any(spec.rotations):  # named only where rows are rotated: a float cache's entries keep their key
+        identity["rotations"] = spec.rotations
     return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:24]
 
 

@@ -1,0 +1,43 @@
+"""A q8_0 / q4_0 KV cache on a real GPU: the compiled Triton kernels write and read the blocks, the layer rotates
+around them (kernels/kv_quant.py), and the logits follow the CPU path's on the same weights, prefill and decode.
+Skipped without a CUDA device (never faked); tests/kernels/test_kv_quant_triton.py runs the kernels under Triton's
+interpreter on any machine."""
+
+import pytest
+import torch
+from factory import make_model
+
+from stowage.engine.planning import plan_for
+from stowage.engine.planning.budgets import given_budgets
+from stowage.engine.runtime.engine import Engine
+from stowage.engine.runtime.kv_cache import Sequence
+from stowage.engine.units import GiB
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the compiled kernels need one")]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("kvgpu"), "llama", hidden_size=256, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=64, initializer_range=0.05)
+
+
+@pytest.mark.parametrize("kv", ["q8_0", "q4_0", "q8_0/q4_0"])
+def test_a_quantized_cache_on_the_gpu_follows_the_cpu(model_dir, kv):
+    gpu = Engine.load(model_dir, plan_for(model_dir, 512, given_budgets([8 * GiB], 16 * GiB), kv_dtype=kv))
+    cpu = Engine.load(model_dir, plan_for(model_dir, 512, given_budgets([], 16 * GiB), kv_dtype=kv))
+    assert gpu.model.layers[0].device.type == "cuda" and gpu.cache.k_cache[0].device.type == "cuda"
+    assert cpu.model.layers[0].device.type == "cpu"
+    prompt = [(i * 37) % 900 + 5 for i in range(300)]  # more than one prefill chunk of 256
+    seqs = Sequence(), Sequence()
+    a = gpu.model.forward(prompt, seqs[0], gpu.cache, all_logits=True).float().cpu()
+    b = cpu.model.forward(prompt, seqs[1], cpu.cache, all_logits=True).float()
+    # bf16 on both, rounded and quantized in different orders: close, the same choices nearly everywhere
+    assert (a - b).abs().max() <= 0.05 * b.abs().max(), float((a - b).abs().max() / b.abs().max())
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.9
+    for step in range(8):  # decode: each new token written into the blocks on the GPU, then read back
+        token = int(b[-1].argmax())
+        a = gpu.model.forward([token], seqs[0], gpu.cache).float().cpu()
+        b = cpu.model.forward([token], seqs[1], cpu.cache).float()
+        assert (a - b).abs().max() <= 0.05 * b.abs().max(), (step, float((a - b).abs().max() / b.abs().max()))

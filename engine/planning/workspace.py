@@ -21,9 +21,10 @@ from ..formats.gguf_model import Matrices
 from ..runtime.native_decode import native_intermediate
 from ..units import MiB
 
-# The CUDA context and kernel images (outside torch's allocator, seen by NVML) plus cuBLAS workspaces.
-# Not yet measured on a GPU: bench/gpu_plan_check.py prints the number to put here.
-CUDA_OVERHEAD_BYTES = 640 * MiB
+# The CUDA context and kernel images (outside torch's allocator, seen by NVML) plus cuBLAS workspaces: NVML's used
+# growth less torch's peak reserved, 685 MiB in each of bench/gpu_plan_check.py's 12 plans on an H200 (torch
+# 2.11.0+cu130, driver 580; docs/gpu-runs/2026-12-04).
+CUDA_OVERHEAD_BYTES = 685 * MiB
 # CPU: per-thread scratch of the matrix products and the allocator's slack (docs/planner.md).
 CPU_OVERHEAD_BYTES = 32 * MiB
 

@@ -165,8 +165,9 @@ class NativeDecode:
                    layer_group: list[int]) -> torch.Tensor:
         """Layers first.. for one token at `position` (its slots reserved): h [1, hidden] -> their output (a new tensor).
 
-        block_tables: [num_groups, max_blocks] int32, one row per cache group; layer_group[l]: layer l's row."""
-        h = h.to(self.dtype).contiguous().clone()
+        block_tables: [num_groups, max_blocks] int32, one row per cache group; layer_group[l]: layer l's row.
+        h may come from a GPU layer before them: the C step reads a copy in host memory."""
+        h = h.to("cpu", self.dtype).contiguous().clone()
         assert block_tables.dtype == torch.int32 and block_tables.stride(1) == 1
         base, row = block_tables.data_ptr(), block_tables.stride(0) * 4
         tables = (ctypes.c_void_p * self.num_layers)(*(base + g * row for g in layer_group))
@@ -182,7 +183,7 @@ class NativeDecode:
         Each weight row is read once for all n (decode_layer.c's lanes). block_tables: [num_groups, n, max_blocks]
         int32; layer_group[l]: layer l's group. n is at most cpu_decode.MAX_LANES."""
         n = h.shape[0]
-        h = h.to(self.dtype).contiguous().clone()
+        h = h.to("cpu", self.dtype).contiguous().clone()
         assert block_tables.dtype == torch.int32 and block_tables.stride(2) == 1
         base, g_stride, s_stride = block_tables.data_ptr(), block_tables.stride(0) * 4, block_tables.stride(1) * 4
         tables = (ctypes.c_void_p * (n * self.num_layers))(
@@ -196,7 +197,7 @@ class NativeDecode:
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """fp32 logits [n, vocab] from the last layer's output h [n, hidden]; requires self.head."""
         norm, matrix, softcap, vocab = self.head
-        h = h.to(self.dtype).contiguous()
+        h = h.to("cpu", self.dtype).contiguous()  # the last layer may be a GPU's
         out = torch.empty(h.shape[0], vocab, dtype=torch.float32)
         if self.lib.decode_head_batch(ctypes.byref(self.model), h.shape[0], h.data_ptr(), self.h_code,
                                       ctypes.byref(norm), ctypes.byref(matrix), softcap, out.data_ptr()) != 0:

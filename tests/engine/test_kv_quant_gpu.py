@@ -25,11 +25,14 @@ from stowage.engine.runtime.engine import Engine
 from stowage.engine.runtime.kv_cache import Sequence
 from stowage.engine.units import GiB
 
-model_dir, kv = sys.argv[1], sys.argv[2]
-gpu = Engine.load(model_dir, plan_for(model_dir, 512, given_budgets([8 * GiB], 16 * GiB), kv_dtype=kv))
+model_dir, kv, gpu_layers = sys.argv[1], sys.argv[2], int(sys.argv[3])
+request = dict(kv_dtype=kv) | ({"gpu_layers": gpu_layers} if gpu_layers >= 0 else {})
+gpu = Engine.load(model_dir, plan_for(model_dir, 512, given_budgets([8 * GiB], 16 * GiB), **request))
 cpu = Engine.load(model_dir, plan_for(model_dir, 512, given_budgets([], 16 * GiB), kv_dtype=kv))
 assert gpu.model.layers[0].device.type == "cuda" and gpu.cache.k_cache[0].device.type == "cuda"
 assert cpu.model.layers[0].device.type == "cpu"
+if gpu_layers >= 0:  # the rest on the CPU: its layers and head in the native step, fed from the GPU's output
+    assert [l.device.type for l in gpu.model.layers] == ["cuda"] * gpu_layers + ["cpu"] * (3 - gpu_layers)
 prompt = [(i * 37) % 500 + 3 for i in range(300)]  # more than one prefill chunk of 256
 seqs = Sequence(), Sequence()
 a = gpu.model.forward(prompt, seqs[0], gpu.cache, all_logits=True).float().cpu()
@@ -54,12 +57,15 @@ def model_dir(tmp_path_factory):
                       num_key_value_heads=2, head_dim=64, initializer_range=0.05)
 
 
-@pytest.mark.parametrize("kv", ["q8_0", "q4_0", "q8_0/q4_0"])
-def test_a_quantized_cache_on_the_gpu_follows_the_cpu(model_dir, kv):
+@pytest.mark.parametrize("kv,gpu_layers", [("q8_0", -1), ("q4_0", -1), ("q8_0/q4_0", -1), ("bfloat16", 2),
+                                           ("q4_0", 2)], ids=["q8_0", "q4_0", "q8_0-q4_0", "split-bf16", "split-q4_0"])
+def test_a_quantized_cache_on_the_gpu_follows_the_cpu(model_dir, kv, gpu_layers):
+    """All layers on the GPU, or (split) two there and the third on the CPU, where the native step takes the GPU's
+    output (bench/gpu_decode.py's split run crashed the process on its first token before that was copied over)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1] / "support"), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, "-P", "-c", CHECK, str(model_dir), kv], env=env, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-P", "-c", CHECK, str(model_dir), kv, str(gpu_layers)], env=env,
+                         capture_output=True, text=True, timeout=300)
     print(out.stdout)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.startswith(f"ok {kv} ")

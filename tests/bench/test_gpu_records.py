@@ -44,8 +44,9 @@ def test_the_suggested_overhead_is_the_largest_measured_rounded_up_to_a_mib():
     summary = overhead_summary([{"scenario": "a", "checks": [a]}, {"scenario": "b", "checks": [b]}])
     assert (summary["min_bytes"], summary["max_bytes"]) == (700 * MiB, 800 * MiB + 1)
     assert summary["suggested_bytes"] == 801 * MiB and summary["current_bytes"] == CUDA_OVERHEAD_BYTES
-    # a's forecast with 801 MiB instead of the current constant: 3,000 - 640 + 801 = 3,161 MiB against 3,000 measured
-    assert summary["errors_with_suggested"]["a"] == pytest.approx((3000 - 3161) / 3161)
+    # a's forecast with 801 MiB instead of the current constant: 3,000 - constant + 801 MiB against 3,000 measured
+    forecast = 3000 * MiB - CUDA_OVERHEAD_BYTES + 801 * MiB
+    assert summary["errors_with_suggested"]["a"] == pytest.approx((3000 * MiB - forecast) / forecast)
 
 
 def test_cpu_records_have_no_gpu_terms():

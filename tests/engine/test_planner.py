@@ -13,7 +13,7 @@ Workspace (engine/planning/workspace.py; c = 512 tokens, a = 2 bytes, T = 32,768
     decode's split-K partials 32 heads * 64 splits * 129 * 4 = 1,056,768 are smaller
     -> attention phase 6,291,456 + 5,242,880 + 4,194,304 = 15,728,640 < MLP 44,040,192
     -> layer peak 12,582,912 + 44,040,192 + 16,777,216 = 73,400,320
-    + CUDA overhead 671,088,640 = 744,488,960; with the head's logits (128,256 x 6) 745,258,496
+    + CUDA overhead 718,274,560 (685 MiB) = 791,674,880; with the head's logits (128,256 x 6) 792,444,416
   CPU attention (kernels/reference.py, fp32): rows = 32,768 x 8 x 128 = 33,554,432 per K (or V)
     K held in fp32 (4 B) while V is gathered (2 B) and copied to fp32 (4 B): rows x 10 = 335,544,320,
     + output 4,194,304 = 339,738,624 (the scores tile, 2 queries x 32 heads x T x 8 B, is smaller)
@@ -47,8 +47,8 @@ LAYER = 436_224_000
 KV = 134_217_728
 EMBED = 1_050_673_152
 HEAD = 1_050_681_344
-GPU_WS = 744_488_960
-GPU_WS_HEAD = 745_258_496
+GPU_WS = 791_674_880
+GPU_WS_HEAD = 792_444_416
 CPU_WS = 419_151_360
 CPU_WS_EMBED_ONLY = 50_462_720
 # The native decode step's scratch, one lane (decode_layer.c ensure_lane) for hidden 4096, 32 x 128 query heads,
@@ -90,12 +90,12 @@ def test_32k_fp16_kv_is_exactly_4_gib(info):
 def test_8_gib_gpu(info):
     p = plan(info, REQUEST, given_budgets([8 * GiB], 16 * GiB))
     gpu, cpu = p.devices
-    # (8 GiB - 512 MiB - 744,488,960) / 570,441,728 = 12.81 -> 12 layers
+    # (8 GiB - 512 MiB - 791,674,880) / 570,441,728 = 12.73 -> 12 layers
     assert gpu.budget_bytes == 8 * GiB - 512 * 2**20 == 8_053_063_680
     assert gpu.layers == tuple(range(12))
     assert (gpu.weights_bytes, gpu.kv_bytes, gpu.workspace_bytes) == (12 * LAYER, 12 * KV, GPU_WS)
-    assert gpu.total_bytes == 7_589_789_696
-    assert gpu.headroom_bytes == 463_273_984
+    assert gpu.total_bytes == 7_636_975_616
+    assert gpu.headroom_bytes == 416_088_064
     # CPU: 20 layers, the embeddings and the head
     assert cpu.layers == tuple(range(12, 32))
     assert cpu.weights_bytes == 20 * LAYER + EMBED + HEAD == 10_825_834_496
@@ -113,9 +113,9 @@ def test_8_gib_gpu(info):
 def test_12_gib_gpu(info):
     p = plan(info, REQUEST, given_budgets([12 * GiB], 16 * GiB))
     gpu, cpu = p.devices
-    # (12 GiB - 512 MiB - 744,488,960) / 570,441,728 = 20.34 -> 20 layers
+    # (12 GiB - 512 MiB - 791,674,880) / 570,441,728 = 20.26 -> 20 layers
     assert gpu.layers == tuple(range(20))
-    assert gpu.total_bytes == 20 * 570_441_728 + GPU_WS == 12_153_323_520
+    assert gpu.total_bytes == 20 * 570_441_728 + GPU_WS == 12_200_509_440
     assert cpu.weights_bytes == 12 * LAYER + EMBED + HEAD == 7_336_042_496
     assert cpu.total_bytes == 7_336_042_496 + 12 * KV + CPU_WS == 9_365_806_592
     assert p.fits
@@ -126,7 +126,7 @@ def test_24_gib_gpu_takes_every_layer_and_the_head(info):
     gpu, cpu = p.devices
     assert gpu.layers == tuple(range(32))
     assert gpu.holds == ("norm", "lm_head")
-    assert gpu.total_bytes == 32 * 570_441_728 + HEAD + GPU_WS_HEAD == 20_050_075_136
+    assert gpu.total_bytes == 32 * 570_441_728 + HEAD + GPU_WS_HEAD == 20_097_261_056
     assert gpu.budget_bytes == 24 * GiB - 512 * 2**20
     assert (cpu.layers, cpu.holds) == ((), ("embed",))
     assert cpu.total_bytes == EMBED + CPU_WS_EMBED_ONLY == 1_101_135_872
@@ -134,9 +134,9 @@ def test_24_gib_gpu_takes_every_layer_and_the_head(info):
 
 
 def test_last_layer_goes_to_the_cpu_when_it_does_not_fit_with_the_head(info):
-    # 32 layers without the head: 32 * 570,441,728 + 744,488,960 = 18,998,624,256 would fit in 19e9;
-    # but the last layer brings the head: 20,050,075,136, which does not
-    p = plan(info, REQUEST, given_budgets([19_000_000_000], 16 * GiB, gpu_safety_bytes=0))
+    # 32 layers without the head: 32 * 570,441,728 + 791,674,880 = 19,045,810,176 would fit in 19.05e9;
+    # but the last layer brings the head: 20,097,261,056, which does not
+    p = plan(info, REQUEST, given_budgets([19_050_000_000], 16 * GiB, gpu_safety_bytes=0))
     assert p.devices[0].layers == tuple(range(31))
     assert p.devices[1].layers == (31,)
     assert p.head_device == "cpu"
@@ -148,7 +148,7 @@ def test_two_gpus(info):
     assert gpu0.layers == tuple(range(20))
     # 12 layers would fit as on the lone 8 GiB GPU, but the 12th is the last and brings the head
     assert gpu1.layers == tuple(range(20, 31))
-    assert gpu1.total_bytes == 11 * 570_441_728 + GPU_WS == 7_019_347_968
+    assert gpu1.total_bytes == 11 * 570_441_728 + GPU_WS == 7_066_533_888
     assert cpu.layers == (31,)
     assert cpu.total_bytes == LAYER + EMBED + HEAD + KV + CPU_WS == 3_090_947_584
     assert summary(p).startswith("20/32 layers on GPU 0, 11/32 on GPU 1, 1/32 on CPU")

@@ -15,6 +15,7 @@ output back. Kernels never see it: they read and write rotated rows as any other
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +55,7 @@ def rotation_size(dtype: torch.dtype, head_dim: int) -> int:
     return head_dim & -head_dim if block_format(dtype) is not None else 0
 
 
+@functools.cache
 def _hadamard_matrix(n: int, device: torch.device) -> torch.Tensor:
     h = torch.ones(1, 1, dtype=torch.float32)
     while h.shape[0] < n:  # Sylvester: [[H, H], [H, -H]]
@@ -61,19 +63,13 @@ def _hadamard_matrix(n: int, device: torch.device) -> torch.Tensor:
     return (h / n**0.5).to(device)
 
 
-_MATRICES: dict[tuple[int, torch.device], torch.Tensor] = {}
-
-
 def hadamard(x: torch.Tensor, n: int) -> torch.Tensor:
     """x [..., head_dim] with each run of n values multiplied by the orthonormal Hadamard matrix of size n (its own
     inverse: applying it twice gives x back), computed in float32 and returned in x's dtype; n = 0: x itself."""
     if not n:
         return x
-    key = (n, x.device)
-    if key not in _MATRICES:
-        _MATRICES[key] = _hadamard_matrix(n, x.device)
     *lead, d = x.shape
-    return (x.float().reshape(*lead, d // n, n) @ _MATRICES[key]).reshape(x.shape).to(x.dtype)
+    return (x.float().reshape(*lead, d // n, n) @ _hadamard_matrix(n, x.device)).reshape(x.shape).to(x.dtype)
 
 
 def row_elems(dtype: torch.dtype, head_dim: int) -> int:

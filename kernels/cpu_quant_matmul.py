@@ -20,6 +20,7 @@ from . import cpu_decode
 
 SWITCH = "STOWAGE_NATIVE_PREFILL"  # "0": the float32 tiles instead (the switch beside STOWAGE_NATIVE_DECODE)
 X_BF16, Y_BF16 = 1, 2  # quant_matmul's flags
+PANEL_ROWS = 32  # quant_matmul.h's MM_PANEL_ROWS
 
 
 def library(isa: str | None = None) -> ctypes.CDLL | None:
@@ -45,6 +46,16 @@ def supports(type_name: str) -> bool:
 def runs(type_name: str) -> bool:
     """Whether a prefill chunk on weights stored as `type_name` runs here: switched on, built, a type it takes."""
     return os.environ.get(SWITCH, "1") != "0" and is_available() and supports(type_name)
+
+
+def scratch_bytes(type_name: str, num_tokens: int, in_features: int, threads: int) -> int:
+    """Peak scratch of one `matmul` of `num_tokens` rows (the output not included): x as int8 with a scale and a sum
+    per 32 (two sums for Q6_K), and each thread's panel of unpacked rows (quant_matmul.h; kept between calls)."""
+    sums = 2 if type_name == "q6_k" else 1
+    groups = in_features // 32
+    x = num_tokens * (in_features + 4 * groups * (1 + sums))
+    panel = PANEL_ROWS * (in_features + 2 * 4 * sums * groups) + 8 * in_features
+    return x + threads * panel
 
 
 def matmul(raw: torch.Tensor, type_name: str, x: torch.Tensor, bias: torch.Tensor | None = None, *,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import attention_ops, cpu_quant, cpu_quant_matmul, reference
+from . import attention_ops, cpu_decode, cpu_quant, cpu_quant_matmul, reference
 from .quants import FORMATS, dequantize, dequantize_mxfp4_split, dequantize_rows
 
 # Weights dequantized per tile: 4 MiB of float32, big enough that the per-tile Python cost is small
@@ -59,15 +59,26 @@ def is_tiled(type_name: str, dtype: torch.dtype) -> bool:
     return FORMATS[type_name].dtype != dtype
 
 
-def workspace_bytes(shape: MatrixShape, num_tokens: int, dtype: torch.dtype, *, bias: bool = False) -> int:
+def workspace_bytes(shape: MatrixShape, num_tokens: int, dtype: torch.dtype, *, bias: bool = False,
+                    on_cpu: bool = False) -> int:
     """Peak scratch of one `QuantizedWeight.linear` of `num_tokens` rows, the output itself not included.
 
-    The tile path's; it bounds the native decode path too, whose scratch is x and y in float32 and a float per 32 inputs."""
+    A prefill chunk `on_cpu` that runs the integer tiles (`runs_native_prefill`) takes theirs; otherwise the tile
+    path's, which bounds the native decode path too (its scratch is x and y in float32 and a float per 32 inputs)."""
+    if on_cpu and runs_native_prefill(shape.type_name, num_tokens, dtype):
+        n, inputs, outputs = num_tokens, shape.in_features, shape.out_features
+        widened = 0 if dtype == torch.bfloat16 else n * inputs * 4 + n * outputs * 4  # x.float(), y before .to()
+        return cpu_quant_matmul.scratch_bytes(shape.type_name, n, inputs, cpu_decode.default_threads()) + widened
     tile = math.ceil(shape.tile_rows * shape.in_features * DEQUANT_PEAK_BYTES[shape.type_name])
     x32 = 0 if dtype == torch.float32 else num_tokens * shape.in_features * 4
     acc = num_tokens * shape.out_features * 4  # the float32 accumulator [out, n]
     biased = num_tokens * shape.out_features * 4 if bias and dtype != torch.float32 else 0
     return tile + x32 + acc + biased
+
+
+def runs_native_prefill(type_name: str, num_tokens: int, dtype: torch.dtype) -> bool:
+    """Whether a CPU product of `num_tokens` rows of `dtype` runs kernels/cpu_quant_matmul.py (as `linear` decides)."""
+    return num_tokens > MAX_NATIVE_TOKENS and dtype != torch.float32 and cpu_quant_matmul.runs(type_name)
 
 
 def rows_workspace_bytes(shape: MatrixShape, num_rows: int) -> int:
@@ -117,8 +128,7 @@ class QuantizedWeight:
             return y if self.dtype == torch.float32 else y.to(self.dtype)
         # A prefill chunk in 16-bit activations: x rounded to int8 per 32 costs about what bf16 already did, no tile;
         # float32 activations ask for the exact product, which the tiles give.
-        if x.shape[0] > MAX_NATIVE_TOKENS and self.dtype != torch.float32 and self.raw.device.type == "cpu" \
-                and cpu_quant_matmul.runs(self.type_name):
+        if self.raw.device.type == "cpu" and runs_native_prefill(self.type_name, x.shape[0], self.dtype):
             y = cpu_quant_matmul.matmul(self.raw, self.type_name,
                                         x if x.dtype == self.dtype == torch.bfloat16 else x.float(), bias)
             return y if y.dtype == self.dtype else y.to(self.dtype)

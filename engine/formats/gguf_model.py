@@ -133,13 +133,15 @@ class Matrices:
     widens: bool = False  # the other matrices are safetensors' own, widened in tiles (kernels/cpu_matmul.py)
 
     def workspace_bytes(self, dtype: torch.dtype, converts: bool, *, runs_layers: bool, holds_head: bool,
-                        holds_embed: bool, num_tokens: int, num_seqs: int) -> int:
-        """The largest scratch one product (or the embedding lookup) takes on a device: they run one at a time."""
+                        holds_embed: bool, num_tokens: int, num_seqs: int, on_cpu: bool = False) -> int:
+        """The largest scratch one product (or the embedding lookup) takes on a device: they run one at a time.
+        `on_cpu`: the device is the CPU, where a prefill chunk's products may run the native integer tiles."""
         tiled = lambda s: computes_in_tiles(s.type_name, dtype, converts)  # noqa: E731
         sizes = [0]
         if runs_layers:
             rows = max(num_tokens, num_seqs)
-            sizes += [workspace_bytes(s, rows, dtype, bias=b) for s, b in self.layers if tiled(s)]
+            native = on_cpu and not self.widens  # gpt-oss's Hugging Face MXFP4 (Mxfp4Weight) always tiles
+            sizes += [workspace_bytes(s, rows, dtype, bias=b, on_cpu=native) for s, b in self.layers if tiled(s)]
         if self.widens:  # the embeddings and head are safetensors' (mxfp4_matrices)
             return max(sizes)
         if holds_head and tiled(self.head):

@@ -148,7 +148,7 @@ def device_workspace(config: ModelConfig, attention: ModuleType, *, device_type:
                                              expert_intermediate=config.expert_intermediate_size)
     dequant = 0 if matrices is None else matrices.workspace_bytes(
         dtype, converts, runs_layers=runs_layers or runs_experts, holds_head=holds_head, holds_embed=holds_embed,
-        num_tokens=min(chunk, context_tokens), num_seqs=num_seqs)
+        num_tokens=min(chunk, context_tokens), num_seqs=num_seqs, on_cpu=device_type == "cpu")
     widened = widened_bytes(config, chunk=min(chunk, context_tokens), dtype=dtype) \
         if device_type == "cpu" and (runs_layers or runs_experts) and (matrices is None or matrices.widens) else 0
     return Workspace(activations, logits, overhead, dequant, widened)

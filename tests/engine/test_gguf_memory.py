@@ -59,7 +59,7 @@ from stowage.engine.planning.budgets import given_budgets
 from stowage.engine.planning.inspect import inspect
 from stowage.engine.planning.plan import PlanRequest, plan
 from stowage.engine.units import GiB
-p = plan(inspect(sys.argv[1]), PlanRequest(65536, prefill_chunk=512), given_budgets([], 16 * GiB))
+p = plan(inspect(sys.argv[1]), PlanRequest(131072, prefill_chunk=512), given_budgets([], 16 * GiB))
 assert p.fits, p.error
 (cpu,) = check_plan(sys.argv[1], p)
 print(json.dumps({**cpu.__dict__, "dtype": p.dtype, "dequant": p.device("cpu").workspace.dequant_bytes}))
@@ -68,8 +68,8 @@ print(json.dumps({**cpu.__dict__, "dtype": p.dtype, "dequant": p.device("cpu").w
 
 @pytest.mark.slow
 def test_a_quantized_plan_is_what_a_load_and_its_heaviest_chunk_use(tmp_path):
-    # tests/engine/test_plan_measured.py's shape (a ~0.9 GiB plan, so glibc's +-35 MiB cannot hide a wrong term),
-    # written as Q8_0: the weights are quantized blocks, the products dequantize tile by tile
+    # tests/engine/test_plan_measured.py's shape written as Q8_0 (the weights are quantized blocks, a chunk's products
+    # run the integer tiles), at 131,072 tokens: a ~1.1 GiB plan, so glibc's +-35 MiB cannot hide a wrong term
     import torch
     from gguf_factory import write_gguf
 
@@ -81,7 +81,7 @@ def test_a_quantized_plan_is_what_a_load_and_its_heaviest_chunk_use(tmp_path):
     assert out.returncode == 0, out.stderr
     cpu = json.loads(out.stdout.strip().splitlines()[-1])
     assert cpu["dtype"] == "bfloat16" and cpu["dequant"] > 0
-    assert cpu["kv_bytes"] == cpu["predicted_kv_bytes"] == 4 * 65536 * 2 * 8 * 64 * 2
+    assert cpu["kv_bytes"] == cpu["predicted_kv_bytes"] == 4 * 131072 * 2 * 8 * 64 * 2
     assert cpu["weights_bytes"] == cpu["predicted_weights_bytes"]
     error = (cpu["peak_bytes"] - cpu["predicted_bytes"]) / cpu["predicted_bytes"]
     assert abs(error) <= 0.05, (f"measured {cpu['peak_bytes']:,} bytes, predicted {cpu['predicted_bytes']:,} "

@@ -227,9 +227,11 @@ def test_the_plan_charges_the_tile_scratch(files):
                 budgets).device("cpu").workspace.dequant_bytes == 0
 
 
-def test_a_llama_3_1_8b_shaped_q4_k_file_plans_from_its_headers(tmp_path):
+def test_a_llama_3_1_8b_shaped_q4_k_file_plans_from_its_headers(tmp_path, monkeypatch):
     from gguf_factory import write_sparse_gguf
     from sparse_models import LLAMA_3_1_8B
+
+    from stowage.kernels import cpu_decode, cpu_quant_matmul
 
     path = tmp_path / "Llama-3.1-8B-Q4_K.gguf"
     written = write_sparse_gguf(path, LLAMA_3_1_8B, {"output.weight": "q6_k"})
@@ -242,8 +244,18 @@ def test_a_llama_3_1_8b_shaped_q4_k_file_plans_from_its_headers(tmp_path):
     assert info.compute_dtype == "bfloat16" and info.kv_bytes_per_token() == 2 * 8 * 128 * 2
     p = plan(info, PlanRequest(8192), given_budgets([], 16 * GiB))
     assert p.fits and p.kv_bytes == 32 * 8192 * 4096 == 2**30
-    # the tile scratch: the largest product of a 512-token chunk is ffn_gate ([14336, 4096], tiles of 256 rows at
-    # 10 bytes per weight dequantizing) beside x in float32 [512, 4096] and the accumulator [14336, 512]
+    # the embedding lookup of a 512-token chunk: its rows' blocks (2,304 bytes each) and 10 bytes per weight dequantizing
+    lookup = 512 * 2304 + 512 * 4096 * 10
+    if cpu_quant_matmul.runs("q4_k"):
+        # the chunk's products run the integer tiles: the largest, ffn_down ([4096, 14336]), takes x as int8 with a
+        # scale and a sum per 32, and each thread's panel of 32 unpacked rows (bytes, a scale and a minimum per 32)
+        threads = cpu_decode.default_threads()
+        down = 512 * (14336 + 448 * 4 * 2) + threads * (32 * (14336 + 448 * 4 * 2) + 8 * 14336)
+        assert p.device("cpu").workspace.dequant_bytes == max(lookup, down) == lookup == 22_151_168
+    # where they do not (switched off, or not built), the tiles: the largest is ffn_gate ([14336, 4096], tiles of 256
+    # rows at 10 bytes per weight dequantizing) beside x in float32 [512, 4096] and the accumulator [14336, 512]
+    monkeypatch.setenv(cpu_quant_matmul.SWITCH, "0")
+    p = plan(info, PlanRequest(8192), given_budgets([], 16 * GiB))
     assert p.device("cpu").workspace.dequant_bytes == 256 * 4096 * 10 + 512 * 4096 * 4 + 14336 * 512 * 4 == 48_234_496
 
 

@@ -136,37 +136,104 @@ static inline vf cache_vec(const void *cache, int32_t type, int64_t o) {
                            : vload((const float *)cache + o);
 }
 
-// acc[h] += sum_j p[h][j] v_j for ng (1-4, a constant where it is inlined) heads: p: [ng][64], acc rows acc_stride
-// apart. Each output vector stays in a register across the block's values: accumulating in memory, one value at a
-// time, stalled on every store (the rows of acc are not vector-aligned). A head past ng costs nothing (it was
-// computed and dropped: a quarter of the products for groups of three).
-static inline __attribute__((always_inline)) void values_heads(float *acc, int64_t acc_stride, const float *p,
-                                                               const void *cache, int32_t type, int64_t offset,
-                                                               int64_t stride, int cnt, int n, const int ng) {
-    float *c0 = acc, *c1 = acc + acc_stride, *c2 = acc + 2 * acc_stride, *c3 = acc + 3 * acc_stride;
-    for (int i = 0; i < n; i += VEC_LANES) {  // named sums: an array would be spilled
-        vf a0 = vload(c0 + i), a1 = vzero(), a2 = vzero(), a3 = vzero();
-        if (ng > 1) a1 = vload(c1 + i);
-        if (ng > 2) a2 = vload(c2 + i);
-        if (ng > 3) a3 = vload(c3 + i);
-        for (int j = 0; j < cnt; j++) {
-            const int64_t o = offset + j * stride + i;
-            const vf v = cache_vec(cache, type, o);
-            a0 = vfma(vset(p[j]), v, a0);
-            if (ng > 1) a1 = vfma(vset(p[64 + j]), v, a1);
-            if (ng > 2) a2 = vfma(vset(p[128 + j]), v, a2);
-            if (ng > 3) a3 = vfma(vset(p[192 + j]), v, a3);
+// A bf16 cache's vectors in pairs: PAIR values in one load, the even-numbered and the odd-numbered ones each widened
+// by one operation (a shift, a mask) where vload_bf16 takes a widening load and a shift per VEC_LANES. The query
+// and the output are kept in that order (`pair_order`), so the dots and the sums are the same products.
+#define PAIR (2 * VEC_LANES)
+static inline void bf16_pair(const void *cache, int64_t o, vf *even, vf *odd) {
+    const uint16_t *p = (const uint16_t *)cache + o;
+#if VEC_LANES == 16
+    const __m512i x = _mm512_loadu_si512(p);
+    *even = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    *odd = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xFFFF0000u)));
+#else
+    const __m256i x = _mm256_loadu_si256((const __m256i *)p);
+    *even = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    *odd = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xFFFF0000u)));
+#endif
+}
+
+// Whether rows of a `type` cache of n values are read in pairs (bf16_pair)
+static inline int paired(int32_t type, int n) { return type == W_BF16 && n % PAIR == 0; }
+
+// x's n values (a multiple of PAIR) into pair order, each run of PAIR its even-numbered values then its odd ones;
+// or (back) from it
+static void pair_order(float *x, int n, int back) {
+    float t[PAIR];
+    for (int c = 0; c < n; c += PAIR) {
+        memcpy(t, x + c, sizeof t);
+        for (int i = 0; i < VEC_LANES; i++) {
+            if (back)
+                x[c + 2 * i] = t[i], x[c + 2 * i + 1] = t[VEC_LANES + i];
+            else
+                x[c + i] = t[2 * i], x[c + VEC_LANES + i] = t[2 * i + 1];
         }
-        vstore(c0 + i, a0);
-        if (ng > 1) vstore(c1 + i, a1);
-        if (ng > 2) vstore(c2 + i, a2);
-        if (ng > 3) vstore(c3 + i, a3);
     }
 }
+
+// Accumulator registers a values tile keeps: ng heads x nv vectors of their output, each an independent chain of
+// FMAs over the block's keys (AVX2's 16 registers: 8, beside the value vectors; AVX-512's 32: 16)
+#define ACC_REGS (VEC_LANES == 16 ? 16 : 8)
+
+// acc[h][i, i + nv vectors) += sum_j p[h][j] v_j[...] for ng heads (both compile-time constants where inlined): the
+// value vectors loaded (and converted) once for all ng heads, ng * nv sums in registers across the block's keys
+static inline __attribute__((always_inline)) void values_tile(float *acc, int64_t acc_stride, const float *p,
+                                                              const void *cache, int32_t type, int64_t offset,
+                                                              int64_t stride, int cnt, int i, const int ng,
+                                                              const int nv, const int pairs) {
+    vf a[4][8], x[8];
+#pragma GCC unroll 4
+    for (int g = 0; g < ng; g++)
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) a[g][v] = vload(acc + g * acc_stride + i + v * VEC_LANES);
+    for (int j = 0; j < cnt; j++) {
+        const int64_t o = offset + j * stride + i;
+        if (pairs && nv % 2 == 0)
+#pragma GCC unroll 4
+            for (int v = 0; v < nv; v += 2) bf16_pair(cache, o + v * VEC_LANES, &x[v], &x[v + 1]);
+        else
+#pragma GCC unroll 8
+            for (int v = 0; v < nv; v++) x[v] = cache_vec(cache, type, o + v * VEC_LANES);
+#pragma GCC unroll 4
+        for (int g = 0; g < ng; g++) {
+            const vf pg = vset(p[g * 64 + j]);
+#pragma GCC unroll 8
+            for (int v = 0; v < nv; v++) a[g][v] = vfma(pg, x[v], a[g][v]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < ng; g++)
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) vstore(acc + g * acc_stride + i + v * VEC_LANES, a[g][v]);
+}
+
+// acc[h] += sum_j p[h][j] v_j for ng (1-4, a constant where it is inlined) heads: p: [ng][64], acc rows acc_stride
+// apart. The output is summed in registers across the block's values, as many independent chains as ACC_REGS
+// allows: one chain per head (a vector at a time) waited on each FMA's latency, and with one head per KV head (the
+// 1.7b shape) that wait was most of a long context's attention.
+static inline __attribute__((always_inline)) void values_heads(float *acc, int64_t acc_stride, const float *p,
+                                                               const void *cache, int32_t type, int64_t offset,
+                                                               int64_t stride, int cnt, int n, const int ng,
+                                                               const int pairs) {
+    const int most = ACC_REGS / ng;  // vectors of each head's output a tile holds (pairs: n a multiple of two)
+    int i = 0;
+    if (most >= 8)
+        for (; i + 8 * VEC_LANES <= n; i += 8 * VEC_LANES)
+            values_tile(acc, acc_stride, p, cache, type, offset, stride, cnt, i, ng, 8, pairs);
+    if (most >= 4)
+        for (; i + 4 * VEC_LANES <= n; i += 4 * VEC_LANES)
+            values_tile(acc, acc_stride, p, cache, type, offset, stride, cnt, i, ng, 4, pairs);
+    for (; i + 2 * VEC_LANES <= n; i += 2 * VEC_LANES)
+        values_tile(acc, acc_stride, p, cache, type, offset, stride, cnt, i, ng, 2, pairs);
+    for (; i < n; i += VEC_LANES) values_tile(acc, acc_stride, p, cache, type, offset, stride, cnt, i, ng, 1, 0);
+}
+#else
+static inline int paired(int32_t type, int n) { return (void)type, (void)n, 0; }
+static void pair_order(float *x, int n, int back) { (void)x, (void)n, (void)back; }
 #endif
 
 // acc[g] += sum_j p[g][j] v_j over a block's `cnt` values (v_j at offset + j * stride), p: [group][64], four heads
-// at a time
+// at a time; vec: 0 row by row (value_axpy), 1 in vectors, 2 in pairs of vectors (acc in pair order)
 static inline void block_values(float *acc, int64_t acc_stride, const float *p, int group, const void *cache,
                                 int32_t type, int vec, int64_t offset, int64_t stride, int cnt, int n, float scale) {
 #ifdef VEC_LANES
@@ -174,12 +241,23 @@ static inline void block_values(float *acc, int64_t acc_stride, const float *p, 
         for (int g0 = 0; g0 < group; g0 += 4) {
             float *a = acc + g0 * acc_stride;
             const float *pg = p + g0 * 64;
-            switch (group - g0) {
-            case 1: values_heads(a, acc_stride, pg, cache, type, offset, stride, cnt, n, 1); break;
-            case 2: values_heads(a, acc_stride, pg, cache, type, offset, stride, cnt, n, 2); break;
-            case 3: values_heads(a, acc_stride, pg, cache, type, offset, stride, cnt, n, 3); break;
-            default: values_heads(a, acc_stride, pg, cache, type, offset, stride, cnt, n, 4);
-            }
+#define VALUES(ng, pairs) values_heads(a, acc_stride, pg, cache, type, offset, stride, cnt, n, ng, pairs)
+            const int heads = group - g0 < 4 ? group - g0 : 4;
+            if (vec == 2)  // pairs (bf16_pair)
+                switch (heads) {
+                case 1: VALUES(1, 1); break;
+                case 2: VALUES(2, 1); break;
+                case 3: VALUES(3, 1); break;
+                default: VALUES(4, 1);
+                }
+            else
+                switch (heads) {
+                case 1: VALUES(1, 0); break;
+                case 2: VALUES(2, 0); break;
+                case 3: VALUES(3, 0); break;
+                default: VALUES(4, 0);
+                }
+#undef VALUES
         }
         return;
     }
@@ -189,74 +267,101 @@ static inline void block_values(float *acc, int64_t acc_stride, const float *p, 
 }
 
 #ifdef VEC_LANES
-// sc[h][j] = q_h . key_j for ng (1-4, a constant where it is inlined) heads of one KV head, q_h n apart, sc: [ng][64]:
-// the heads' sums share each key vector loaded (and converted) and are independent chains
+// sc[h][j0, j0 + nk) = q_h . key_j for ng heads of one KV head (q_h n apart, sc: [ng][64]) and nk keys (both
+// compile-time constants where inlined): each key vector loaded (and converted) once for all ng heads, each query
+// vector once for all nk keys, ng * nk independent sums
+static inline __attribute__((always_inline)) void scores_tile(float *sc, const float *q, const void *cache,
+                                                              int32_t type, int64_t offset, int64_t stride, int j0,
+                                                              int n, const int ng, const int nk, const int pairs) {
+    vf a[4][8], k[8], k2[8];
+#pragma GCC unroll 4
+    for (int g = 0; g < ng; g++)
+#pragma GCC unroll 8
+        for (int t = 0; t < nk; t++) a[g][t] = vzero();
+    const int64_t o = offset + (int64_t)j0 * stride;
+    for (int i = 0; i < n; i += pairs ? PAIR : VEC_LANES) {
+        if (pairs)
+#pragma GCC unroll 8
+            for (int t = 0; t < nk; t++) bf16_pair(cache, o + t * stride + i, &k[t], &k2[t]);
+        else
+#pragma GCC unroll 8
+            for (int t = 0; t < nk; t++) k[t] = cache_vec(cache, type, o + t * stride + i);
+#pragma GCC unroll 4
+        for (int g = 0; g < ng; g++) {
+            const vf qg = vload(q + (int64_t)g * n + i);
+#pragma GCC unroll 8
+            for (int t = 0; t < nk; t++) a[g][t] = vfma(qg, k[t], a[g][t]);
+            if (pairs) {
+                const vf q2 = vload(q + (int64_t)g * n + i + VEC_LANES);
+#pragma GCC unroll 8
+                for (int t = 0; t < nk; t++) a[g][t] = vfma(q2, k2[t], a[g][t]);
+            }
+        }
+    }
+    if (ng == 1 && nk % 4 == 0) {  // four keys' sums in one reduction
+#pragma GCC unroll 2
+        for (int t = 0; t < nk; t += 4) _mm_storeu_ps(sc + j0 + t, vsum4(a[0][t], a[0][t + 1], a[0][t + 2], a[0][t + 3]));
+        return;
+    }
+    if (ng == 1) {
+#pragma GCC unroll 8
+        for (int t = 0; t < nk; t++) sc[j0 + t] = vsum(a[0][t]);
+        return;
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < nk; t++) {  // a key's sums of the heads in one reduction
+        float four[4];
+        _mm_storeu_ps(four, vsum4(a[0][t], a[1][t], ng > 2 ? a[2][t] : vzero(), ng > 3 ? a[3][t] : vzero()));
+#pragma GCC unroll 4
+        for (int g = 0; g < ng; g++) sc[g * 64 + j0 + t] = four[g];
+    }
+}
+
+// sc[h][j] = q_h . key_j for ng (1-4, a constant where it is inlined) heads over a block's cnt keys, as many keys
+// at a time as ACC_REGS sums allow (one chain per head or per key waited on each FMA's latency)
 static inline __attribute__((always_inline)) void scores_heads(float *sc, const float *q, const void *cache,
                                                                int32_t type, int64_t offset, int64_t stride, int cnt,
-                                                               int n, const int ng) {
-    for (int j = 0; j < cnt; j++) {
-        const int64_t o = offset + j * stride;
-        vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
-        for (int i = 0; i < n; i += VEC_LANES) {
-            const vf k = cache_vec(cache, type, o + i);
-            a0 = vfma(vload(q + i), k, a0);
-            if (ng > 1) a1 = vfma(vload(q + n + i), k, a1);
-            if (ng > 2) a2 = vfma(vload(q + 2 * n + i), k, a2);
-            if (ng > 3) a3 = vfma(vload(q + 3 * n + i), k, a3);
-        }
-        if (ng == 1) {
-            sc[j] = vsum(a0);
-            continue;
-        }
-        float four[4];
-        _mm_storeu_ps(four, vsum4(a0, a1, a2, a3));
-        sc[j] = four[0], sc[64 + j] = four[1];
-        if (ng > 2) sc[128 + j] = four[2];
-        if (ng > 3) sc[192 + j] = four[3];
-    }
+                                                               int n, const int ng, const int pairs) {
+    const int most = ACC_REGS / ng;  // keys a tile takes
+    int j = 0;
+    if (most >= 8)
+        for (; j + 8 <= cnt; j += 8) scores_tile(sc, q, cache, type, offset, stride, j, n, ng, 8, pairs);
+    if (most >= 4)
+        for (; j + 4 <= cnt; j += 4) scores_tile(sc, q, cache, type, offset, stride, j, n, ng, 4, pairs);
+    if (most >= 2)
+        for (; j + 2 <= cnt; j += 2) scores_tile(sc, q, cache, type, offset, stride, j, n, ng, 2, pairs);
+    for (; j < cnt; j++) scores_tile(sc, q, cache, type, offset, stride, j, n, ng, 1, pairs);
 }
 #endif
 
 // sc[g][j] = q_g . key_j for the `group` query heads of a KV head over a block's `cnt` keys (key_j at offset +
-// j * stride), sc: [group][64]. Four heads' sums at a time share each key vector loaded (and converted), and are
-// independent chains; one head (no grouping: MHA) takes four keys at a time instead.
+// j * stride), sc: [group][64], four heads at a time; vec 2: in pairs of vectors (q in pair order)
 static inline void block_scores(float *sc, const float *q, int group, const void *cache, int32_t type,
-                                int64_t offset, int64_t stride, int cnt, int n) {
+                                int64_t offset, int64_t stride, int cnt, int n, int vec) {
 #ifdef VEC_LANES
-    if (group == 1) {
-        int j = 0;
-        for (; j + 4 <= cnt; j += 4) {
-            const int64_t o = offset + j * stride;
-            vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
-            for (int i = 0; i < n; i += VEC_LANES) {
-                vf qi = vload(q + i);
-                a0 = vfma(qi, cache_vec(cache, type, o + i), a0);
-                a1 = vfma(qi, cache_vec(cache, type, o + stride + i), a1);
-                a2 = vfma(qi, cache_vec(cache, type, o + 2 * stride + i), a2);
-                a3 = vfma(qi, cache_vec(cache, type, o + 3 * stride + i), a3);
-            }
-            _mm_storeu_ps(sc + j, vsum4(a0, a1, a2, a3));
-        }
-        for (; j < cnt; j++) {
-            vf a0 = vzero();
-            for (int i = 0; i < n; i += VEC_LANES)
-                a0 = vfma(vload(q + i), cache_vec(cache, type, offset + j * stride + i), a0);
-            sc[j] = vsum(a0);
-        }
-        return;
-    }
     for (int g0 = 0; g0 < group; g0 += 4) {
         const float *qg = q + (int64_t)g0 * n;
         float *sg = sc + g0 * 64;
-        switch (group - g0) {
-        case 1: scores_heads(sg, qg, cache, type, offset, stride, cnt, n, 1); break;
-        case 2: scores_heads(sg, qg, cache, type, offset, stride, cnt, n, 2); break;
-        case 3: scores_heads(sg, qg, cache, type, offset, stride, cnt, n, 3); break;
-        default: scores_heads(sg, qg, cache, type, offset, stride, cnt, n, 4);
-        }
+#define SCORES(ng, pairs) scores_heads(sg, qg, cache, type, offset, stride, cnt, n, ng, pairs)
+        const int heads = group - g0 < 4 ? group - g0 : 4;
+        if (vec == 2)
+            switch (heads) {
+            case 1: SCORES(1, 1); break;
+            case 2: SCORES(2, 1); break;
+            case 3: SCORES(3, 1); break;
+            default: SCORES(4, 1);
+            }
+        else
+            switch (heads) {
+            case 1: SCORES(1, 0); break;
+            case 2: SCORES(2, 0); break;
+            case 3: SCORES(3, 0); break;
+            default: SCORES(4, 0);
+            }
+#undef SCORES
     }
 #else
-    (void)q, (void)group, (void)cache, (void)type, (void)offset, (void)stride, (void)cnt, (void)n, (void)sc;
+    (void)q, (void)group, (void)cache, (void)type, (void)offset, (void)stride, (void)cnt, (void)n, (void)sc, (void)vec;
 #endif
 }
 
@@ -344,9 +449,10 @@ static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
     const int hd = m->head_dim, kvh = m->num_kv_heads, group = m->num_heads / kvh, bs = m->block_size;
     const int32_t type = m->cache_type, vtype = m->v_cache_type;  // K's and V's
 #ifdef VEC_LANES
-    // the float caches' vector paths (q8_0 / q4_0 rows go through key_dot / value_axpy, in place)
-    const int vec = hd % VEC_LANES == 0 && type != CACHE_FP8 && !cache_is_blocks(type),
-              vec_v = hd % VEC_LANES == 0 && vtype != CACHE_FP8 && !cache_is_blocks(vtype);
+    // the float caches' vector paths, bf16 rows in pairs of vectors (q8_0 / q4_0 rows go through key_dot /
+    // value_axpy, in place)
+    const int vec = paired(type, hd) ? 2 : hd % VEC_LANES == 0 && type != CACHE_FP8 && !cache_is_blocks(type),
+              vec_v = paired(vtype, hd) ? 2 : hd % VEC_LANES == 0 && vtype != CACHE_FP8 && !cache_is_blocks(vtype);
 #else
     const int vec = 0, vec_v = 0;
 #endif
@@ -400,7 +506,7 @@ static void attn_chunk(void *ctx, int64_t begin, int64_t end) {
                 float *part = parts + (int64_t)kh * group * (hd + 2);
                 const float *qh = t->s->qkv + (int64_t)kh * group * hd;
                 if (vec)
-                    block_scores(scores, qh, group, t->l->k_cache, type, first * hd, (int64_t)kvh * hd, cnt, hd);
+                    block_scores(scores, qh, group, t->l->k_cache, type, first * hd, (int64_t)kvh * hd, cnt, hd, vec);
                 else
                     for (int g = 0; g < group; g++)
                         for (int j = 0; j < cnt; j++)
@@ -438,6 +544,9 @@ static void attention(const model *m, const layer *l, int lanes, const int32_t *
     attn_task task[MAX_LANES];
     attn_batch batch = {task, {0}, lanes};
     const int64_t share = (2 * pool.num_threads + lanes - 1) / lanes;  // splits a lane needs to fill the threads
+    if (paired(m->cache_type, hd))  // the keys are read in pairs: the queries in their order
+        for (int b = 0; b < lanes; b++)
+            for (int h = 0; h < m->num_heads; h++) pair_order(LANES[b].qkv + (int64_t)h * hd, hd, 0);
     for (int b = 0; b < lanes; b++) {
         attn_task *t = &task[b];
         *t = (attn_task){m, l, block_tables[b], 0, positions[b] + 1, 1, 0, &LANES[b]};
@@ -473,6 +582,7 @@ static void attention(const model *m, const layer *l, int lanes, const int32_t *
                 axpy(out, c, p + 2, hd);
             }
             for (int i = 0; i < hd; i++) out[i] /= total;
+            if (paired(m->v_cache_type, hd)) pair_order(out, hd, 1);  // summed in pair order
         }
     }
 }

@@ -22,7 +22,8 @@ def test_a_weights_file_truncated_under_the_engine_unloads_the_model_in_the_wind
         f.truncate(weights.stat().st_size // 2)
 
     app_driver.send(window, "Are you there?")
-    qtbot.waitUntil(lambda: window.loaded_dir is None, timeout=TIMEOUT_S * 1000)
+    # the unload and the message's failure are two signals from the worker's thread: wait for both to be delivered
+    qtbot.waitUntil(lambda: window.loaded_dir is None and chat.error.isVisible(), timeout=TIMEOUT_S * 1000)
     assert window.model_label.text() == "No model loaded"
     assert window.settings_panel.load_button.isEnabled()
     box = window.error_box

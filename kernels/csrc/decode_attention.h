@@ -171,6 +171,20 @@ static void pair_order(float *x, int n, int back) {
     }
 }
 
+// CALL(ng, pairs) with both compile-time constants (ng: heads, 1-4; pairs: 0 or 1), so each pair is its own
+// unrolled code
+#define BY_HEADS(CALL, heads, pairs) \
+    switch ((heads) * 2 + (pairs)) { \
+    case 2: CALL(1, 0); break; \
+    case 3: CALL(1, 1); break; \
+    case 4: CALL(2, 0); break; \
+    case 5: CALL(2, 1); break; \
+    case 6: CALL(3, 0); break; \
+    case 7: CALL(3, 1); break; \
+    case 8: CALL(4, 0); break; \
+    default: CALL(4, 1); \
+    }
+
 // Accumulator registers a values tile keeps: ng heads x nv vectors of their output, each an independent chain of
 // FMAs over the block's keys (AVX2's 16 registers: 8, beside the value vectors; AVX-512's 32: 16)
 #define ACC_REGS (VEC_LANES == 16 ? 16 : 8)
@@ -243,20 +257,7 @@ static inline void block_values(float *acc, int64_t acc_stride, const float *p, 
             const float *pg = p + g0 * 64;
 #define VALUES(ng, pairs) values_heads(a, acc_stride, pg, cache, type, offset, stride, cnt, n, ng, pairs)
             const int heads = group - g0 < 4 ? group - g0 : 4;
-            if (vec == 2)  // pairs (bf16_pair)
-                switch (heads) {
-                case 1: VALUES(1, 1); break;
-                case 2: VALUES(2, 1); break;
-                case 3: VALUES(3, 1); break;
-                default: VALUES(4, 1);
-                }
-            else
-                switch (heads) {
-                case 1: VALUES(1, 0); break;
-                case 2: VALUES(2, 0); break;
-                case 3: VALUES(3, 0); break;
-                default: VALUES(4, 0);
-                }
+            BY_HEADS(VALUES, heads, vec == 2);
 #undef VALUES
         }
         return;
@@ -344,20 +345,7 @@ static inline void block_scores(float *sc, const float *q, int group, const void
         float *sg = sc + g0 * 64;
 #define SCORES(ng, pairs) scores_heads(sg, qg, cache, type, offset, stride, cnt, n, ng, pairs)
         const int heads = group - g0 < 4 ? group - g0 : 4;
-        if (vec == 2)
-            switch (heads) {
-            case 1: SCORES(1, 1); break;
-            case 2: SCORES(2, 1); break;
-            case 3: SCORES(3, 1); break;
-            default: SCORES(4, 1);
-            }
-        else
-            switch (heads) {
-            case 1: SCORES(1, 0); break;
-            case 2: SCORES(2, 0); break;
-            case 3: SCORES(3, 0); break;
-            default: SCORES(4, 0);
-            }
+        BY_HEADS(SCORES, heads, vec == 2);
 #undef SCORES
     }
 #else
